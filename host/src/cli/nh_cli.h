@@ -1,0 +1,47 @@
+/* Command-line interface: argument parsing shared by every subcommand, and the
+ * subcommands themselves (DESIGN.md section 5). Exit codes: 0 ok, 1 runtime failure,
+ * 2 usage error with a one-line reason. */
+#ifndef NH_CLI_H
+#define NH_CLI_H
+
+#define NH_EXIT_OK 0
+#define NH_EXIT_FAIL 1
+#define NH_EXIT_USAGE 2
+
+typedef struct nh_opt_spec {
+  const char *name;     /* "--store" */
+  int takes_value;
+} nh_opt_spec_t;
+
+typedef struct nh_args {
+  const char *cmd;
+  const char *pos[64];
+  int npos;
+  const char *names[64];
+  const char *values[64];
+  int nopts;
+  const char *store;
+} nh_args_t;
+
+/* Parses argv[first..] against `specs` (--store is always accepted). Prints the
+ * reason and returns NH_EXIT_USAGE on bad input. `--` ends option parsing. */
+int nh_args_parse(nh_args_t *a, const char *cmd, int argc, char **argv, int first, const nh_opt_spec_t *specs);
+const char *nh_args_get(const nh_args_t *a, const char *name);
+int nh_args_has(const nh_args_t *a, const char *name);
+int nh_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Reads a JSON argument: inline text or @file; validates it. Returns NULL after
+ * printing the reason. */
+char *nh_cli_json_arg(const char *cmd, const char *what, const char *arg);
+
+int nh_cmd_run(int argc, char **argv, int first);
+int nh_cmd_publish(int argc, char **argv);
+int nh_cmd_events(int argc, char **argv);
+int nh_cmd_show(int argc, char **argv);
+int nh_cmd_resubmit(int argc, char **argv);
+int nh_cmd_skip(int argc, char **argv);
+int nh_cmd_handoff(int argc, char **argv);
+int nh_cmd_sessions(int argc, char **argv);
+void nh_cli_help(void);
+
+#endif

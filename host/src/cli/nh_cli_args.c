@@ -1,0 +1,109 @@
+#include "nh_cli.h"
+#include "core/nh_util.h"
+
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int nh_usage_error(const char *cmd, const char *fmt, ...)
+{
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "nimbus-host%s%s: ", cmd ? " " : "", cmd ? cmd : "");
+  vfprintf(stderr, fmt, ap);
+  fputs(" (see nimbus-host --help)\n", stderr);
+  va_end(ap);
+  return NH_EXIT_USAGE;
+}
+
+int nh_args_parse(nh_args_t *a, const char *cmd, int argc, char **argv, int first, const nh_opt_spec_t *specs)
+{
+  memset(a, 0, sizeof *a);
+  a->cmd = cmd;
+  a->store = getenv("NIMBUS_STORE");
+  if (!a->store || !*a->store) a->store = "./nimbus.db";
+  int only_pos = 0;
+  for (int i = first; i < argc; i++) {
+    const char *s = argv[i];
+    if (!only_pos && strcmp(s, "--") == 0) {
+      only_pos = 1;
+      continue;
+    }
+    if (only_pos || s[0] != '-' || s[1] == '\0') {
+      if (a->npos == 64) return nh_usage_error(cmd, "too many arguments");
+      a->pos[a->npos++] = s;
+      continue;
+    }
+    /* --name=value is accepted as well as --name value */
+    char name[64];
+    const char *eq = strchr(s, '=');
+    const char *inline_val = NULL;
+    if (eq && eq - s < (long)sizeof name) {
+      memcpy(name, s, (size_t)(eq - s));
+      name[eq - s] = '\0';
+      inline_val = eq + 1;
+    } else {
+      snprintf(name, sizeof name, "%s", s);
+    }
+    int takes = -1;
+    if (strcmp(name, "--store") == 0) takes = 1;
+    for (const nh_opt_spec_t *sp = specs; sp && sp->name && takes < 0; sp++)
+      if (strcmp(sp->name, name) == 0) takes = sp->takes_value;
+    if (takes < 0) return nh_usage_error(cmd, "unknown option %s", name);
+    const char *val = NULL;
+    if (takes) {
+      if (inline_val) val = inline_val;
+      else if (i + 1 < argc) val = argv[++i];
+      else return nh_usage_error(cmd, "option %s needs a value", name);
+    } else if (inline_val) {
+      return nh_usage_error(cmd, "option %s takes no value", name);
+    }
+    if (strcmp(name, "--store") == 0) {
+      if (!*val) return nh_usage_error(cmd, "--store needs a path");
+      a->store = val;
+      continue;
+    }
+    if (a->nopts == 64) return nh_usage_error(cmd, "too many options");
+    a->names[a->nopts] = NULL;
+    for (const nh_opt_spec_t *sp = specs; sp && sp->name; sp++)
+      if (strcmp(sp->name, name) == 0) a->names[a->nopts] = sp->name;
+    a->values[a->nopts++] = val ? val : "";
+  }
+  return NH_EXIT_OK;
+}
+
+const char *nh_args_get(const nh_args_t *a, const char *name)
+{
+  const char *v = NULL;
+  for (int i = 0; i < a->nopts; i++)
+    if (strcmp(a->names[i], name) == 0) v = a->values[i];   /* last one wins */
+  return v;
+}
+
+int nh_args_has(const nh_args_t *a, const char *name) { return nh_args_get(a, name) != NULL; }
+
+char *nh_cli_json_arg(const char *cmd, const char *what, const char *arg)
+{
+  char *text;
+  if (arg[0] == '@') {
+    const char *err = NULL;
+    text = nh_file_read(arg + 1, NULL, &err);
+    if (!text) {
+      nh_usage_error(cmd, "cannot read %s file %s: %s", what, arg + 1, err);
+      return NULL;
+    }
+  } else {
+    text = nh_xstrdup(arg);
+  }
+  json_error_t jerr;
+  json_t *j = json_loads(text, JSON_DECODE_ANY, &jerr);
+  if (!j) {
+    nh_usage_error(cmd, "%s is not valid JSON (line %d, column %d: %s)", what, jerr.line, jerr.column, jerr.text);
+    free(text);
+    return NULL;
+  }
+  json_decref(j);
+  return text;
+}

@@ -1,0 +1,276 @@
+/* Commands that write: publish, and the operator actions (resubmit, skip, hand-off
+ * settlement). Operator actions are validated against the audit row here, then sent
+ * as control messages through the event's own session queue, so the host that owns
+ * the endpoint applies them in order with the session's other work. */
+#include "nh_cli.h"
+#include "core/nh_util.h"
+#include "store/nh_store.h"
+#include "transport/nh_embedded.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+typedef struct cli_ctx {
+  nh_store_t *store;
+  nh_transport_t *tr;
+} cli_ctx_t;
+
+static int open_ctx(cli_ctx_t *c, const char *cmd, const char *path, int create)
+{
+  nh_error_t err = {0};
+  memset(c, 0, sizeof *c);
+  if (nh_store_open(&c->store, path, create ? NH_STORE_CREATE : 0, &err)) {
+    fprintf(stderr, "nimbus-host %s: %s\n", cmd, err.msg);
+    return err.code == NH_EFAIL ? NH_EXIT_FAIL : NH_EXIT_USAGE;
+  }
+  char owner[64];
+  snprintf(owner, sizeof owner, "cli:%ld", (long)getpid());
+  c->tr = nh_embedded_new(nh_store_db(c->store), owner, &err);
+  if (!c->tr) {
+    fprintf(stderr, "nimbus-host %s: %s\n", cmd, err.msg);
+    nh_store_close(c->store);
+    return NH_EXIT_FAIL;
+  }
+  return NH_EXIT_OK;
+}
+
+static void close_ctx(cli_ctx_t *c)
+{
+  if (c->tr) c->tr->vt->close(c->tr);
+  nh_store_close(c->store);
+}
+
+int nh_cmd_publish(int argc, char **argv)
+{
+  static const nh_opt_spec_t specs[] = {
+    { "--session", 1 }, { "--correlation-id", 1 }, { "--to", 1 }, { "--raw", 0 }, { "--transport", 1 }, { NULL, 0 },
+  };
+  nh_args_t a;
+  int rc = nh_args_parse(&a, "publish", argc, argv, 2, specs);
+  if (rc) return rc;
+  if (a.npos < 1) return nh_usage_error("publish", "missing event type: nimbus-host publish TYPE [JSON|@file]");
+  if (a.npos > 2) return nh_usage_error("publish", "too many arguments; quote the JSON payload");
+  const char *transport = nh_args_get(&a, "--transport");
+  if (transport && strcmp(transport, "embedded") != 0)
+    return nh_usage_error("publish", "--transport %s is not supported yet (only the embedded default)", transport);
+  const char *type = a.pos[0];
+  char *body;
+  if (a.npos < 2) {
+    body = nh_xstrdup("{}");
+  } else if (nh_args_has(&a, "--raw")) {
+    /* --raw sends the bytes unchecked: for testing how endpoints treat malformed input. */
+    const char *err = NULL;
+    body = a.pos[1][0] == '@' ? nh_file_read(a.pos[1] + 1, NULL, &err) : nh_xstrdup(a.pos[1]);
+    if (!body) return nh_usage_error("publish", "cannot read %s: %s", a.pos[1] + 1, err);
+  } else if (!(body = nh_cli_json_arg("publish", "the payload", a.pos[1]))) {
+    return NH_EXIT_USAGE;
+  }
+  cli_ctx_t c;
+  if ((rc = open_ctx(&c, "publish", a.store, 1))) {
+    free(body);
+    return rc;
+  }
+  char mid[37], sess[37], corr[37];
+  nh_uuid_v4(mid);
+  nh_uuid_v4(sess);
+  nh_uuid_v4(corr);
+  nh_msg_t m;
+  memset(&m, 0, sizeof m);
+  m.session_id = (char *)(nh_args_get(&a, "--session") ? nh_args_get(&a, "--session") : sess);
+  m.message_id = mid;
+  m.event_type = (char *)type;
+  m.type = NH_MT_EVENT;
+  m.correlation_id = (char *)(nh_args_get(&a, "--correlation-id") ? nh_args_get(&a, "--correlation-id") : corr);
+  m.body = body;
+  m.body_len = strlen(body);
+  m.enqueued_at = nh_time_now_ms();
+  nh_error_t err = {0};
+  int copies = 0;
+  rc = NH_EXIT_OK;
+  if (nh_store_begin(c.store) || c.tr->vt->send(c.tr, &m, nh_args_get(&a, "--to"), &copies, &err) ||
+      nh_store_commit(c.store)) {
+    nh_store_rollback(c.store);
+    fprintf(stderr, "nimbus-host publish: %s\n", err.msg[0] ? err.msg : nh_store_errmsg(c.store));
+    rc = NH_EXIT_FAIL;
+  } else if (copies == 0) {
+    fprintf(stderr,
+            "nimbus-host publish: no endpoint subscribes to %s, so nothing was queued; start a host whose adapter "
+            "handles it (ep:on(\"%s\", ...)) first, or address an endpoint with --to\n",
+            type, type);
+    rc = NH_EXIT_FAIL;
+  } else {
+    printf("%s\n", mid);
+  }
+  free(body);
+  close_ctx(&c);
+  return rc;
+}
+
+static int is_status(const nh_audit_t *a, const char *status) { return a->status && strcmp(a->status, status) == 0; }
+static int is_handoff(const nh_audit_t *a)
+{
+  return is_status(a, NH_ST_PENDING) && a->sub_status && strcmp(a->sub_status, "Handoff") == 0;
+}
+
+/* Loads the event for an operator command; prints the reason on failure. */
+static int load_event(cli_ctx_t *c, const char *cmd, const char *event_id, nh_audit_t *ev)
+{
+  nh_error_t err = {0};
+  memset(ev, 0, sizeof *ev);
+  if (nh_store_audit_find(c->store, event_id, ev, &err)) {
+    fprintf(stderr, "nimbus-host %s: %s\n", cmd, err.msg);
+    return NH_EXIT_USAGE;
+  }
+  if (nh_embedded_control_pending(c->tr, ev->endpoint, ev->event_id)) {
+    fprintf(stderr,
+            "nimbus-host %s: an operator action for event %s is already queued and not yet applied by the host; "
+            "wait for it (nimbus-host show %s)\n",
+            cmd, ev->event_id, ev->event_id);
+    nh_audit_clear(ev);
+    return NH_EXIT_USAGE;
+  }
+  return NH_EXIT_OK;
+}
+
+static int send_control(cli_ctx_t *c, const char *cmd, const nh_audit_t *ev, nh_msg_type_t type, const char *body,
+                        const char *error_text, const char *error_type, const char *detail)
+{
+  char mid[37];
+  nh_uuid_v4(mid);
+  nh_msg_t m;
+  memset(&m, 0, sizeof m);
+  m.session_id = ev->session_id;
+  m.message_id = mid;
+  m.event_id = ev->event_id;
+  m.event_type = ev->event_type;
+  m.type = type;
+  m.correlation_id = ev->correlation_id;
+  m.originating_message_id = ev->originating_message_id ? ev->originating_message_id : ev->message_id;
+  m.parent_message_id = ev->message_id;
+  m.from = "Manager";
+  m.body = (char *)body;
+  m.body_len = body ? strlen(body) : 0;
+  m.error_text = (char *)error_text;
+  m.error_type = (char *)error_type;
+  m.retry_count = 0;
+  m.enqueued_at = nh_time_now_ms();
+  nh_error_t err = {0};
+  int copies = 0;
+  if (nh_store_begin(c->store) || c->tr->vt->send(c->tr, &m, ev->endpoint, &copies, &err) ||
+      nh_store_oplog_add(c->store, cmd, ev->endpoint, ev->event_id, ev->session_id, detail) ||
+      nh_store_history_add(c->store, ev->endpoint, ev->event_id, mid, nh_msg_type_name(type), "Requested", detail) ||
+      nh_store_commit(c->store)) {
+    nh_store_rollback(c->store);
+    fprintf(stderr, "nimbus-host %s: %s\n", cmd, err.msg[0] ? err.msg : nh_store_errmsg(c->store));
+    return NH_EXIT_FAIL;
+  }
+  printf("%s of event %s queued (endpoint %s, session %s); the host owning %s applies it\n", cmd, ev->event_id,
+         ev->endpoint, ev->session_id, ev->endpoint);
+  return NH_EXIT_OK;
+}
+
+int nh_cmd_resubmit(int argc, char **argv)
+{
+  static const nh_opt_spec_t specs[] = { { "--body", 1 }, { NULL, 0 } };
+  nh_args_t a;
+  int rc = nh_args_parse(&a, "resubmit", argc, argv, 2, specs);
+  if (rc) return rc;
+  if (a.npos != 1) return nh_usage_error("resubmit", "expected one EVENT_ID");
+  char *body = NULL;
+  if (nh_args_has(&a, "--body") && !(body = nh_cli_json_arg("resubmit", "--body", nh_args_get(&a, "--body"))))
+    return NH_EXIT_USAGE;
+  cli_ctx_t c;
+  if ((rc = open_ctx(&c, "resubmit", a.store, 0))) {
+    free(body);
+    return rc;
+  }
+  nh_audit_t ev;
+  if ((rc = load_event(&c, "resubmit", a.pos[0], &ev))) goto out;
+  if (is_status(&ev, NH_ST_DEFERRED)) {
+    nh_session_state_t st;
+    nh_store_session_get(c.store, ev.endpoint, ev.session_id, &st);
+    fprintf(stderr,
+            "nimbus-host resubmit: event %s is parked (Deferred) behind %s in session %s and will replay in order; "
+            "resubmit or skip the blocking event instead\n",
+            ev.event_id, st.blocked_by ? st.blocked_by : "earlier work", ev.session_id);
+    nh_session_state_clear(&st);
+    rc = NH_EXIT_USAGE;
+  } else if (!body && !ev.payload) {
+    fprintf(stderr, "nimbus-host resubmit: event %s has no stored payload; pass --body JSON\n", ev.event_id);
+    rc = NH_EXIT_USAGE;
+  } else {
+    rc = send_control(&c, "resubmit", &ev, NH_MT_RESUBMIT, body ? body : ev.payload, NULL, NULL,
+                      body ? "resubmit with a new body" : "resubmit");
+  }
+  nh_audit_clear(&ev);
+out:
+  free(body);
+  close_ctx(&c);
+  return rc;
+}
+
+int nh_cmd_skip(int argc, char **argv)
+{
+  nh_args_t a;
+  int rc = nh_args_parse(&a, "skip", argc, argv, 2, NULL);
+  if (rc) return rc;
+  if (a.npos != 1) return nh_usage_error("skip", "expected one EVENT_ID");
+  cli_ctx_t c;
+  if ((rc = open_ctx(&c, "skip", a.store, 0))) return rc;
+  nh_audit_t ev;
+  if ((rc = load_event(&c, "skip", a.pos[0], &ev)) == NH_EXIT_OK) {
+    if (is_status(&ev, NH_ST_COMPLETED) || is_status(&ev, NH_ST_SKIPPED)) {
+      fprintf(stderr, "nimbus-host skip: event %s is already %s; there is nothing to skip\n", ev.event_id, ev.status);
+      rc = NH_EXIT_USAGE;
+    } else {
+      rc = send_control(&c, "skip", &ev, NH_MT_SKIP, NULL, NULL, NULL, "skip");
+    }
+    nh_audit_clear(&ev);
+  }
+  close_ctx(&c);
+  return rc;
+}
+
+int nh_cmd_handoff(int argc, char **argv)
+{
+  static const nh_opt_spec_t specs[] = { { "--result", 1 }, { "--error", 1 }, { "--type", 1 }, { NULL, 0 } };
+  nh_args_t a;
+  int rc = nh_args_parse(&a, "handoff", argc, argv, 2, specs);
+  if (rc) return rc;
+  if (a.npos != 2 || (strcmp(a.pos[0], "complete") != 0 && strcmp(a.pos[0], "fail") != 0))
+    return nh_usage_error("handoff", "usage: handoff complete EVENT_ID [--result JSON] | handoff fail EVENT_ID --error TEXT [--type T]");
+  int complete = strcmp(a.pos[0], "complete") == 0;
+  const char *etext = nh_args_get(&a, "--error");
+  if (!complete && (!etext || !*etext)) return nh_usage_error("handoff", "handoff fail needs --error TEXT");
+  if (complete && (etext || nh_args_has(&a, "--type")))
+    return nh_usage_error("handoff", "--error and --type belong to handoff fail");
+  if (!complete && nh_args_has(&a, "--result")) return nh_usage_error("handoff", "--result belongs to handoff complete");
+  char *result = NULL;
+  if (nh_args_has(&a, "--result") && !(result = nh_cli_json_arg("handoff", "--result", nh_args_get(&a, "--result"))))
+    return NH_EXIT_USAGE;
+  cli_ctx_t c;
+  if ((rc = open_ctx(&c, "handoff", a.store, 0))) {
+    free(result);
+    return rc;
+  }
+  nh_audit_t ev;
+  if ((rc = load_event(&c, "handoff", a.pos[1], &ev)) == NH_EXIT_OK) {
+    if (!is_handoff(&ev)) {
+      fprintf(stderr, "nimbus-host handoff %s: event %s is %s%s%s, not Pending+Handoff; nothing changed\n", a.pos[0],
+              ev.event_id, ev.status, ev.sub_status ? "+" : "", ev.sub_status ? ev.sub_status : "");
+      rc = NH_EXIT_USAGE;
+    } else if (complete) {
+      rc = send_control(&c, "handoff complete", &ev, NH_MT_HANDOFF_COMPLETE, result, NULL, NULL, "hand-off complete");
+    } else {
+      rc = send_control(&c, "handoff fail", &ev, NH_MT_HANDOFF_FAIL, NULL, etext, nh_args_get(&a, "--type"),
+                        "hand-off fail");
+    }
+    nh_audit_clear(&ev);
+  }
+  free(result);
+  close_ctx(&c);
+  return rc;
+}

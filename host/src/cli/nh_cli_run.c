@@ -1,0 +1,140 @@
+/* `nimbus-host run ADAPTER.lua...`: owns the loop for the host's lifetime. */
+#include "nh_cli.h"
+#include "core/nh_log.h"
+#include "core/nh_util.h"
+#include "dispatch/nh_dispatch.h"
+#include "lua/nh_vm.h"
+#include "store/nh_store.h"
+#include "transport/nh_embedded.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <uv.h>
+
+#define NH_DRAIN_MS 10000
+
+typedef struct host {
+  uv_loop_t *loop;
+  nh_dispatch_t *d;
+  uv_signal_t sigint, sigterm, sighup;
+  int stopping;
+} host_t;
+
+static void on_stopped(void *data)
+{
+  host_t *h = data;
+  uv_close((uv_handle_t *)&h->sigint, NULL);
+  uv_close((uv_handle_t *)&h->sigterm, NULL);
+  uv_close((uv_handle_t *)&h->sighup, NULL);
+}
+
+static void on_signal(uv_signal_t *s, int signum)
+{
+  host_t *h = s->data;
+  if (signum == SIGHUP) {
+    nh_log_info("host", "SIGHUP received: hot reload is not available yet; keeping the running adapters");
+    return;
+  }
+  if (h->stopping) {
+    nh_log_warn("host", "second stop signal: cancelling running tasks now");
+    nh_dispatch_stop(h->d, 0, on_stopped, h);
+    return;
+  }
+  h->stopping = 1;
+  nh_log_info("host", "%s received: finishing running handlers (up to %d s), then stopping",
+              signum == SIGINT ? "SIGINT" : "SIGTERM", NH_DRAIN_MS / 1000);
+  nh_dispatch_stop(h->d, NH_DRAIN_MS, on_stopped, h);
+}
+
+static void owner_id(char *buf, size_t len)
+{
+  char hostn[128] = "localhost", uuid[37];
+  gethostname(hostn, sizeof hostn - 1);
+  nh_uuid_v4(uuid);
+  snprintf(buf, len, "%s:%ld:%.8s", hostn, (long)getpid(), uuid);
+}
+
+int nh_cmd_run(int argc, char **argv, int first)
+{
+  static const nh_opt_spec_t specs[] = {
+    { "--transport", 1 }, { "--admin", 1 }, { "--log-format", 1 }, { "--no-reload", 0 }, { "--log-level", 1 },
+    { NULL, 0 },
+  };
+  nh_args_t a;
+  int rc = nh_args_parse(&a, "run", argc, argv, first, specs);
+  if (rc) return rc;
+  if (a.npos == 0) return nh_usage_error("run", "no adapter file given: nimbus-host ADAPTER.lua");
+  const char *fmt = nh_args_get(&a, "--log-format");
+  if (fmt && strcmp(fmt, "json") != 0 && strcmp(fmt, "text") != 0)
+    return nh_usage_error("run", "--log-format must be text or json, not %s", fmt);
+  nh_log_set_json(fmt && strcmp(fmt, "json") == 0);
+  const char *lvl = nh_args_get(&a, "--log-level");
+  if (lvl) {
+    if (strcmp(lvl, "debug") == 0) nh_log_set_level(NH_LOG_DEBUG);
+    else if (strcmp(lvl, "info") == 0) nh_log_set_level(NH_LOG_INFO);
+    else if (strcmp(lvl, "warn") == 0) nh_log_set_level(NH_LOG_WARN);
+    else if (strcmp(lvl, "error") == 0) nh_log_set_level(NH_LOG_ERROR);
+    else return nh_usage_error("run", "--log-level must be debug, info, warn or error");
+  }
+  const char *transport = nh_args_get(&a, "--transport");
+  if (transport && strcmp(transport, "embedded") != 0)
+    return nh_usage_error("run", "--transport %s is not supported yet (only the embedded default)", transport);
+  if (nh_args_has(&a, "--admin"))
+    return nh_usage_error("run", "--admin (the operator HTTP API) is not available yet");
+  for (int i = 0; i < a.npos; i++)
+    if (access(a.pos[i], R_OK) != 0)
+      return nh_usage_error("run", "cannot read adapter %s: no such file or not readable", a.pos[i]);
+
+  nh_error_t err = {0};
+  nh_store_t *store = NULL;
+  if (nh_store_open(&store, a.store, NH_STORE_CREATE, &err)) {
+    fprintf(stderr, "nimbus-host: %s\n", err.msg);
+    return err.code == NH_EUSAGE ? NH_EXIT_USAGE : NH_EXIT_FAIL;
+  }
+  char owner[200];
+  owner_id(owner, sizeof owner);
+  nh_transport_t *tr = nh_embedded_new(nh_store_db(store), owner, &err);
+  if (!tr) {
+    fprintf(stderr, "nimbus-host: store %s: %s\n", a.store, err.msg);
+    nh_store_close(store);
+    return NH_EXIT_FAIL;
+  }
+  uv_loop_t loop;
+  uv_loop_init(&loop);
+  host_t h = { .loop = &loop };
+  h.d = nh_dispatch_new(&loop, store, tr, nh_vm_lua_dir(argv[0]));
+  int status = NH_EXIT_OK;
+  for (int i = 0; i < a.npos && status == NH_EXIT_OK; i++) {
+    if (nh_dispatch_load(h.d, a.pos[i], &err)) {
+      fprintf(stderr, "nimbus-host: cannot load adapter %s:\n  %s\n", a.pos[i], err.msg);
+      status = err.code == NH_EUSAGE ? NH_EXIT_USAGE : NH_EXIT_FAIL;
+    }
+  }
+  if (status == NH_EXIT_OK && nh_dispatch_start(h.d, &err)) {
+    fprintf(stderr, "nimbus-host: %s\n", err.msg);
+    status = NH_EXIT_FAIL;
+  }
+  if (status == NH_EXIT_OK) {
+    uv_signal_init(&loop, &h.sigint);
+    uv_signal_init(&loop, &h.sigterm);
+    uv_signal_init(&loop, &h.sighup);
+    h.sigint.data = h.sigterm.data = h.sighup.data = &h;
+    uv_signal_start(&h.sigint, on_signal, SIGINT);
+    uv_signal_start(&h.sigterm, on_signal, SIGTERM);
+    uv_signal_start(&h.sighup, on_signal, SIGHUP);
+    char desc[2048];
+    nh_dispatch_describe(h.d, desc, sizeof desc);
+    nh_log_info("host", "ready: store %s, transport embedded, endpoints: %s", a.store, desc);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    nh_log_info("host", "stopped");
+  }
+  nh_dispatch_free(h.d);
+  uv_run(&loop, UV_RUN_DEFAULT);   /* close callbacks */
+  tr->vt->close(tr);
+  nh_store_close(store);
+  if (uv_loop_close(&loop) != 0) nh_log_warn("host", "event loop closed with handles still open");
+  return status;
+}

@@ -1,0 +1,57 @@
+#include "nh_msg.h"
+#include "nh_util.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const type_names[] = {
+  "EventRequest", "ResubmissionRequest", "SkipRequest",
+  "HandoffCompletedRequest", "HandoffFailedRequest", "Unknown",
+};
+
+const char *nh_msg_type_name(nh_msg_type_t t)
+{
+  return (unsigned)t <= NH_MT_UNKNOWN ? type_names[t] : "Unknown";
+}
+
+nh_msg_type_t nh_msg_type_parse(const char *s)
+{
+  if (!s) return NH_MT_UNKNOWN;
+  for (int i = 0; i < NH_MT_UNKNOWN; i++)
+    if (strcmp(s, type_names[i]) == 0) return (nh_msg_type_t)i;
+  return NH_MT_UNKNOWN;
+}
+
+void nh_msg_clear(nh_msg_t *m)
+{
+  free(m->endpoint);
+  free(m->session_id);
+  free(m->message_id);
+  free(m->event_id);
+  free(m->event_type);
+  free(m->correlation_id);
+  free(m->originating_message_id);
+  free(m->parent_message_id);
+  free(m->from);
+  free(m->body);
+  free(m->error_text);
+  free(m->error_type);
+  memset(m, 0, sizeof *m);
+}
+
+void nh_msg_copy(nh_msg_t *dst, const nh_msg_t *src)
+{
+  *dst = *src;
+  dst->endpoint = nh_xstrdup(src->endpoint);
+  dst->session_id = nh_xstrdup(src->session_id);
+  dst->message_id = nh_xstrdup(src->message_id);
+  dst->event_id = nh_xstrdup(src->event_id);
+  dst->event_type = nh_xstrdup(src->event_type);
+  dst->correlation_id = nh_xstrdup(src->correlation_id);
+  dst->originating_message_id = nh_xstrdup(src->originating_message_id);
+  dst->parent_message_id = nh_xstrdup(src->parent_message_id);
+  dst->from = nh_xstrdup(src->from);
+  dst->body = src->body ? nh_xstrndup(src->body, src->body_len) : NULL;
+  dst->error_text = nh_xstrdup(src->error_text);
+  dst->error_type = nh_xstrdup(src->error_type);
+}

@@ -1,0 +1,22 @@
+/* sqlite helpers shared by the store and the embedded transport (they live in one file). */
+#ifndef NH_SQLITE_H
+#define NH_SQLITE_H
+
+#include <sqlite3.h>
+#include <stdint.h>
+
+#include "nh_error.h"
+
+/* Brings `component` to the latest of `n` migrations, each in its own transaction. */
+int nh_sqlite_migrate(sqlite3 *db, const char *component, const char *const *migrations, int n,
+                      nh_error_t *err);
+
+/* Binding helpers: NULL strings bind as SQL NULL. */
+void nh_sqlite_bind_text(sqlite3_stmt *st, int idx, const char *s);
+char *nh_sqlite_col_strdup(sqlite3_stmt *st, int col);   /* NULL for SQL NULL */
+int64_t nh_sqlite_col_i64(sqlite3_stmt *st, int col);
+
+/* Runs one reset-and-step of a write statement; returns 0 or NH_EFAIL (logged). */
+int nh_sqlite_step_done(sqlite3 *db, sqlite3_stmt *st, const char *what);
+
+#endif

@@ -1,0 +1,144 @@
+#include "nh_util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+int64_t nh_time_now_ms(void)
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+void nh_time_iso8601(int64_t ms, char *out, size_t outlen)
+{
+  time_t secs = (time_t)(ms / 1000);
+  struct tm tm;
+  gmtime_r(&secs, &tm);
+  char base[32];
+  strftime(base, sizeof base, "%Y-%m-%dT%H:%M:%S", &tm);
+  snprintf(out, outlen, "%s.%03dZ", base, (int)(ms % 1000));
+}
+
+/* xorshift128+ seeded from /dev/urandom: ids need uniqueness, not cryptographic strength. */
+static uint64_t rng_s[2];
+
+static void rng_seed(void)
+{
+  int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  ssize_t got = -1;
+  if (fd >= 0) {
+    got = read(fd, rng_s, sizeof rng_s);
+    close(fd);
+  }
+  if (got != (ssize_t)sizeof rng_s) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    rng_s[0] = (uint64_t)ts.tv_nsec ^ ((uint64_t)getpid() << 32);
+    rng_s[1] = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull;
+  }
+  if (!rng_s[0] && !rng_s[1]) rng_s[1] = 1;
+}
+
+static uint64_t rng_next(void)
+{
+  if (!rng_s[0] && !rng_s[1]) rng_seed();
+  uint64_t s1 = rng_s[0];
+  const uint64_t s0 = rng_s[1];
+  rng_s[0] = s0;
+  s1 ^= s1 << 23;
+  rng_s[1] = s1 ^ s0 ^ (s1 >> 17) ^ (s0 >> 26);
+  return rng_s[1] + s0;
+}
+
+double nh_random_unit(void) { return (double)(rng_next() >> 11) / 9007199254740992.0; }
+
+void nh_uuid_v4(char out[37])
+{
+  uint64_t a = rng_next(), b = rng_next();
+  unsigned char u[16];
+  memcpy(u, &a, 8);
+  memcpy(u + 8, &b, 8);
+  u[6] = (u[6] & 0x0f) | 0x40;
+  u[8] = (u[8] & 0x3f) | 0x80;
+  static const char hex[] = "0123456789abcdef";
+  int j = 0;
+  for (int i = 0; i < 16; i++) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) out[j++] = '-';
+    out[j++] = hex[u[i] >> 4];
+    out[j++] = hex[u[i] & 15];
+  }
+  out[j] = '\0';
+}
+
+static void oom(void)
+{
+  fputs("nimbus-host: out of memory\n", stderr);
+  abort();
+}
+
+void *nh_xmalloc(size_t n)
+{
+  void *p = malloc(n ? n : 1);
+  if (!p) oom();
+  return p;
+}
+
+void *nh_xcalloc(size_t n, size_t size)
+{
+  void *p = calloc(n ? n : 1, size ? size : 1);
+  if (!p) oom();
+  return p;
+}
+
+void *nh_xrealloc(void *p, size_t n)
+{
+  void *q = realloc(p, n ? n : 1);
+  if (!q) oom();
+  return q;
+}
+
+char *nh_xstrdup(const char *s)
+{
+  return s ? nh_xstrndup(s, strlen(s)) : NULL;
+}
+
+char *nh_xstrndup(const char *s, size_t n)
+{
+  if (!s) return NULL;
+  char *d = nh_xmalloc(n + 1);
+  memcpy(d, s, n);
+  d[n] = '\0';
+  return d;
+}
+
+char *nh_file_read(const char *path, size_t *len, const char **err)
+{
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    *err = strerror(errno);
+    return NULL;
+  }
+  size_t cap = 4096, n = 0;
+  char *buf = nh_xmalloc(cap);
+  size_t got;
+  while ((got = fread(buf + n, 1, cap - n - 1, f)) > 0) {
+    n += got;
+    if (cap - n - 1 == 0) buf = nh_xrealloc(buf, cap *= 2);
+  }
+  int bad = ferror(f);
+  fclose(f);
+  if (bad) {
+    free(buf);
+    *err = "read error";
+    return NULL;
+  }
+  buf[n] = '\0';
+  if (len) *len = n;
+  return buf;
+}

@@ -1,0 +1,28 @@
+/* Small helpers shared by every module: time, ids, allocation, strings. */
+#ifndef NH_UTIL_H
+#define NH_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Wall-clock milliseconds since the Unix epoch (store timestamps are in this unit). */
+int64_t nh_time_now_ms(void);
+/* Formats ms-since-epoch as ISO-8601 UTC with milliseconds: 2026-12-02T13:49:59.123Z */
+void nh_time_iso8601(int64_t ms, char *out, size_t outlen);
+
+/* Random RFC 4122 version-4 UUID, lower-case, 36 chars + NUL. */
+void nh_uuid_v4(char out[37]);
+/* Uniform double in [0, 1). */
+double nh_random_unit(void);
+
+/* Allocation that aborts on exhaustion (Neovim's xmalloc): callers never check. */
+void *nh_xmalloc(size_t n);
+void *nh_xcalloc(size_t n, size_t size);
+void *nh_xrealloc(void *p, size_t n);
+char *nh_xstrdup(const char *s);       /* NULL in, NULL out */
+char *nh_xstrndup(const char *s, size_t n);
+
+/* Reads a whole file; returns NULL and sets *err (static text) on failure. */
+char *nh_file_read(const char *path, size_t *len, const char **err);
+
+#endif

@@ -1,0 +1,513 @@
+/* Dispatcher loop: one pump per loop iteration while there is work, an adaptive poll
+ * timer (1 ms doubling to 50 ms) when idle so another process's messages are seen
+ * quickly without a busy loop. Each pump is one store transaction: it commits the
+ * effects of every finished task, then fetches new work, then starts handlers. */
+#include "nh_dispatch_int.h"
+#include "core/nh_log.h"
+#include "core/nh_util.h"
+
+#include <lauxlib.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NH_POLL_MIN_MS 1
+#define NH_POLL_MAX_MS 50
+
+static void pump(nh_dispatch_t *d);
+
+static void idle_cb(uv_idle_t *h)
+{
+  nh_dispatch_t *d = h->data;
+  uv_idle_stop(h);
+  pump(d);
+}
+
+static void kick(nh_dispatch_t *d)
+{
+  if (uv_is_closing((uv_handle_t *)&d->idle)) return;
+  if (!uv_is_active((uv_handle_t *)&d->idle)) uv_idle_start(&d->idle, idle_cb);
+}
+
+static void timer_cb(uv_timer_t *h) { pump(h->data); }
+
+static nh_endpoint_t *find_endpoint(nh_dispatch_t *d, const char *name)
+{
+  for (nh_endpoint_t *ep = d->endpoints; ep; ep = ep->next)
+    if (strcmp(ep->name, name) == 0) return ep;
+  for (nh_endpoint_t *ep = d->pending_eps; ep; ep = ep->next)
+    if (strcmp(ep->name, name) == 0) return ep;
+  return NULL;
+}
+
+/* ---------------------------------------------------------------- VM host callbacks */
+
+static int host_register_endpoint(void *data, nh_vm_t *vm, lua_State *L, const char *name, int opts, nh_error_t *err)
+{
+  nh_dispatch_t *d = data;
+  if (find_endpoint(d, name))
+    return nh_error_set(err, NH_EUSAGE, "endpoint %s is already defined by another adapter", name);
+  nh_endpoint_t *ep = nh_xcalloc(1, sizeof *ep);
+  ep->name = nh_xstrdup(name);
+  ep->vm = vm;
+  if (nh_endpoint_parse(ep, L, opts, err)) {
+    nh_endpoint_free(ep);
+    return NH_EUSAGE;
+  }
+  ep->next = d->pending_eps;
+  d->pending_eps = ep;
+  return NH_OK;
+}
+
+static int host_publish(void *data, void *task_data, const char *type, const char *body, size_t body_len,
+                        const char *session, const char *correlation_id, const char *to, char message_id[37],
+                        nh_error_t *err)
+{
+  nh_dispatch_t *d = data;
+  nh_uuid_v4(message_id);
+  nh_job_t *job = task_data;
+  if (job) {
+    /* Sent only when the handler's outcome commits: a failed handler publishes nothing. */
+    nh_pub_t *p = nh_xcalloc(1, sizeof *p);
+    p->type = nh_xstrdup(type);
+    p->body = nh_xstrndup(body, body_len);
+    p->body_len = body_len;
+    p->session = nh_xstrdup(session);
+    p->correlation_id = nh_xstrdup(correlation_id);
+    p->to = nh_xstrdup(to);
+    memcpy(p->message_id, message_id, 37);
+    *job->pubs_tail = p;
+    job->pubs_tail = &p->next;
+    return NH_OK;
+  }
+  nh_msg_t m;
+  memset(&m, 0, sizeof m);
+  char sess[37], corr[37];
+  nh_uuid_v4(sess);
+  nh_uuid_v4(corr);
+  m.session_id = (char *)(session ? session : sess);
+  m.message_id = message_id;
+  m.event_type = (char *)type;
+  m.type = NH_MT_EVENT;
+  m.correlation_id = (char *)(correlation_id ? correlation_id : corr);
+  m.body = (char *)body;
+  m.body_len = body_len;
+  m.enqueued_at = nh_time_now_ms();
+  if (nh_store_begin(d->store)) return nh_error_set(err, NH_EFAIL, "store busy: %s", nh_store_errmsg(d->store));
+  int copies = 0;
+  if (d->tr->vt->send(d->tr, &m, to, &copies, err)) {
+    nh_store_rollback(d->store);
+    return NH_EFAIL;
+  }
+  if (nh_store_commit(d->store)) return nh_error_set(err, NH_EFAIL, "store commit failed");
+  if (copies == 0) nh_log_warn("dispatch", "published %s but no endpoint subscribes to it", type);
+  if (d->started) kick(d);
+  return NH_OK;
+}
+
+static void host_task_done(void *data, void *task_data, nh_outcome_t *o)
+{
+  nh_dispatch_t *d = data;
+  nh_job_t *job = task_data;
+  job->out = *o;
+  memset(o, 0, sizeof *o);
+  d->running--;
+  job->next = NULL;
+  *d->done_tail = job;
+  d->done_tail = &job->next;
+  kick(d);
+}
+
+/* ---------------------------------------------------------------- jobs */
+
+static nh_job_t *job_new(nh_dispatch_t *d, nh_endpoint_t *ep, nh_job_src_t src)
+{
+  nh_job_t *job = nh_xcalloc(1, sizeof *job);
+  job->d = d;
+  job->ep = ep;
+  job->src = src;
+  job->pubs_tail = &job->pubs;
+  job->out.expected_by_s = -1;
+  return job;
+}
+
+/* Routes a fetched job inside the open transaction: settled here, or queued to run. */
+static int accept_job(nh_dispatch_t *d, nh_job_t *job)
+{
+  int r = nh_dispatch_route(d, job);
+  if (r < 0) {
+    nh_job_free(job);
+    return NH_EFAIL;
+  }
+  if (r == 0) {
+    nh_job_free(job);
+    return NH_OK;
+  }
+  job->ep->in_flight++;
+  *d->fresh_tail = job;
+  d->fresh_tail = &job->next;
+  return NH_OK;
+}
+
+static nh_endpoint_t *receiving_ep;   /* the endpoint whose receive() is running */
+static int receive_failed;
+
+static void on_message(void *data, nh_msg_t *msg)
+{
+  nh_dispatch_t *d = data;
+  nh_endpoint_t *ep = receiving_ep;
+  if (!ep || strcmp(ep->name, msg->endpoint) != 0) ep = find_endpoint(d, msg->endpoint);
+  nh_job_t *job = job_new(d, ep, NH_JOB_QUEUE);
+  job->msg = *msg;
+  free(msg);
+  switch (job->msg.type) {
+  case NH_MT_RESUBMIT: job->kind = "resubmit"; break;
+  default: job->kind = "event"; break;
+  }
+  if (accept_job(d, job)) receive_failed = 1;
+}
+
+struct due_ctx {
+  nh_dispatch_t *d;
+  nh_endpoint_t *ep;
+  int64_t now;
+  int taken;
+  int failed;
+};
+
+/* A session with a due retry or parked messages to replay. */
+static int on_due_session(void *data, const char *session, const nh_session_state_t *st)
+{
+  struct due_ctx *c = data;
+  nh_dispatch_t *d = c->d;
+  if (c->failed || d->tr->vt->lock_session(d->tr, c->ep->name, session, c->now) != 1) return 0;
+  nh_job_t *job;
+  if (st->blocked_by) {
+    nh_audit_t a;
+    if (nh_store_audit_get(d->store, c->ep->name, st->blocked_by, &a) != 1) {
+      nh_log_warn("dispatch", "%s: session %s is blocked by %s, which has no audit row; clearing the retry",
+                  c->ep->name, session, st->blocked_by);
+      nh_session_state_t copy = *st;
+      copy.retry_due = 0;
+      if (nh_store_session_put(d->store, c->ep->name, session, &copy)) c->failed = 1;
+      d->tr->vt->unlock_session(d->tr, c->ep->name, session);
+      return 0;
+    }
+    job = job_new(d, c->ep, NH_JOB_RETRY);
+    job->kind = "retry";
+    nh_msg_t *m = &job->msg;
+    m->endpoint = nh_xstrdup(c->ep->name);
+    m->session_id = nh_xstrdup(session);
+    m->event_id = a.event_id, a.event_id = NULL;
+    m->event_type = a.event_type, a.event_type = NULL;
+    m->message_id = a.message_id, a.message_id = NULL;
+    m->correlation_id = a.correlation_id, a.correlation_id = NULL;
+    m->originating_message_id = a.originating_message_id, a.originating_message_id = NULL;
+    m->body = a.payload, a.payload = NULL;
+    m->body_len = m->body ? strlen(m->body) : 0;
+    m->type = NH_MT_EVENT;
+    m->retry_count = a.retry_count + 1;
+    m->enqueued_at = a.created_at;
+    nh_audit_clear(&a);
+  } else {
+    job = job_new(d, c->ep, NH_JOB_PARKED);
+    job->kind = "replay";
+    if (nh_store_parked_head(d->store, c->ep->name, session, &job->msg, &job->park_seq) != 1) {
+      /* Drained: the session is free again. */
+      nh_session_state_t copy = *st;
+      copy.draining = 0;
+      if (nh_store_session_put(d->store, c->ep->name, session, &copy)) c->failed = 1;
+      d->tr->vt->unlock_session(d->tr, c->ep->name, session);
+      nh_job_free(job);
+      return 0;
+    }
+  }
+  c->taken++;
+  if (accept_job(d, job)) c->failed = 1;
+  return 0;
+}
+
+static int fetch(nh_dispatch_t *d, int64_t now, int *fetched)
+{
+  *fetched = 0;
+  for (nh_endpoint_t *ep = d->endpoints; ep; ep = ep->next) {
+    int cap = ep->concurrency - ep->in_flight;
+    if (cap <= 0) continue;
+    struct due_ctx c = { d, ep, now, 0, 0 };
+    nh_store_sessions_due(d->store, ep->name, now, cap, on_due_session, &c);
+    if (c.failed) return NH_EFAIL;
+    *fetched += c.taken;
+    cap = ep->concurrency - ep->in_flight;
+    if (cap <= 0) continue;
+    receiving_ep = ep;
+    receive_failed = 0;
+    int n = d->tr->vt->receive(d->tr, ep->name, cap, now);
+    receiving_ep = NULL;
+    if (n < 0 || receive_failed) return NH_EFAIL;
+    *fetched += n;
+  }
+  return NH_OK;
+}
+
+static void start_fresh(nh_dispatch_t *d)
+{
+  nh_job_t *job = d->fresh;
+  d->fresh = NULL;
+  d->fresh_tail = &d->fresh;
+  while (job) {
+    nh_job_t *next = job->next;
+    job->next = NULL;
+    nh_msg_t *m = &job->msg;
+    nh_task_args_t args = {
+      .endpoint = job->ep->name, .event_type = m->event_type, .body = m->body, .body_len = m->body_len,
+      .event_id = m->event_id, .message_id = m->message_id, .session_id = m->session_id,
+      .correlation_id = m->correlation_id, .originating_message_id = m->originating_message_id,
+      .kind = job->kind, .retry_count = m->retry_count, .delivery_count = m->delivery_count,
+      .enqueued_at = m->enqueued_at, .data = job,
+    };
+    d->running++;
+    nh_error_t err = {0};
+    if (nh_vm_task_start(job->ep->vm, &args, &err)) {
+      nh_outcome_t o = { .kind = NH_OUT_CANCELLED, .expected_by_s = -1 };
+      nh_log_error("dispatch", "%s: cannot start a task: %s", job->ep->name, err.msg);
+      host_task_done(d, job, &o);
+    }
+    job = next;
+  }
+}
+
+static void discard_fresh(nh_dispatch_t *d)
+{
+  nh_job_t *job = d->fresh;
+  while (job) {
+    nh_job_t *next = job->next;
+    job->ep->in_flight--;
+    nh_job_free(job);
+    job = next;
+  }
+  d->fresh = NULL;
+  d->fresh_tail = &d->fresh;
+}
+
+static void maybe_stopped(nh_dispatch_t *d);
+
+static void pump(nh_dispatch_t *d)
+{
+  if (d->pumping) return;
+  d->pumping = 1;
+  int64_t now = nh_time_now_ms();
+  int fetched = 0, had_done = d->done != NULL, ok = 0;
+  if (nh_store_begin(d->store) == NH_OK) {
+    ok = 1;
+    for (nh_job_t *job = d->done; job && ok; job = job->next)
+      if (nh_dispatch_apply(d, job)) ok = 0;
+    int64_t renew_every = d->tr->lock_ms / 3;
+    if (ok && now - d->last_renew >= renew_every) {
+      if (d->tr->vt->renew_all(d->tr, now) < 0) ok = 0;
+      else d->last_renew = now;
+    }
+    if (ok && !d->stopping && fetch(d, now, &fetched)) ok = 0;
+    if (ok && nh_store_commit(d->store)) ok = 0;
+    if (!ok) nh_store_rollback(d->store);
+  }
+  if (ok) {
+    nh_job_t *job = d->done;
+    while (job) {
+      nh_job_t *next = job->next;
+      job->ep->in_flight--;
+      nh_job_free(job);
+      job = next;
+    }
+    d->done = NULL;
+    d->done_tail = &d->done;
+    start_fresh(d);
+  } else {
+    /* Nothing of this batch happened; finished jobs stay queued and are applied again. */
+    discard_fresh(d);
+    nh_log_error("dispatch", "store transaction failed (%s); retrying in 1 s", nh_store_errmsg(d->store));
+  }
+  d->pumping = 0;
+
+  if (!ok) {
+    uv_timer_start(&d->timer, timer_cb, 1000, 0);
+    return;
+  }
+  if (d->stopping) {
+    maybe_stopped(d);
+    if (d->done) kick(d);
+    return;
+  }
+  if (fetched > 0 || had_done || d->done) {
+    d->poll_ms = NH_POLL_MIN_MS;
+    kick(d);
+    uv_timer_stop(&d->timer);
+  } else {
+    d->poll_ms = d->poll_ms * 2 > NH_POLL_MAX_MS ? NH_POLL_MAX_MS : d->poll_ms * 2;
+    uv_timer_start(&d->timer, timer_cb, (uint64_t)d->poll_ms, 0);
+  }
+}
+
+/* ---------------------------------------------------------------- lifecycle */
+
+nh_dispatch_t *nh_dispatch_new(uv_loop_t *loop, nh_store_t *store, nh_transport_t *transport, const char *lua_dir)
+{
+  nh_dispatch_t *d = nh_xcalloc(1, sizeof *d);
+  d->loop = loop;
+  d->store = store;
+  d->tr = transport;
+  d->lua_dir = nh_xstrdup(lua_dir);
+  d->fresh_tail = &d->fresh;
+  d->done_tail = &d->done;
+  d->poll_ms = NH_POLL_MIN_MS;
+  transport->on_message = on_message;
+  transport->cb_data = d;
+  uv_idle_init(loop, &d->idle);
+  d->idle.data = d;
+  uv_timer_init(loop, &d->timer);
+  d->timer.data = d;
+  uv_timer_init(loop, &d->drain_timer);
+  d->drain_timer.data = d;
+  return d;
+}
+
+static void collect_types(void *data, const char *endpoint, const char *const *types, int n)
+{
+  nh_dispatch_t *d = data;
+  nh_endpoint_t *ep = find_endpoint(d, endpoint);
+  if (!ep) return;
+  ep->types = nh_xcalloc((size_t)n + 1, sizeof *ep->types);
+  for (int i = 0; i < n; i++) ep->types[i] = nh_xstrdup(types[i]);
+  ep->ntypes = n;
+}
+
+int nh_dispatch_load(nh_dispatch_t *d, const char *adapter_path, nh_error_t *err)
+{
+  nh_vm_host_t host = { d, host_register_endpoint, host_publish, host_task_done };
+  nh_vm_t *vm = nh_vm_new(d->loop, adapter_path, d->lua_dir, &host, err);
+  if (!vm || nh_vm_subscriptions(vm, collect_types, d, err)) {
+    while (d->pending_eps) {
+      nh_endpoint_t *ep = d->pending_eps;
+      d->pending_eps = ep->next;
+      nh_endpoint_free(ep);
+    }
+    if (vm) nh_vm_close(vm);
+    if (err->code == 0) err->code = NH_EUSAGE;
+    return err->code;
+  }
+  if (!d->pending_eps) {
+    nh_vm_close(vm);
+    return nh_error_set(err, NH_EUSAGE,
+                        "%s defines no endpoint: call nimbus.endpoint(\"Name\") and register handlers with :on",
+                        adapter_path);
+  }
+  while (d->pending_eps) {
+    nh_endpoint_t *ep = d->pending_eps;
+    d->pending_eps = ep->next;
+    ep->next = d->endpoints;
+    d->endpoints = ep;
+  }
+  d->vms = nh_xrealloc(d->vms, sizeof *d->vms * (size_t)(d->nvms + 1));
+  d->vms[d->nvms++] = vm;
+  return NH_OK;
+}
+
+int nh_dispatch_start(nh_dispatch_t *d, nh_error_t *err)
+{
+  if (nh_store_begin(d->store)) return nh_error_set(err, NH_EFAIL, "store: %s", nh_store_errmsg(d->store));
+  for (nh_endpoint_t *ep = d->endpoints; ep; ep = ep->next) {
+    if (ep->lock_ms < d->tr->lock_ms || ep == d->endpoints) d->tr->lock_ms = ep->lock_ms;
+    if (d->tr->vt->subscribe(d->tr, ep->name, (const char *const *)ep->types, ep->ntypes, err)) {
+      nh_store_rollback(d->store);
+      return NH_EFAIL;
+    }
+  }
+  if (nh_store_commit(d->store)) return nh_error_set(err, NH_EFAIL, "store: cannot commit subscriptions");
+  d->started = 1;
+  kick(d);
+  return NH_OK;
+}
+
+static void maybe_stopped(nh_dispatch_t *d)
+{
+  if (!d->stopping || d->running > 0 || d->done || !d->on_stopped) return;
+  void (*cb)(void *) = d->on_stopped;
+  d->on_stopped = NULL;
+  uv_timer_stop(&d->drain_timer);
+  uv_timer_stop(&d->timer);
+  uv_idle_stop(&d->idle);
+  cb(d->stopped_data);
+}
+
+static void drain_timeout_cb(uv_timer_t *h)
+{
+  nh_dispatch_t *d = h->data;
+  if (d->running > 0) {
+    nh_log_warn("dispatch", "drain deadline reached; cancelling %d running task(s) without settling", d->running);
+    for (int i = 0; i < d->nvms; i++) nh_vm_cancel_all(d->vms[i]);
+  }
+  pump(d);
+}
+
+void nh_dispatch_stop(nh_dispatch_t *d, int64_t drain_ms, void (*on_stopped)(void *), void *data)
+{
+  d->stopping = 1;
+  d->on_stopped = on_stopped;
+  d->stopped_data = data;
+  if (d->running > 0) {
+    nh_log_info("dispatch", "stopping: waiting up to %lld ms for %d running task(s)", (long long)drain_ms, d->running);
+    uv_timer_start(&d->drain_timer, drain_timeout_cb, (uint64_t)drain_ms, 0);
+  }
+  pump(d);
+}
+
+/* The struct embeds its handles, so it is freed by the last close callback. */
+static void on_handle_closed(uv_handle_t *h)
+{
+  nh_dispatch_t *d = h->data;
+  if (--d->closing == 0) free(d);
+}
+
+void nh_dispatch_free(nh_dispatch_t *d)
+{
+  if (!d) return;
+  for (int i = 0; i < d->nvms; i++) nh_vm_close(d->vms[i]);
+  free(d->vms);
+  /* Cancelled tasks landed in `done`; they were released in the final pump or, if
+   * the store failed, are simply dropped: their session locks expire. */
+  while (d->done) {
+    nh_job_t *n = d->done->next;
+    nh_job_free(d->done);
+    d->done = n;
+  }
+  discard_fresh(d);
+  while (d->endpoints) {
+    nh_endpoint_t *n = d->endpoints->next;
+    nh_endpoint_free(d->endpoints);
+    d->endpoints = n;
+  }
+  free(d->lua_dir);
+  d->lua_dir = NULL;
+  d->closing = 3;
+  uv_close((uv_handle_t *)&d->idle, on_handle_closed);
+  uv_close((uv_handle_t *)&d->timer, on_handle_closed);
+  uv_close((uv_handle_t *)&d->drain_timer, on_handle_closed);
+}
+
+int nh_dispatch_endpoint_count(nh_dispatch_t *d)
+{
+  int n = 0;
+  for (nh_endpoint_t *ep = d->endpoints; ep; ep = ep->next) n++;
+  return n;
+}
+
+void nh_dispatch_describe(nh_dispatch_t *d, char *buf, size_t len)
+{
+  size_t off = 0;
+  buf[0] = '\0';
+  for (nh_endpoint_t *ep = d->endpoints; ep && off < len; ep = ep->next) {
+    off += (size_t)snprintf(buf + off, len - off, "%s%s (", off ? ", " : "", ep->name);
+    for (int i = 0; i < ep->ntypes && off < len; i++)
+      off += (size_t)snprintf(buf + off, len - off, "%s%s", i ? " " : "", ep->types[i]);
+    if (off < len) off += (size_t)snprintf(buf + off, len - off, ")");
+  }
+}

@@ -1,0 +1,29 @@
+/* The dispatcher: the only module that sees both the transport and Lua. It pulls
+ * session heads, consults session state, runs handlers as Lua tasks, maps results to
+ * outcomes (DESIGN.md section 6) and writes every effect, settlement included, in
+ * one store transaction per batch. */
+#ifndef NH_DISPATCH_H
+#define NH_DISPATCH_H
+
+#include <uv.h>
+
+#include "core/nh_error.h"
+#include "store/nh_store.h"
+#include "transport/nh_transport.h"
+
+typedef struct nh_dispatch nh_dispatch_t;
+
+nh_dispatch_t *nh_dispatch_new(uv_loop_t *loop, nh_store_t *store, nh_transport_t *transport, const char *lua_dir);
+/* Loads one adapter file into its own VM and registers its endpoints. */
+int nh_dispatch_load(nh_dispatch_t *d, const char *adapter_path, nh_error_t *err);
+/* Subscribes endpoints and starts pulling work. */
+int nh_dispatch_start(nh_dispatch_t *d, nh_error_t *err);
+/* Stops taking new work, lets running tasks finish until `drain_ms`, then cancels the
+ * rest without settling; calls on_stopped once everything is committed. */
+void nh_dispatch_stop(nh_dispatch_t *d, int64_t drain_ms, void (*on_stopped)(void *), void *data);
+void nh_dispatch_free(nh_dispatch_t *d);
+int nh_dispatch_endpoint_count(nh_dispatch_t *d);
+/* Writes "Name (types...)" for each endpoint into buf, for the ready line. */
+void nh_dispatch_describe(nh_dispatch_t *d, char *buf, size_t len);
+
+#endif

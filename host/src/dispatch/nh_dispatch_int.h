@@ -1,0 +1,79 @@
+/* Dispatcher internals shared by its files. */
+#ifndef NH_DISPATCH_INT_H
+#define NH_DISPATCH_INT_H
+
+#include "nh_dispatch.h"
+#include "nh_retry.h"
+#include "core/nh_msg.h"
+#include "lua/nh_vm.h"
+
+typedef struct nh_endpoint {
+  char *name;
+  nh_vm_t *vm;
+  int concurrency;               /* sessions in flight at once */
+  int inbox;
+  int64_t lock_ms, renew_max_ms;
+  nh_retry_config_t retry;
+  char **types;                  /* handled event types (subscriptions) */
+  int ntypes;
+  int in_flight;
+  struct nh_endpoint *next;
+} nh_endpoint_t;
+
+typedef enum { NH_JOB_QUEUE, NH_JOB_RETRY, NH_JOB_PARKED } nh_job_src_t;
+
+typedef struct nh_pub {
+  char *type, *body, *session, *correlation_id, *to;
+  size_t body_len;
+  char message_id[37];
+  struct nh_pub *next;
+} nh_pub_t;
+
+typedef struct nh_job {
+  nh_dispatch_t *d;
+  nh_endpoint_t *ep;
+  nh_job_src_t src;
+  nh_msg_t msg;
+  int64_t park_seq;             /* NH_JOB_PARKED */
+  const char *kind;              /* passed to Lua as ctx.kind */
+  nh_outcome_t out;
+  nh_pub_t *pubs, **pubs_tail;   /* publishes buffered until the outcome commits */
+  struct nh_job *next;
+} nh_job_t;
+
+struct nh_dispatch {
+  uv_loop_t *loop;
+  nh_store_t *store;
+  nh_transport_t *tr;
+  char *lua_dir;
+  nh_endpoint_t *endpoints;
+  nh_endpoint_t *pending_eps;    /* registered by the adapter being loaded */
+  nh_vm_t **vms;
+  int nvms;
+  nh_job_t *fresh, **fresh_tail; /* fetched in the open transaction, not started */
+  nh_job_t *done, **done_tail;   /* finished, effects not yet committed */
+  int running;
+  int pumping, stopping, started, closing;
+  int64_t poll_ms;               /* adaptive idle poll interval */
+  int64_t last_renew;
+  int64_t drain_deadline;
+  void (*on_stopped)(void *);
+  void *stopped_data;
+  uv_idle_t idle;
+  uv_timer_t timer;
+  uv_timer_t drain_timer;
+};
+
+/* nh_outcome.c: the state machine */
+int nh_dispatch_route(nh_dispatch_t *d, nh_job_t *job);    /* 1: needs a handler, 0: settled here */
+int nh_dispatch_apply(nh_dispatch_t *d, nh_job_t *job);    /* writes a finished job's effects */
+int nh_dispatch_flush_pubs(nh_dispatch_t *d, nh_job_t *job);
+void nh_job_free(nh_job_t *job);
+
+/* nh_endpoint.c */
+int nh_endpoint_parse(nh_endpoint_t *ep, lua_State *L, int opts, nh_error_t *err);
+void nh_endpoint_free(nh_endpoint_t *ep);
+
+#define NH_MAX_DELIVERIES 10
+
+#endif

@@ -1,0 +1,430 @@
+/* The outcome state machine (DESIGN.md section 6). Every function here runs inside
+ * the dispatcher's open store transaction while this process holds the session lock,
+ * so the session state it reads cannot change underneath it. */
+#include "nh_dispatch_int.h"
+#include "core/nh_log.h"
+#include "core/nh_util.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void set(char **field, const char *v)
+{
+  free(*field);
+  *field = nh_xstrdup(v);
+}
+
+/* Loads the event's audit row, or starts one from the message. */
+static void audit_load(nh_dispatch_t *d, nh_job_t *job, nh_audit_t *a)
+{
+  const nh_msg_t *m = &job->msg;
+  if (nh_store_audit_get(d->store, job->ep->name, m->event_id, a) != 1) {
+    memset(a, 0, sizeof *a);
+    a->endpoint = nh_xstrdup(job->ep->name);
+    a->event_id = nh_xstrdup(m->event_id);
+    a->created_at = nh_time_now_ms();
+  }
+  set(&a->session_id, m->session_id);
+  if (m->event_type) set(&a->event_type, m->event_type);
+  if (m->type == NH_MT_EVENT || m->type == NH_MT_RESUBMIT) {
+    set(&a->message_id, m->message_id);
+    if (m->correlation_id) set(&a->correlation_id, m->correlation_id);
+    if (m->originating_message_id) set(&a->originating_message_id, m->originating_message_id);
+    if (m->body) {
+      free(a->payload);
+      a->payload = nh_xstrndup(m->body, m->body_len);
+    }
+  }
+  a->updated_at = 0;
+}
+
+static void audit_status(nh_audit_t *a, const char *status, const char *text, const char *type, const char *stack)
+{
+  set(&a->status, status);
+  set(&a->sub_status, NULL);
+  set(&a->error_text, text);
+  set(&a->error_type, type);
+  set(&a->error_stack, stack);
+}
+
+static int audit_write(nh_dispatch_t *d, nh_job_t *job, nh_audit_t *a, const char *detail)
+{
+  int rc = nh_store_audit_put(d->store, a);
+  if (!rc)
+    rc = nh_store_history_add(d->store, job->ep->name, a->event_id, job->msg.message_id,
+                              job->src == NH_JOB_RETRY ? "RetryRequest" : nh_msg_type_name(job->msg.type), a->status,
+                              detail);
+  nh_audit_clear(a);
+  return rc;
+}
+
+static int settle(nh_dispatch_t *d, nh_job_t *job, nh_settle_t how, int64_t delay, const char *reason)
+{
+  if (job->src != NH_JOB_QUEUE && how != NH_SETTLE_RELEASE) return NH_OK;
+  nh_transport_t *t = d->tr;
+  int rc = t->vt->settle(t, &job->msg, how, delay, reason);
+  if (!rc && !(t->caps & NH_CAP_ATOMIC_SETTLE) && job->src == NH_JOB_QUEUE && how != NH_SETTLE_RELEASE)
+    rc = nh_store_processed_add(d->store, job->ep->name, job->msg.message_id, job->msg.event_id);
+  return rc;
+}
+
+static int unlock(nh_dispatch_t *d, nh_job_t *job)
+{
+  return d->tr->vt->unlock_session(d->tr, job->ep->name, job->msg.session_id);
+}
+
+/* Clears the block and, if anything is parked, starts draining. */
+static void unblock(nh_dispatch_t *d, nh_job_t *job, nh_session_state_t *st)
+{
+  set(&st->blocked_by, NULL);
+  st->retry_due = 0;
+  st->draining = nh_store_parked_count(d->store, job->ep->name, job->msg.session_id) > 0;
+}
+
+static int is_blocker(const nh_session_state_t *st, const char *event_id)
+{
+  return st->blocked_by && event_id && strcmp(st->blocked_by, event_id) == 0;
+}
+
+/* ---------------------------------------------------------------- routing */
+
+static int route_park(nh_dispatch_t *d, nh_job_t *job, nh_session_state_t *st)
+{
+  nh_msg_t *m = &job->msg;
+  char text[512];
+  if (st->blocked_by) snprintf(text, sizeof text, "Session %s is blocked by %s", m->session_id, st->blocked_by);
+  else snprintf(text, sizeof text, "Session %s is replaying parked messages", m->session_id);
+  int64_t seq = st->next_park_seq > 0 ? st->next_park_seq : 1;
+  st->next_park_seq = seq + 1;
+  nh_audit_t a;
+  audit_load(d, job, &a);
+  audit_status(&a, NH_ST_DEFERRED, text, NULL, NULL);
+  if (nh_store_park(d->store, m, seq) || nh_store_session_put(d->store, m->endpoint, m->session_id, st) ||
+      audit_write(d, job, &a, text))
+    return NH_EFAIL;
+  return settle(d, job, NH_SETTLE_COMPLETE, 0, NULL);
+}
+
+/* Skip: never runs the handler. */
+static int route_skip(nh_dispatch_t *d, nh_job_t *job, nh_session_state_t *st)
+{
+  nh_msg_t *m = &job->msg;
+  nh_audit_t a;
+  audit_load(d, job, &a);
+  audit_status(&a, NH_ST_SKIPPED, NULL, NULL, NULL);
+  int removed = nh_store_parked_delete_event(d->store, job->ep->name, m->event_id);
+  if (is_blocker(st, m->event_id)) unblock(d, job, st);
+  if (removed > 0 && !st->blocked_by)
+    st->draining = nh_store_parked_count(d->store, job->ep->name, m->session_id) > 0;
+  if (nh_store_session_put(d->store, m->endpoint, m->session_id, st) ||
+      audit_write(d, job, &a, removed > 0 ? "skipped by operator (removed from the parked queue)" : "skipped by operator"))
+    return NH_EFAIL;
+  return settle(d, job, NH_SETTLE_COMPLETE, 0, NULL);
+}
+
+/* Hand-off settlement: never runs the handler; only a Pending+Handoff event is settled. */
+static int route_handoff(nh_dispatch_t *d, nh_job_t *job, nh_session_state_t *st)
+{
+  nh_msg_t *m = &job->msg;
+  nh_audit_t a;
+  int found = nh_store_audit_get(d->store, job->ep->name, m->event_id, &a) == 1;
+  int pending = found && a.status && strcmp(a.status, NH_ST_PENDING) == 0 && a.sub_status &&
+                strcmp(a.sub_status, "Handoff") == 0;
+  if (!pending) {
+    char detail[256];
+    snprintf(detail, sizeof detail, "%s rejected: the event is %s, not Pending+Handoff", nh_msg_type_name(m->type),
+             found && a.status ? a.status : "unknown");
+    nh_log_warn("dispatch", "%s %s: %s", job->ep->name, m->event_id, detail);
+    if (found) nh_audit_clear(&a);
+    if (nh_store_history_add(d->store, job->ep->name, m->event_id, m->message_id, nh_msg_type_name(m->type),
+                             "Rejected", detail))
+      return NH_EFAIL;
+    return settle(d, job, NH_SETTLE_COMPLETE, 0, NULL);
+  }
+  a.updated_at = 0;
+  const char *detail;
+  if (m->type == NH_MT_HANDOFF_COMPLETE) {
+    audit_status(&a, NH_ST_COMPLETED, NULL, NULL, NULL);
+    free(a.result);
+    a.result = m->body ? nh_xstrndup(m->body, m->body_len) : NULL;
+    if (is_blocker(st, m->event_id)) unblock(d, job, st);
+    detail = "hand-off completed";
+  } else {
+    audit_status(&a, NH_ST_FAILED, m->error_text ? m->error_text : "hand-off failed",
+                 m->error_type ? m->error_type : "HandoffFailed", NULL);
+    detail = "hand-off failed; the session stays blocked until resubmit or skip";
+  }
+  if (nh_store_session_put(d->store, m->endpoint, m->session_id, st) || audit_write(d, job, &a, detail))
+    return NH_EFAIL;
+  return settle(d, job, NH_SETTLE_COMPLETE, 0, NULL);
+}
+
+static int route_dead_letter(nh_dispatch_t *d, nh_job_t *job, const char *reason)
+{
+  nh_log_warn("dispatch", "%s: dead-lettering message %s (session %s): %s", job->ep->name, job->msg.message_id,
+              job->msg.session_id, reason);
+  if (job->msg.event_id) {
+    nh_audit_t a;
+    audit_load(d, job, &a);
+    audit_status(&a, NH_ST_DEADLETTERED, reason, "DeadLetter", NULL);
+    if (audit_write(d, job, &a, reason)) return NH_EFAIL;
+  }
+  return settle(d, job, NH_SETTLE_DEAD_LETTER, 0, reason);
+}
+
+/* A parked message settled without its handler: drop it and keep draining. */
+static int parked_done(nh_dispatch_t *d, nh_job_t *job, nh_session_state_t *st)
+{
+  if (nh_store_parked_delete(d->store, job->ep->name, job->msg.session_id, job->park_seq)) return NH_EFAIL;
+  if (!st->blocked_by) st->draining = nh_store_parked_count(d->store, job->ep->name, job->msg.session_id) > 0;
+  return nh_store_session_put(d->store, job->ep->name, job->msg.session_id, st);
+}
+
+int nh_dispatch_route(nh_dispatch_t *d, nh_job_t *job)
+{
+  nh_msg_t *m = &job->msg;
+  nh_endpoint_t *ep = job->ep;
+  nh_session_state_t st;
+  int rc = NH_OK, run = 0;
+  if (nh_store_session_get(d->store, ep->name, m->session_id, &st)) return NH_EFAIL;
+
+  if (job->src == NH_JOB_QUEUE && !(d->tr->caps & NH_CAP_ATOMIC_SETTLE) && m->event_id &&
+      nh_store_processed_has(d->store, ep->name, m->message_id, m->event_id)) {
+    /* The outcome was committed but the settlement was lost (crash): settle only. */
+    rc = d->tr->vt->settle(d->tr, m, NH_SETTLE_COMPLETE, 0, NULL);
+    goto out_unlock;
+  }
+  if (job->src == NH_JOB_QUEUE && m->delivery_count > NH_MAX_DELIVERIES) {
+    char reason[160];
+    snprintf(reason, sizeof reason,
+             "delivered %d times without an outcome (the host stopped while handling it each time)",
+             m->delivery_count - 1);
+    rc = route_dead_letter(d, job, reason);
+    goto out_unlock;
+  }
+  if (!m->event_id || !*m->event_id || m->type == NH_MT_UNKNOWN) {
+    rc = route_dead_letter(d, job, m->type == NH_MT_UNKNOWN ? "unknown message type" : "message has no EventId");
+    goto out_unlock;
+  }
+
+  switch (m->type) {
+  case NH_MT_EVENT:
+    if (ep->inbox && m->message_id && nh_store_inbox_has(d->store, ep->name, m->message_id)) {
+      nh_audit_t a;
+      audit_load(d, job, &a);
+      audit_status(&a, NH_ST_SKIPPED, "DuplicateDetected", NULL, NULL);
+      rc = audit_write(d, job, &a, "inbox: message already handled");
+      if (!rc && job->src == NH_JOB_PARKED) rc = parked_done(d, job, &st);
+      if (!rc) rc = settle(d, job, NH_SETTLE_COMPLETE, 0, NULL);
+    } else if (job->src == NH_JOB_QUEUE && is_blocker(&st, m->event_id)) {
+      /* A redelivered blocker is never parked behind itself: its outcome is recorded. */
+      rc = nh_store_history_add(d->store, ep->name, m->event_id, m->message_id, "EventRequest", "Redelivered",
+                                "redelivery of the session's blocking event; settled without running the handler");
+      if (!rc) rc = settle(d, job, NH_SETTLE_COMPLETE, 0, NULL);
+    } else if (job->src == NH_JOB_QUEUE && (st.blocked_by || st.draining)) {
+      rc = route_park(d, job, &st);
+    } else {
+      run = 1;
+    }
+    break;
+  case NH_MT_RESUBMIT: {
+    /* A parked event replays in order; running it now as well would run it twice. */
+    nh_audit_t a;
+    memset(&a, 0, sizeof a);
+    int parked = nh_store_audit_get(d->store, ep->name, m->event_id, &a) == 1 && a.status &&
+                 strcmp(a.status, NH_ST_DEFERRED) == 0;
+    nh_audit_clear(&a);
+    if (parked) {
+      rc = nh_store_history_add(d->store, ep->name, m->event_id, m->message_id, "ResubmissionRequest", "Rejected",
+                                "resubmit rejected: the event is parked and will replay in order");
+      if (!rc) rc = settle(d, job, NH_SETTLE_COMPLETE, 0, NULL);
+    } else {
+      run = 1;
+    }
+    break;
+  }
+  case NH_MT_SKIP:
+    rc = route_skip(d, job, &st);
+    break;
+  case NH_MT_HANDOFF_COMPLETE:
+  case NH_MT_HANDOFF_FAIL:
+    rc = route_handoff(d, job, &st);
+    break;
+  default:
+    rc = route_dead_letter(d, job, "unknown message type");
+  }
+  nh_session_state_clear(&st);
+  if (run) return 1;
+  goto out_unlock_nostate;
+
+out_unlock:
+  nh_session_state_clear(&st);
+out_unlock_nostate:
+  if (!rc) rc = unlock(d, job);
+  return rc ? NH_EFAIL : 0;
+}
+
+/* ---------------------------------------------------------------- outcomes */
+
+static int64_t transient_delay(int attempt)
+{
+  int64_t ms = 1000;
+  for (int i = 1; i < attempt && ms < 30000; i++) ms *= 2;
+  return ms > 30000 ? 30000 : ms;
+}
+
+int nh_dispatch_flush_pubs(nh_dispatch_t *d, nh_job_t *job)
+{
+  for (nh_pub_t *p = job->pubs; p; p = p->next) {
+    nh_msg_t m;
+    memset(&m, 0, sizeof m);
+    char session[37];
+    if (!p->session) nh_uuid_v4(session);
+    m.session_id = p->session ? p->session : session;
+    m.message_id = p->message_id;
+    m.event_type = p->type;
+    m.type = NH_MT_EVENT;
+    m.correlation_id = p->correlation_id ? p->correlation_id : job->msg.correlation_id;
+    m.originating_message_id = job->msg.originating_message_id ? job->msg.originating_message_id : job->msg.message_id;
+    m.parent_message_id = job->msg.message_id;
+    m.from = job->ep->name;
+    m.body = p->body;
+    m.body_len = p->body_len;
+    m.enqueued_at = nh_time_now_ms();
+    int copies = 0;
+    nh_error_t err = {0};
+    if (d->tr->vt->send(d->tr, &m, p->to, &copies, &err)) {
+      nh_log_error("dispatch", "%s: publishing %s: %s", job->ep->name, p->type, err.msg);
+      return NH_EFAIL;
+    }
+    if (copies == 0)
+      nh_log_warn("dispatch", "%s published %s but no endpoint subscribes to it", job->ep->name, p->type);
+  }
+  return NH_OK;
+}
+
+int nh_dispatch_apply(nh_dispatch_t *d, nh_job_t *job)
+{
+  nh_msg_t *m = &job->msg;
+  nh_endpoint_t *ep = job->ep;
+  nh_outcome_t *o = &job->out;
+  if (o->kind == NH_OUT_CANCELLED) {
+    /* Nothing recorded, nothing settled: the message is delivered again. */
+    return job->src == NH_JOB_QUEUE ? settle(d, job, NH_SETTLE_RELEASE, 0, NULL) : unlock(d, job);
+  }
+  if (o->kind == NH_OUT_TRANSIENT) {
+    int64_t delay = transient_delay(m->delivery_count > 0 ? m->delivery_count : 1);
+    nh_log_info("dispatch", "%s %s: transient failure, redelivering in %lld ms: %s", ep->name, m->event_id,
+                (long long)delay, o->error_text ? o->error_text : "");
+    if (job->src == NH_JOB_RETRY) {
+      nh_session_state_t st;
+      if (nh_store_session_get(d->store, ep->name, m->session_id, &st)) return NH_EFAIL;
+      st.retry_due = nh_time_now_ms() + delay;
+      int rc = nh_store_session_put(d->store, ep->name, m->session_id, &st);
+      nh_session_state_clear(&st);
+      return rc ? rc : unlock(d, job);
+    }
+    return settle(d, job, NH_SETTLE_RELEASE, delay, NULL);
+  }
+
+  nh_session_state_t st;
+  if (nh_store_session_get(d->store, ep->name, m->session_id, &st)) return NH_EFAIL;
+  nh_audit_t a;
+  audit_load(d, job, &a);
+  a.retry_count = m->retry_count;
+  int blocker = is_blocker(&st, m->event_id);
+  const char *detail = NULL;
+  char buf[256];
+  int rc = NH_OK;
+
+  if (o->kind != NH_OUT_HANDOFF && o->kind != NH_OUT_COMPLETED) {
+    set(&a.handoff_reason, NULL);
+    set(&a.external_job_id, NULL);
+    a.expected_by = 0;
+  }
+  switch (o->kind) {
+  case NH_OUT_COMPLETED:
+    audit_status(&a, NH_ST_COMPLETED, NULL, NULL, NULL);
+    set(&a.handoff_reason, NULL);
+    set(&a.external_job_id, NULL);
+    a.expected_by = 0;
+    if (job->src == NH_JOB_RETRY || blocker) unblock(d, job, &st);
+    if (ep->inbox && m->message_id) rc = nh_store_inbox_add(d->store, ep->name, m->message_id);
+    if (!rc) rc = nh_dispatch_flush_pubs(d, job);
+    detail = "handler completed";
+    break;
+  case NH_OUT_FAILED: {
+    audit_status(&a, NH_ST_FAILED, o->error_text, o->error_type, o->error_stack);
+    if (m->type == NH_MT_RESUBMIT) {
+      /* The operator owns a resubmitted event: no automatic retry, block owner unchanged. */
+      if (blocker) st.retry_due = 0;
+      detail = "resubmitted handler failed";
+      break;
+    }
+    if (!st.blocked_by) set(&st.blocked_by, m->event_id);
+    int64_t delay = nh_retry_next(&ep->retry, m->event_type, o->error_text, m->retry_count);
+    if (delay >= 0 && strcmp(st.blocked_by, m->event_id) == 0) {
+      st.retry_due = nh_time_now_ms() + delay;
+      snprintf(buf, sizeof buf, "handler failed; retry %d scheduled in %lld ms", m->retry_count + 1, (long long)delay);
+    } else {
+      st.retry_due = 0;
+      snprintf(buf, sizeof buf, "handler failed; session %s blocked until resubmit or skip", m->session_id);
+    }
+    detail = buf;
+    break;
+  }
+  case NH_OUT_HANDOFF:
+    audit_status(&a, NH_ST_PENDING, NULL, NULL, NULL);
+    set(&a.sub_status, "Handoff");
+    set(&a.handoff_reason, o->handoff_reason);
+    set(&a.external_job_id, o->external_job_id);
+    a.expected_by = o->expected_by_s >= 0 ? nh_time_now_ms() + (int64_t)(o->expected_by_s * 1000.0) : 0;
+    if (!st.blocked_by) set(&st.blocked_by, m->event_id);
+    if (is_blocker(&st, m->event_id)) st.retry_due = 0;
+    rc = nh_dispatch_flush_pubs(d, job);
+    detail = "handed off; session blocked until the hand-off is settled";
+    break;
+  case NH_OUT_DEADLETTER:
+    audit_status(&a, NH_ST_DEADLETTERED, o->error_text, o->error_type, o->error_stack);
+    if (job->src == NH_JOB_RETRY || blocker) unblock(d, job, &st);
+    detail = "dead-lettered (permanent failure); session not blocked";
+    break;
+  case NH_OUT_UNSUPPORTED:
+    audit_status(&a, NH_ST_UNSUPPORTED, o->error_text, NULL, NULL);
+    if (job->src == NH_JOB_RETRY || blocker) unblock(d, job, &st);
+    detail = "no handler for this event type";
+    break;
+  default:
+    break;
+  }
+
+  if (job->src == NH_JOB_PARKED) {
+    if (!rc) rc = nh_store_parked_delete(d->store, ep->name, m->session_id, job->park_seq);
+    if (!st.blocked_by) st.draining = nh_store_parked_count(d->store, ep->name, m->session_id) > 0;
+  }
+  if (!rc) rc = nh_store_session_put(d->store, ep->name, m->session_id, &st);
+  if (!rc) rc = audit_write(d, job, &a, detail);
+  else nh_audit_clear(&a);
+  nh_session_state_clear(&st);
+  if (!rc) {
+    if (o->kind == NH_OUT_DEADLETTER) rc = settle(d, job, NH_SETTLE_DEAD_LETTER, 0, o->error_text);
+    else rc = settle(d, job, NH_SETTLE_COMPLETE, 0, NULL);
+  }
+  if (!rc) rc = unlock(d, job);
+  return rc;
+}
+
+void nh_job_free(nh_job_t *job)
+{
+  nh_msg_clear(&job->msg);
+  nh_outcome_clear(&job->out);
+  nh_pub_t *p = job->pubs;
+  while (p) {
+    nh_pub_t *n = p->next;
+    free(p->type); free(p->body); free(p->session); free(p->correlation_id); free(p->to);
+    free(p);
+    p = n;
+  }
+  free(job);
+}

@@ -1,0 +1,92 @@
+/* The C side of the `nimbus` module, preloaded as "nimbus.core". */
+#include "nh_vm_int.h"
+#include "core/nh_log.h"
+#include "core/nh_util.h"
+
+#include <lauxlib.h>
+#include <string.h>
+
+#ifndef NH_VERSION
+#define NH_VERSION "0.0.0"
+#endif
+
+static nh_vm_t *upvm(lua_State *L) { return lua_touserdata(L, lua_upvalueindex(1)); }
+
+static int l_log(lua_State *L)
+{
+  static const char *const levels[] = { "debug", "info", "warn", "error", NULL };
+  int level = luaL_checkoption(L, 1, "info", levels);
+  const char *msg = luaL_checkstring(L, 2);
+  nh_log_write((nh_log_level_t)level, "lua", "%s", msg);
+  return 0;
+}
+
+static int l_now(lua_State *L)
+{
+  lua_pushnumber(L, (lua_Number)nh_time_now_ms() / 1000.0);
+  return 1;
+}
+
+static int l_register_endpoint(lua_State *L)
+{
+  nh_vm_t *vm = upvm(L);
+  const char *name = luaL_checkstring(L, 1);
+  luaL_checktype(L, 2, LUA_TTABLE);
+  if (!vm->has_host || !vm->host.register_endpoint) return 0;   /* interpreter mode: declare only */
+  nh_error_t err = {0};
+  if (vm->host.register_endpoint(vm->host.data, vm, L, name, 2, &err))
+    return luaL_error(L, "nimbus.endpoint(%s): %s", name, err.msg);
+  return 0;
+}
+
+static const char *opt_str(lua_State *L, int idx)
+{
+  return lua_isnoneornil(L, idx) ? NULL : luaL_checkstring(L, idx);
+}
+
+static int l_publish(lua_State *L)
+{
+  nh_vm_t *vm = upvm(L);
+  const char *type = luaL_checkstring(L, 1);
+  size_t len;
+  const char *body = luaL_checklstring(L, 2, &len);
+  const char *session = opt_str(L, 3), *corr = opt_str(L, 4), *to = opt_str(L, 5);
+  if (!vm->has_host || !vm->host.publish)
+    return luaL_error(L, "nimbus.publish works inside a running host (nimbus-host ADAPTER.lua), "
+                         "not in interpreter mode");
+  nh_task_t *t = nh_vm_current_task(L);
+  char mid[37];
+  nh_error_t err = {0};
+  if (vm->host.publish(vm->host.data, t ? t->data : NULL, type, body, len, session, corr, to, mid, &err)) {
+    lua_pushnil(L);
+    lua_pushstring(L, err.msg);
+    lua_pushstring(L, err.code == NH_EUSAGE ? "EINVAL" : "EIO");
+    return 3;
+  }
+  lua_pushstring(L, mid);
+  return 1;
+}
+
+static int open_core(lua_State *L)
+{
+  static const luaL_Reg fns[] = {
+    { "log", l_log }, { "now", l_now }, { "register_endpoint", l_register_endpoint },
+    { "publish", l_publish }, { NULL, NULL },
+  };
+  luaL_newlibtable(L, fns);
+  lua_pushlightuserdata(L, lua_touserdata(L, lua_upvalueindex(1)));
+  luaL_setfuncs(L, fns, 1);
+  lua_pushliteral(L, NH_VERSION);
+  lua_setfield(L, -2, "version");
+  return 1;
+}
+
+void nh_lapi_open(nh_vm_t *vm)
+{
+  lua_State *L = vm->L;
+  luaL_getsubtable(L, LUA_REGISTRYINDEX, LUA_PRELOAD_TABLE);
+  lua_pushlightuserdata(L, vm);
+  lua_pushcclosure(L, open_core, 1);
+  lua_setfield(L, -2, "nimbus.core");
+  lua_pop(L, 1);
+}

@@ -1,0 +1,85 @@
+/* Lua VMs and tasks. One VM per adapter file; every message runs as its own coroutine
+ * (a task). This module knows nothing about transports or the store: the dispatcher
+ * hands it plain fields through nh_task_args_t and gets an nh_outcome_t back. */
+#ifndef NH_VM_H
+#define NH_VM_H
+
+#include <lua.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "core/nh_error.h"
+
+typedef struct nh_vm nh_vm_t;
+typedef struct nh_task nh_task_t;
+
+typedef enum {
+  NH_OUT_COMPLETED,
+  NH_OUT_FAILED,
+  NH_OUT_HANDOFF,
+  NH_OUT_DEADLETTER,
+  NH_OUT_UNSUPPORTED,
+  NH_OUT_TRANSIENT,
+  NH_OUT_CANCELLED,     /* the host stopped the task: nothing is recorded or settled */
+} nh_outcome_kind_t;
+
+typedef struct nh_outcome {
+  nh_outcome_kind_t kind;
+  char *error_text, *error_type, *error_stack;
+  char *handoff_reason, *external_job_id;
+  double expected_by_s;   /* < 0: none given */
+} nh_outcome_t;
+
+void nh_outcome_clear(nh_outcome_t *o);
+
+/* What the host (dispatcher) provides to Lua. Callbacks run on the loop thread. */
+typedef struct nh_vm_host {
+  void *data;
+  /* Validates endpoint options at the top of the stack index `opts`; on error returns
+   * non-zero with the reason in err (raised to the adapter as a Lua error). */
+  int (*register_endpoint)(void *data, nh_vm_t *vm, lua_State *L, const char *name, int opts, nh_error_t *err);
+  /* task_data is the publishing task's nh_task_args_t.data, NULL outside a task. */
+  int (*publish)(void *data, void *task_data, const char *type, const char *body, size_t body_len,
+                 const char *session, const char *correlation_id, const char *to, char message_id[37],
+                 nh_error_t *err);
+  /* A task finished; the outcome is moved to the callee. */
+  void (*task_done)(void *data, void *task_data, nh_outcome_t *o);
+} nh_vm_host_t;
+
+typedef struct nh_task_args {
+  const char *endpoint, *event_type, *body;
+  size_t body_len;
+  const char *event_id, *message_id, *session_id, *correlation_id, *originating_message_id;
+  const char *kind;              /* "event", "retry", "resubmit", "replay" */
+  int retry_count, delivery_count;
+  int64_t enqueued_at;
+  void *data;                    /* handed back in task_done */
+} nh_task_args_t;
+
+/* Creates a VM, sets package.path (lua_dir, then the adapter's directory) and loads the
+ * adapter. On failure returns NULL with "file:line: message" in err. host may be NULL
+ * (interpreter mode). */
+nh_vm_t *nh_vm_new(uv_loop_t *loop, const char *adapter_path, const char *lua_dir, const nh_vm_host_t *host,
+                   nh_error_t *err);
+/* Interpreter mode: runs `script` with the global `arg` set as lua.c does. Returns the
+ * process exit status. */
+int nh_vm_run_script(uv_loop_t *loop, const char *script, int argc, char **argv, const char *lua_dir);
+void nh_vm_close(nh_vm_t *vm);
+lua_State *nh_vm_state(nh_vm_t *vm);
+const char *nh_vm_path(nh_vm_t *vm);
+int nh_vm_live_tasks(nh_vm_t *vm);
+
+/* Fills `out` with endpoint name -> handled event types, for subscriptions. */
+typedef void (*nh_vm_sub_cb)(void *data, const char *endpoint, const char *const *types, int n);
+int nh_vm_subscriptions(nh_vm_t *vm, nh_vm_sub_cb cb, void *data, nh_error_t *err);
+
+/* Starts a task; it may finish (task_done) before this returns. */
+int nh_vm_task_start(nh_vm_t *vm, const nh_task_args_t *args, nh_error_t *err);
+/* Cancels every suspended task of the VM (task_done with NH_OUT_CANCELLED). */
+void nh_vm_cancel_all(nh_vm_t *vm);
+
+/* Resolves the directory holding lua/nimbus: $NIMBUS_LUA_DIR, the install prefix
+ * next to the executable, then the source tree the binary was built from. */
+const char *nh_vm_lua_dir(const char *argv0);
+
+#endif

@@ -1,0 +1,57 @@
+/* nimbus-host: CLI entry. Subcommands are in src/cli/. */
+#include "cli/nh_cli.h"
+#include "lua/nh_vm.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <uv.h>
+
+#ifndef NH_VERSION
+#define NH_VERSION "0.0.0"
+#endif
+
+static int run_script(int argc, char **argv)
+{
+  if (argc < 3) return nh_usage_error("-l", "missing script: nimbus-host -l SCRIPT.lua [ARGS]");
+  uv_loop_t loop;
+  uv_loop_init(&loop);
+  int rc = nh_vm_run_script(&loop, argv[2], argc - 3, argv + 3, nh_vm_lua_dir(argv[0]));
+  uv_loop_close(&loop);
+  return rc;
+}
+
+int main(int argc, char **argv)
+{
+  if (argc < 2) {
+    nh_cli_help();
+    return NH_EXIT_USAGE;
+  }
+  const char *cmd = argv[1];
+  if (strcmp(cmd, "--version") == 0 || strcmp(cmd, "version") == 0) {
+    printf("nimbus-host %s (Lua 5.4, libuv %s)\n", NH_VERSION, uv_version_string());
+    return NH_EXIT_OK;
+  }
+  if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0) {
+    nh_cli_help();
+    return NH_EXIT_OK;
+  }
+  if (strcmp(cmd, "-l") == 0) return run_script(argc, argv);
+  if (strcmp(cmd, "run") == 0) return nh_cmd_run(argc, argv, 2);
+  if (strcmp(cmd, "publish") == 0) return nh_cmd_publish(argc, argv);
+  if (strcmp(cmd, "events") == 0) return nh_cmd_events(argc, argv);
+  if (strcmp(cmd, "show") == 0) return nh_cmd_show(argc, argv);
+  if (strcmp(cmd, "resubmit") == 0) return nh_cmd_resubmit(argc, argv);
+  if (strcmp(cmd, "skip") == 0) return nh_cmd_skip(argc, argv);
+  if (strcmp(cmd, "handoff") == 0) return nh_cmd_handoff(argc, argv);
+  if (strcmp(cmd, "sessions") == 0) return nh_cmd_sessions(argc, argv);
+  size_t len = strlen(cmd);
+  if (len > 4 && strcmp(cmd + len - 4, ".lua") == 0) return nh_cmd_run(argc, argv, 1);
+  if (cmd[0] == '-') {
+    /* options before the adapter: nimbus-host --store x.db adapter.lua */
+    for (int i = 1; i < argc; i++) {
+      size_t l = strlen(argv[i]);
+      if (l > 4 && strcmp(argv[i] + l - 4, ".lua") == 0) return nh_cmd_run(argc, argv, 1);
+    }
+  }
+  return nh_usage_error(NULL, "unknown command or option '%s' (adapters end in .lua)", cmd);
+}

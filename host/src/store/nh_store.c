@@ -1,0 +1,224 @@
+/* Store: open/close, migrations, transactions, statement cache. The row-level
+ * operations live in nh_store_rows.c. */
+#include "nh_store_int.h"
+#include "nh_store_schema.h"
+#include "core/nh_log.h"
+#include "core/nh_sqlite.h"
+#include "core/nh_util.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+/* "NHst": marks a file as ours so a foreign sqlite database is refused, not scribbled on. */
+#define NH_APPLICATION_ID 0x4E487374
+
+static const char *const stmt_sql[NH_SQL_COUNT] = {
+  [NH_SQL_AUDIT_PUT] =
+    "INSERT INTO audit(endpoint, event_id, session_id, event_type, status, sub_status, error_text, error_type,"
+    " handoff_reason, external_job_id, expected_by, message_id, correlation_id, originating_message_id,"
+    " retry_count, payload, result, created_at, updated_at, error_stack)"
+    " VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?18,?19)"
+    " ON CONFLICT(endpoint, event_id) DO UPDATE SET session_id=excluded.session_id,"
+    " event_type=excluded.event_type, status=excluded.status, sub_status=excluded.sub_status,"
+    " error_text=excluded.error_text, error_type=excluded.error_type, handoff_reason=excluded.handoff_reason,"
+    " external_job_id=excluded.external_job_id, expected_by=excluded.expected_by,"
+    " message_id=excluded.message_id, correlation_id=excluded.correlation_id,"
+    " originating_message_id=excluded.originating_message_id, retry_count=excluded.retry_count,"
+    " payload=excluded.payload, result=excluded.result, updated_at=excluded.updated_at,"
+    " error_stack=excluded.error_stack",
+  [NH_SQL_AUDIT_GET] = "SELECT " NH_AUDIT_COLS " FROM audit WHERE endpoint = ?1 AND event_id = ?2",
+  [NH_SQL_AUDIT_FIND] = "SELECT " NH_AUDIT_COLS " FROM audit WHERE event_id = ?1",
+  [NH_SQL_AUDIT_FIND_PREFIX] =
+    "SELECT " NH_AUDIT_COLS " FROM audit WHERE event_id >= ?1 AND event_id < ?1 || x'ff' LIMIT 2",
+  [NH_SQL_AUDIT_LIST] =
+    "SELECT " NH_AUDIT_COLS " FROM audit WHERE (?1 IS NULL OR endpoint = ?1) AND (?2 IS NULL OR status = ?2"
+    " COLLATE NOCASE) AND (?3 IS NULL OR session_id = ?3) ORDER BY created_at, rowid",
+  [NH_SQL_HISTORY_ADD] =
+    "INSERT INTO history(endpoint, event_id, message_id, message_type, status, detail, at)"
+    " VALUES (?1,?2,?3,?4,?5,?6,?7)",
+  [NH_SQL_HISTORY_LIST] =
+    "SELECT at, message_id, message_type, status, detail FROM history WHERE endpoint = ?1 AND event_id = ?2"
+    " ORDER BY id",
+  [NH_SQL_SESSION_GET] =
+    "SELECT blocked_by, draining, retry_due, next_park_seq FROM sessions WHERE endpoint = ?1 AND session_id = ?2",
+  [NH_SQL_SESSION_PUT] =
+    "INSERT OR REPLACE INTO sessions(endpoint, session_id, blocked_by, draining, retry_due, next_park_seq)"
+    " VALUES (?1,?2,?3,?4,?5,?6)",
+  [NH_SQL_SESSION_DEL] = "DELETE FROM sessions WHERE endpoint = ?1 AND session_id = ?2",
+  [NH_SQL_SESSIONS_DUE] =
+    "SELECT session_id, blocked_by, draining, retry_due, next_park_seq FROM sessions WHERE endpoint = ?1"
+    " AND ((blocked_by IS NOT NULL AND retry_due IS NOT NULL AND retry_due <= ?2)"
+    "  OR (blocked_by IS NULL AND draining = 1)) LIMIT ?3",
+  [NH_SQL_SESSIONS_LIST] =
+    "SELECT session_id, blocked_by, draining, retry_due, next_park_seq, endpoint FROM sessions"
+    " WHERE (?1 IS NULL OR endpoint = ?1) AND (?2 = 0 OR blocked_by IS NOT NULL) ORDER BY endpoint, session_id",
+  [NH_SQL_NEXT_RETRY] =
+    "SELECT min(retry_due) FROM sessions WHERE endpoint = ?1 AND blocked_by IS NOT NULL AND retry_due IS NOT NULL",
+  [NH_SQL_PARK] =
+    "INSERT INTO parked(endpoint, session_id, park_seq, message_id, event_id, event_type, message_type,"
+    " correlation_id, originating_message_id, parent_message_id, from_, retry_count, enqueued_at, body,"
+    " error_text, error_type) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16)",
+  [NH_SQL_PARKED_HEAD] =
+    "SELECT park_seq, message_id, event_id, event_type, message_type, correlation_id, originating_message_id,"
+    " parent_message_id, from_, retry_count, enqueued_at, body, error_text, error_type FROM parked"
+    " WHERE endpoint = ?1 AND session_id = ?2 ORDER BY park_seq LIMIT 1",
+  [NH_SQL_PARKED_DEL] = "DELETE FROM parked WHERE endpoint = ?1 AND session_id = ?2 AND park_seq = ?3",
+  [NH_SQL_PARKED_DEL_EVENT] = "DELETE FROM parked WHERE endpoint = ?1 AND event_id = ?2",
+  [NH_SQL_PARKED_COUNT] = "SELECT count(*) FROM parked WHERE endpoint = ?1 AND session_id = ?2",
+  [NH_SQL_INBOX_HAS] = "SELECT 1 FROM inbox WHERE endpoint = ?1 AND message_id = ?2",
+  [NH_SQL_INBOX_ADD] = "INSERT OR IGNORE INTO inbox(endpoint, message_id, at) VALUES (?1,?2,?3)",
+  [NH_SQL_PROCESSED_HAS] = "SELECT 1 FROM processed WHERE endpoint = ?1 AND message_id = ?2 AND event_id = ?3",
+  [NH_SQL_PROCESSED_ADD] =
+    "INSERT OR IGNORE INTO processed(endpoint, message_id, event_id, at) VALUES (?1,?2,?3,?4)",
+  [NH_SQL_OPLOG_ADD] =
+    "INSERT INTO operator_log(at, actor, action, endpoint, event_id, session_id, detail)"
+    " VALUES (?1,?2,?3,?4,?5,?6,?7)",
+};
+
+static int check_ours(sqlite3 *db, const char *path, nh_error_t *err)
+{
+  sqlite3_stmt *st;
+  if (sqlite3_prepare_v2(db, "PRAGMA application_id", -1, &st, NULL) != SQLITE_OK ||
+      sqlite3_step(st) != SQLITE_ROW) {
+    int rc = nh_error_set(err, NH_EUSAGE,
+                          "%s is not a nimbus-host store (%s); pass --store with another path",
+                          path, sqlite3_errmsg(db));
+    sqlite3_finalize(st);
+    return rc;
+  }
+  int app = sqlite3_column_int(st, 0);
+  sqlite3_finalize(st);
+  if (app == NH_APPLICATION_ID) return NH_OK;
+  int tables = 0;
+  if (sqlite3_prepare_v2(db, "SELECT count(*) FROM sqlite_master", -1, &st, NULL) == SQLITE_OK &&
+      sqlite3_step(st) == SQLITE_ROW)
+    tables = sqlite3_column_int(st, 0);
+  sqlite3_finalize(st);
+  if (app != 0 || tables > 0)
+    return nh_error_set(err, NH_EUSAGE,
+                        "%s is an sqlite database but not a nimbus-host store; refusing to touch it "
+                        "(pass --store with another path)",
+                        path);
+  char sql[64];
+  snprintf(sql, sizeof sql, "PRAGMA application_id = %d", NH_APPLICATION_ID);
+  if (sqlite3_exec(db, sql, NULL, NULL, NULL) != SQLITE_OK)
+    return nh_error_set(err, NH_EFAIL, "%s: %s", path, sqlite3_errmsg(db));
+  return NH_OK;
+}
+
+int nh_store_open(nh_store_t **out, const char *path, int flags, nh_error_t *err)
+{
+  *out = NULL;
+  struct stat sb;
+  int exists = stat(path, &sb) == 0;
+  if (!exists && !(flags & NH_STORE_CREATE))
+    return nh_error_set(err, NH_ENOTFOUND,
+                        "store %s does not exist: start the host first (nimbus-host ADAPTER.lua) or pass "
+                        "--store with the right path",
+                        path);
+  if (!exists) {
+    /* Name the missing directory ourselves: sqlite only says "unable to open". */
+    char *dir = nh_xstrdup(path);
+    char *slash = strrchr(dir, '/');
+    if (slash && slash != dir) {
+      *slash = '\0';
+      if (stat(dir, &sb) != 0) {
+        nh_error_set(err, NH_EUSAGE, "cannot create store %s: directory %s does not exist (%s)", path, dir,
+                     strerror(errno));
+        free(dir);
+        return NH_EUSAGE;
+      }
+    }
+    free(dir);
+  } else if (S_ISDIR(sb.st_mode)) {
+    return nh_error_set(err, NH_EUSAGE, "store path %s is a directory; pass a file path to --store", path);
+  }
+
+  sqlite3 *db = NULL;
+  int oflags = (flags & NH_STORE_READONLY) ? SQLITE_OPEN_READWRITE : SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE;
+  if (sqlite3_open_v2(path, &db, oflags | SQLITE_OPEN_NOMUTEX, NULL) != SQLITE_OK) {
+    nh_error_set(err, NH_EFAIL, "cannot open store %s: %s", path, db ? sqlite3_errmsg(db) : "out of memory");
+    sqlite3_close(db);
+    return NH_EFAIL;
+  }
+  /* A peer host holding the write lock for one batch is normal; wait for it. */
+  sqlite3_busy_timeout(db, 10000);
+  int rc = check_ours(db, path, err);
+  if (rc) {
+    sqlite3_close(db);
+    return rc;
+  }
+  /* WAL lets CLI readers run beside a writing host; NORMAL is durable across process
+   * crashes (the guarantee SIGKILL tests need), only a power cut may lose the last commits. */
+  if (sqlite3_exec(db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA foreign_keys=OFF;", NULL,
+                   NULL, NULL) != SQLITE_OK) {
+    nh_error_set(err, NH_EFAIL, "store %s: %s", path, sqlite3_errmsg(db));
+    sqlite3_close(db);
+    return NH_EFAIL;
+  }
+  if (nh_sqlite_migrate(db, "store", nh_store_migrations,
+                        (int)(sizeof nh_store_migrations / sizeof nh_store_migrations[0]), err)) {
+    char tmp[sizeof err->msg];
+    snprintf(tmp, sizeof tmp, "%s", err->msg);
+    nh_error_set(err, NH_EFAIL, "store %s: %s", path, tmp);
+    sqlite3_close(db);
+    return NH_EFAIL;
+  }
+  nh_store_t *s = nh_xcalloc(1, sizeof *s);
+  s->db = db;
+  s->path = nh_xstrdup(path);
+  for (int i = 0; i < NH_SQL_COUNT; i++) {
+    if (sqlite3_prepare_v3(db, stmt_sql[i], -1, SQLITE_PREPARE_PERSISTENT, &s->stmt[i], NULL) != SQLITE_OK) {
+      nh_error_set(err, NH_EFAIL, "store %s: preparing statement %d: %s", path, i, sqlite3_errmsg(db));
+      nh_store_close(s);
+      return NH_EFAIL;
+    }
+  }
+  *out = s;
+  return NH_OK;
+}
+
+void nh_store_close(nh_store_t *s)
+{
+  if (!s) return;
+  for (int i = 0; i < NH_SQL_COUNT; i++) sqlite3_finalize(s->stmt[i]);
+  if (s->in_tx) sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
+  sqlite3_close(s->db);
+  free(s->path);
+  free(s);
+}
+
+sqlite3 *nh_store_db(nh_store_t *s) { return s->db; }
+const char *nh_store_path(nh_store_t *s) { return s->path; }
+const char *nh_store_errmsg(nh_store_t *s) { return sqlite3_errmsg(s->db); }
+
+int nh_store_begin(nh_store_t *s)
+{
+  if (sqlite3_exec(s->db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK) {
+    nh_log_error("store", "begin: %s", sqlite3_errmsg(s->db));
+    return NH_EFAIL;
+  }
+  s->in_tx = 1;
+  return NH_OK;
+}
+
+int nh_store_commit(nh_store_t *s)
+{
+  if (sqlite3_exec(s->db, "COMMIT", NULL, NULL, NULL) != SQLITE_OK) {
+    nh_log_error("store", "commit: %s (disk full or store unwritable? the batch is rolled back and retried)",
+                 sqlite3_errmsg(s->db));
+    nh_store_rollback(s);
+    return NH_EFAIL;
+  }
+  s->in_tx = 0;
+  return NH_OK;
+}
+
+void nh_store_rollback(nh_store_t *s)
+{
+  if (sqlite3_get_autocommit(s->db) == 0) sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
+  s->in_tx = 0;
+}

@@ -1,0 +1,114 @@
+/* The sqlite store: the single source of truth for session state, parked messages,
+ * the audit projection, message history, the inbox and the operator action log.
+ * All statements are prepared once; callers group writes in transactions
+ * (nh_store_begin/commit) because one fsync per message would cap throughput. */
+#ifndef NH_STORE_H
+#define NH_STORE_H
+
+#include <sqlite3.h>
+#include <stdint.h>
+
+#include "core/nh_error.h"
+#include "core/nh_msg.h"
+
+typedef struct nh_store nh_store_t;
+
+/* Audit statuses (the projection's `status` column, spelled as in events --json). */
+#define NH_ST_COMPLETED "Completed"
+#define NH_ST_FAILED "Failed"
+#define NH_ST_PENDING "Pending"
+#define NH_ST_DEFERRED "Deferred"
+#define NH_ST_DEADLETTERED "DeadLettered"
+#define NH_ST_UNSUPPORTED "Unsupported"
+#define NH_ST_SKIPPED "Skipped"
+
+typedef struct nh_audit {
+  char *endpoint, *event_id, *session_id, *event_type;
+  char *status, *sub_status;
+  char *error_text, *error_type;
+  char *handoff_reason, *external_job_id;
+  int64_t expected_by;            /* ms since epoch, 0 = none */
+  char *message_id, *correlation_id, *originating_message_id;
+  int retry_count;
+  char *payload;                  /* latest event JSON */
+  char *result;                   /* hand-off result JSON */
+  char *error_stack;              /* Lua traceback of a failure */
+  int64_t created_at, updated_at;
+} nh_audit_t;
+
+typedef struct nh_session_state {
+  int exists;
+  char *blocked_by;               /* EventId owning the block, NULL if free */
+  int draining;                   /* parked messages replay before new arrivals */
+  int64_t retry_due;              /* ms since epoch, 0 = no retry scheduled */
+  int64_t next_park_seq;
+} nh_session_state_t;
+
+typedef enum { NH_STORE_CREATE = 1, NH_STORE_READONLY = 2 } nh_store_flags_t;
+
+int nh_store_open(nh_store_t **out, const char *path, int flags, nh_error_t *err);
+void nh_store_close(nh_store_t *s);
+sqlite3 *nh_store_db(nh_store_t *s);
+const char *nh_store_path(nh_store_t *s);
+
+/* BEGIN IMMEDIATE: take the write lock up front so a busy peer is waited for here
+ * (busy timeout) rather than failing half-way through a batch. */
+int nh_store_begin(nh_store_t *s);
+int nh_store_commit(nh_store_t *s);
+void nh_store_rollback(nh_store_t *s);
+const char *nh_store_errmsg(nh_store_t *s);
+
+/* audit projection: one row per (endpoint, event_id) */
+int nh_store_audit_put(nh_store_t *s, const nh_audit_t *a);
+int nh_store_audit_get(nh_store_t *s, const char *endpoint, const char *event_id, nh_audit_t *out);
+/* By event id (or a unique prefix of at least 8 characters) across endpoints. */
+int nh_store_audit_find(nh_store_t *s, const char *event_id, nh_audit_t *out, nh_error_t *err);
+void nh_audit_clear(nh_audit_t *a);
+typedef int (*nh_audit_cb)(void *data, const nh_audit_t *a);
+int nh_store_audit_list(nh_store_t *s, const char *endpoint, const char *status,
+                        const char *session, nh_audit_cb cb, void *data);
+
+/* message history: append-only */
+int nh_store_history_add(nh_store_t *s, const char *endpoint, const char *event_id,
+                         const char *message_id, const char *message_type, const char *status,
+                         const char *detail);
+typedef int (*nh_history_cb)(void *data, int64_t at, const char *message_id, const char *message_type,
+                             const char *status, const char *detail);
+int nh_store_history_list(nh_store_t *s, const char *endpoint, const char *event_id, nh_history_cb cb,
+                          void *data);
+
+/* session state */
+int nh_store_session_get(nh_store_t *s, const char *endpoint, const char *session, nh_session_state_t *st);
+int nh_store_session_put(nh_store_t *s, const char *endpoint, const char *session, const nh_session_state_t *st);
+void nh_session_state_clear(nh_session_state_t *st);
+/* Sessions with work that is not in the queue: a due retry or parked messages to replay. */
+typedef int (*nh_session_cb)(void *data, const char *session, const nh_session_state_t *st);
+int nh_store_sessions_due(nh_store_t *s, const char *endpoint, int64_t now, int limit, nh_session_cb cb,
+                          void *data);
+int nh_store_sessions_list(nh_store_t *s, const char *endpoint, int blocked_only, nh_session_cb cb,
+                           void *data);
+/* The earliest retry due time on this endpoint (0 if none); lets the poll timer sleep exactly. */
+int64_t nh_store_next_retry_due(nh_store_t *s, const char *endpoint);
+
+/* parked messages (per session FIFO by park_seq) */
+int nh_store_park(nh_store_t *s, const nh_msg_t *m, int64_t park_seq);
+int nh_store_parked_head(nh_store_t *s, const char *endpoint, const char *session, nh_msg_t *out,
+                         int64_t *park_seq);
+int nh_store_parked_delete(nh_store_t *s, const char *endpoint, const char *session, int64_t park_seq);
+int nh_store_parked_delete_event(nh_store_t *s, const char *endpoint, const char *event_id);
+int nh_store_parked_count(nh_store_t *s, const char *endpoint, const char *session);
+
+/* inbox: (endpoint, message_id) pairs already handled successfully */
+int nh_store_inbox_has(nh_store_t *s, const char *endpoint, const char *message_id);
+int nh_store_inbox_add(nh_store_t *s, const char *endpoint, const char *message_id);
+
+/* processed deliveries: lets a transport whose settlement is not atomic with the store
+ * recognise a redelivery whose outcome was already committed. */
+int nh_store_processed_has(nh_store_t *s, const char *endpoint, const char *message_id, const char *event_id);
+int nh_store_processed_add(nh_store_t *s, const char *endpoint, const char *message_id, const char *event_id);
+
+/* operator action log */
+int nh_store_oplog_add(nh_store_t *s, const char *action, const char *endpoint, const char *event_id,
+                       const char *session, const char *detail);
+
+#endif

@@ -1,0 +1,46 @@
+/* Store internals shared by nh_store.c and nh_store_rows.c. */
+#ifndef NH_STORE_INT_H
+#define NH_STORE_INT_H
+
+#include "nh_store.h"
+
+enum {
+  NH_SQL_AUDIT_PUT,
+  NH_SQL_AUDIT_GET,
+  NH_SQL_AUDIT_FIND,
+  NH_SQL_AUDIT_FIND_PREFIX,
+  NH_SQL_AUDIT_LIST,
+  NH_SQL_HISTORY_ADD,
+  NH_SQL_HISTORY_LIST,
+  NH_SQL_SESSION_GET,
+  NH_SQL_SESSION_PUT,
+  NH_SQL_SESSION_DEL,
+  NH_SQL_SESSIONS_DUE,
+  NH_SQL_SESSIONS_LIST,
+  NH_SQL_NEXT_RETRY,
+  NH_SQL_PARK,
+  NH_SQL_PARKED_HEAD,
+  NH_SQL_PARKED_DEL,
+  NH_SQL_PARKED_DEL_EVENT,
+  NH_SQL_PARKED_COUNT,
+  NH_SQL_INBOX_HAS,
+  NH_SQL_INBOX_ADD,
+  NH_SQL_PROCESSED_HAS,
+  NH_SQL_PROCESSED_ADD,
+  NH_SQL_OPLOG_ADD,
+  NH_SQL_COUNT
+};
+
+#define NH_AUDIT_COLS                                                                              \
+  "endpoint, event_id, session_id, event_type, status, sub_status, error_text, error_type,"        \
+  " handoff_reason, external_job_id, expected_by, message_id, correlation_id, originating_message_id," \
+  " retry_count, payload, result, created_at, updated_at, error_stack"
+
+struct nh_store {
+  sqlite3 *db;
+  char *path;
+  int in_tx;
+  sqlite3_stmt *stmt[NH_SQL_COUNT];
+};
+
+#endif

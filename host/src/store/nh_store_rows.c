@@ -1,0 +1,407 @@
+/* Row-level store operations. Every function resets its statement before returning
+ * so cached statements never hold a read transaction open. */
+#include "nh_store_int.h"
+#include "core/nh_log.h"
+#include "core/nh_sqlite.h"
+#include "core/nh_util.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define T(st, i, v) nh_sqlite_bind_text(st, i, v)
+
+static sqlite3_stmt *stmt(nh_store_t *s, int id) { return s->stmt[id]; }
+
+static void finish(sqlite3_stmt *st)
+{
+  sqlite3_reset(st);
+  sqlite3_clear_bindings(st);
+}
+
+/* ---- audit ---- */
+
+void nh_audit_clear(nh_audit_t *a)
+{
+  free(a->endpoint); free(a->event_id); free(a->session_id); free(a->event_type);
+  free(a->status); free(a->sub_status); free(a->error_text); free(a->error_type);
+  free(a->handoff_reason); free(a->external_job_id); free(a->message_id);
+  free(a->correlation_id); free(a->originating_message_id); free(a->payload); free(a->result); free(a->error_stack);
+  memset(a, 0, sizeof *a);
+}
+
+int nh_store_audit_put(nh_store_t *s, const nh_audit_t *a)
+{
+  sqlite3_stmt *st = stmt(s, NH_SQL_AUDIT_PUT);
+  T(st, 1, a->endpoint); T(st, 2, a->event_id); T(st, 3, a->session_id); T(st, 4, a->event_type);
+  T(st, 5, a->status); T(st, 6, a->sub_status); T(st, 7, a->error_text); T(st, 8, a->error_type);
+  T(st, 9, a->handoff_reason); T(st, 10, a->external_job_id);
+  if (a->expected_by) sqlite3_bind_int64(st, 11, a->expected_by); else sqlite3_bind_null(st, 11);
+  T(st, 12, a->message_id); T(st, 13, a->correlation_id); T(st, 14, a->originating_message_id);
+  sqlite3_bind_int(st, 15, a->retry_count);
+  T(st, 16, a->payload); T(st, 17, a->result);
+  sqlite3_bind_int64(st, 18, a->updated_at ? a->updated_at : nh_time_now_ms());
+  T(st, 19, a->error_stack);
+  return nh_sqlite_step_done(s->db, st, "audit put");
+}
+
+static void audit_read(sqlite3_stmt *st, nh_audit_t *a)
+{
+  a->endpoint = nh_sqlite_col_strdup(st, 0);
+  a->event_id = nh_sqlite_col_strdup(st, 1);
+  a->session_id = nh_sqlite_col_strdup(st, 2);
+  a->event_type = nh_sqlite_col_strdup(st, 3);
+  a->status = nh_sqlite_col_strdup(st, 4);
+  a->sub_status = nh_sqlite_col_strdup(st, 5);
+  a->error_text = nh_sqlite_col_strdup(st, 6);
+  a->error_type = nh_sqlite_col_strdup(st, 7);
+  a->handoff_reason = nh_sqlite_col_strdup(st, 8);
+  a->external_job_id = nh_sqlite_col_strdup(st, 9);
+  a->expected_by = nh_sqlite_col_i64(st, 10);
+  a->message_id = nh_sqlite_col_strdup(st, 11);
+  a->correlation_id = nh_sqlite_col_strdup(st, 12);
+  a->originating_message_id = nh_sqlite_col_strdup(st, 13);
+  a->retry_count = sqlite3_column_int(st, 14);
+  a->payload = nh_sqlite_col_strdup(st, 15);
+  a->result = nh_sqlite_col_strdup(st, 16);
+  a->created_at = nh_sqlite_col_i64(st, 17);
+  a->updated_at = nh_sqlite_col_i64(st, 18);
+  a->error_stack = nh_sqlite_col_strdup(st, 19);
+}
+
+int nh_store_audit_get(nh_store_t *s, const char *endpoint, const char *event_id, nh_audit_t *out)
+{
+  sqlite3_stmt *st = stmt(s, NH_SQL_AUDIT_GET);
+  T(st, 1, endpoint); T(st, 2, event_id);
+  int rc = sqlite3_step(st);
+  int found = 0;
+  if (rc == SQLITE_ROW) {
+    audit_read(st, out);
+    found = 1;
+  } else if (rc != SQLITE_DONE) {
+    nh_log_error("store", "audit get: %s", sqlite3_errmsg(s->db));
+    found = NH_EFAIL;
+  }
+  finish(st);
+  return found;
+}
+
+int nh_store_audit_find(nh_store_t *s, const char *event_id, nh_audit_t *out, nh_error_t *err)
+{
+  sqlite3_stmt *st = stmt(s, NH_SQL_AUDIT_FIND);
+  T(st, 1, event_id);
+  int rc = sqlite3_step(st);
+  if (rc == SQLITE_ROW) {
+    audit_read(st, out);
+    finish(st);
+    return NH_OK;
+  }
+  finish(st);
+  if (strlen(event_id) < 8)
+    return nh_error_set(err, NH_ENOTFOUND, "no event with id %s (ids are 36 characters; a prefix needs 8 or more)",
+                        event_id);
+  st = stmt(s, NH_SQL_AUDIT_FIND_PREFIX);
+  T(st, 1, event_id);
+  int n = 0;
+  while (sqlite3_step(st) == SQLITE_ROW) {
+    if (n == 0) audit_read(st, out);
+    n++;
+  }
+  finish(st);
+  if (n == 1) return NH_OK;
+  if (n > 1) {
+    nh_audit_clear(out);
+    return nh_error_set(err, NH_EUSAGE, "event id prefix %s matches several events; give more characters",
+                        event_id);
+  }
+  return nh_error_set(err, NH_ENOTFOUND, "no event with id %s in this store (see `nimbus-host events`)", event_id);
+}
+
+int nh_store_audit_list(nh_store_t *s, const char *endpoint, const char *status, const char *session,
+                        nh_audit_cb cb, void *data)
+{
+  sqlite3_stmt *st = stmt(s, NH_SQL_AUDIT_LIST);
+  T(st, 1, endpoint); T(st, 2, status); T(st, 3, session);
+  int rc, n = 0;
+  while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+    nh_audit_t a = {0};
+    audit_read(st, &a);
+    int stop = cb(data, &a);
+    nh_audit_clear(&a);
+    n++;
+    if (stop) break;
+  }
+  int bad = rc != SQLITE_ROW && rc != SQLITE_DONE;
+  if (bad) nh_log_error("store", "audit list: %s", sqlite3_errmsg(s->db));
+  finish(st);
+  return bad ? NH_EFAIL : n;
+}
+
+/* ---- history ---- */
+
+int nh_store_history_add(nh_store_t *s, const char *endpoint, const char *event_id, const char *message_id,
+                         const char *message_type, const char *status, const char *detail)
+{
+  sqlite3_stmt *st = stmt(s, NH_SQL_HISTORY_ADD);
+  T(st, 1, endpoint); T(st, 2, event_id); T(st, 3, message_id); T(st, 4, message_type);
+  T(st, 5, status); T(st, 6, detail);
+  sqlite3_bind_int64(st, 7, nh_time_now_ms());
+  return nh_sqlite_step_done(s->db, st, "history add");
+}
+
+int nh_store_history_list(nh_store_t *s, const char *endpoint, const char *event_id, nh_history_cb cb,
+                          void *data)
+{
+  sqlite3_stmt *st = stmt(s, NH_SQL_HISTORY_LIST);
+  T(st, 1, endpoint); T(st, 2, event_id);
+  int n = 0;
+  while (sqlite3_step(st) == SQLITE_ROW) {
+    n++;
+    if (cb(data, sqlite3_column_int64(st, 0), (const char *)sqlite3_column_text(st, 1),
+           (const char *)sqlite3_column_text(st, 2), (const char *)sqlite3_column_text(st, 3),
+           (const char *)sqlite3_column_text(st, 4)))
+      break;
+  }
+  finish(st);
+  return n;
+}
+
+/* ---- sessions ---- */
+
+void nh_session_state_clear(nh_session_state_t *st)
+{
+  free(st->blocked_by);
+  memset(st, 0, sizeof *st);
+}
+
+static void session_read(sqlite3_stmt *st, int col, nh_session_state_t *out)
+{
+  out->exists = 1;
+  out->blocked_by = nh_sqlite_col_strdup(st, col);
+  out->draining = sqlite3_column_int(st, col + 1);
+  out->retry_due = nh_sqlite_col_i64(st, col + 2);
+  out->next_park_seq = nh_sqlite_col_i64(st, col + 3);
+}
+
+int nh_store_session_get(nh_store_t *s, const char *endpoint, const char *session, nh_session_state_t *out)
+{
+  memset(out, 0, sizeof *out);
+  out->next_park_seq = 1;
+  sqlite3_stmt *st = stmt(s, NH_SQL_SESSION_GET);
+  T(st, 1, endpoint); T(st, 2, session);
+  int rc = sqlite3_step(st);
+  if (rc == SQLITE_ROW) session_read(st, 0, out);
+  finish(st);
+  if (rc != SQLITE_ROW && rc != SQLITE_DONE) {
+    nh_log_error("store", "session get: %s", sqlite3_errmsg(s->db));
+    return NH_EFAIL;
+  }
+  return NH_OK;
+}
+
+int nh_store_session_put(nh_store_t *s, const char *endpoint, const char *session, const nh_session_state_t *in)
+{
+  /* A free session with nothing parked needs no row: keeps the table the size of the
+   * trouble, not of the traffic. park_seq restarting at 1 is safe because nothing is parked. */
+  if (!in->blocked_by && !in->draining && !in->retry_due) {
+    if (!in->exists) return NH_OK;
+    sqlite3_stmt *st = stmt(s, NH_SQL_SESSION_DEL);
+    T(st, 1, endpoint); T(st, 2, session);
+    return nh_sqlite_step_done(s->db, st, "session delete");
+  }
+  sqlite3_stmt *st = stmt(s, NH_SQL_SESSION_PUT);
+  T(st, 1, endpoint); T(st, 2, session); T(st, 3, in->blocked_by);
+  sqlite3_bind_int(st, 4, in->draining);
+  if (in->retry_due) sqlite3_bind_int64(st, 5, in->retry_due); else sqlite3_bind_null(st, 5);
+  sqlite3_bind_int64(st, 6, in->next_park_seq > 0 ? in->next_park_seq : 1);
+  return nh_sqlite_step_done(s->db, st, "session put");
+}
+
+int nh_store_sessions_due(nh_store_t *s, const char *endpoint, int64_t now, int limit, nh_session_cb cb, void *data)
+{
+  sqlite3_stmt *st = stmt(s, NH_SQL_SESSIONS_DUE);
+  T(st, 1, endpoint);
+  sqlite3_bind_int64(st, 2, now);
+  sqlite3_bind_int(st, 3, limit);
+  /* Collect first: the callback writes to the store, which must not happen while
+   * this statement is mid-scan over the same table. */
+  int cap = 16, n = 0;
+  char **ids = nh_xmalloc(sizeof *ids * (size_t)cap);
+  nh_session_state_t *sts = nh_xmalloc(sizeof *sts * (size_t)cap);
+  while (sqlite3_step(st) == SQLITE_ROW) {
+    if (n == cap) {
+      cap *= 2;
+      ids = nh_xrealloc(ids, sizeof *ids * (size_t)cap);
+      sts = nh_xrealloc(sts, sizeof *sts * (size_t)cap);
+    }
+    ids[n] = nh_sqlite_col_strdup(st, 0);
+    memset(&sts[n], 0, sizeof sts[n]);
+    session_read(st, 1, &sts[n]);
+    n++;
+  }
+  finish(st);
+  for (int i = 0; i < n; i++) {
+    cb(data, ids[i], &sts[i]);
+    free(ids[i]);
+    nh_session_state_clear(&sts[i]);
+  }
+  free(ids);
+  free(sts);
+  return n;
+}
+
+int nh_store_sessions_list(nh_store_t *s, const char *endpoint, int blocked_only, nh_session_cb cb, void *data)
+{
+  sqlite3_stmt *st = stmt(s, NH_SQL_SESSIONS_LIST);
+  T(st, 1, endpoint);
+  sqlite3_bind_int(st, 2, blocked_only);
+  int n = 0;
+  while (sqlite3_step(st) == SQLITE_ROW) {
+    nh_session_state_t ss = {0};
+    session_read(st, 1, &ss);
+    /* the endpoint travels in blocked_by's neighbour: callers get it via the session key */
+    char key[1024];
+    snprintf(key, sizeof key, "%s\t%s", (const char *)sqlite3_column_text(st, 5),
+             (const char *)sqlite3_column_text(st, 0));
+    int stop = cb(data, key, &ss);
+    nh_session_state_clear(&ss);
+    n++;
+    if (stop) break;
+  }
+  finish(st);
+  return n;
+}
+
+int64_t nh_store_next_retry_due(nh_store_t *s, const char *endpoint)
+{
+  sqlite3_stmt *st = stmt(s, NH_SQL_NEXT_RETRY);
+  T(st, 1, endpoint);
+  int64_t due = 0;
+  if (sqlite3_step(st) == SQLITE_ROW) due = sqlite3_column_int64(st, 0);
+  finish(st);
+  return due;
+}
+
+/* ---- parked ---- */
+
+int nh_store_park(nh_store_t *s, const nh_msg_t *m, int64_t park_seq)
+{
+  sqlite3_stmt *st = stmt(s, NH_SQL_PARK);
+  T(st, 1, m->endpoint); T(st, 2, m->session_id);
+  sqlite3_bind_int64(st, 3, park_seq);
+  T(st, 4, m->message_id); T(st, 5, m->event_id); T(st, 6, m->event_type);
+  T(st, 7, nh_msg_type_name(m->type)); T(st, 8, m->correlation_id);
+  T(st, 9, m->originating_message_id); T(st, 10, m->parent_message_id); T(st, 11, m->from);
+  sqlite3_bind_int(st, 12, m->retry_count);
+  sqlite3_bind_int64(st, 13, m->enqueued_at);
+  if (m->body) sqlite3_bind_text(st, 14, m->body, (int)m->body_len, SQLITE_TRANSIENT);
+  else sqlite3_bind_null(st, 14);
+  T(st, 15, m->error_text); T(st, 16, m->error_type);
+  return nh_sqlite_step_done(s->db, st, "park");
+}
+
+int nh_store_parked_head(nh_store_t *s, const char *endpoint, const char *session, nh_msg_t *m, int64_t *park_seq)
+{
+  sqlite3_stmt *st = stmt(s, NH_SQL_PARKED_HEAD);
+  T(st, 1, endpoint); T(st, 2, session);
+  int found = 0;
+  if (sqlite3_step(st) == SQLITE_ROW) {
+    memset(m, 0, sizeof *m);
+    *park_seq = sqlite3_column_int64(st, 0);
+    m->endpoint = nh_xstrdup(endpoint);
+    m->session_id = nh_xstrdup(session);
+    m->message_id = nh_sqlite_col_strdup(st, 1);
+    m->event_id = nh_sqlite_col_strdup(st, 2);
+    m->event_type = nh_sqlite_col_strdup(st, 3);
+    m->type = nh_msg_type_parse((const char *)sqlite3_column_text(st, 4));
+    m->correlation_id = nh_sqlite_col_strdup(st, 5);
+    m->originating_message_id = nh_sqlite_col_strdup(st, 6);
+    m->parent_message_id = nh_sqlite_col_strdup(st, 7);
+    m->from = nh_sqlite_col_strdup(st, 8);
+    m->retry_count = sqlite3_column_int(st, 9);
+    m->enqueued_at = sqlite3_column_int64(st, 10);
+    m->body = nh_sqlite_col_strdup(st, 11);
+    m->body_len = m->body ? strlen(m->body) : 0;
+    m->error_text = nh_sqlite_col_strdup(st, 12);
+    m->error_type = nh_sqlite_col_strdup(st, 13);
+    found = 1;
+  }
+  finish(st);
+  return found;
+}
+
+int nh_store_parked_delete(nh_store_t *s, const char *endpoint, const char *session, int64_t park_seq)
+{
+  sqlite3_stmt *st = stmt(s, NH_SQL_PARKED_DEL);
+  T(st, 1, endpoint); T(st, 2, session);
+  sqlite3_bind_int64(st, 3, park_seq);
+  return nh_sqlite_step_done(s->db, st, "parked delete");
+}
+
+int nh_store_parked_delete_event(nh_store_t *s, const char *endpoint, const char *event_id)
+{
+  sqlite3_stmt *st = stmt(s, NH_SQL_PARKED_DEL_EVENT);
+  T(st, 1, endpoint); T(st, 2, event_id);
+  if (nh_sqlite_step_done(s->db, st, "parked delete event")) return NH_EFAIL;
+  return sqlite3_changes(s->db);
+}
+
+int nh_store_parked_count(nh_store_t *s, const char *endpoint, const char *session)
+{
+  sqlite3_stmt *st = stmt(s, NH_SQL_PARKED_COUNT);
+  T(st, 1, endpoint); T(st, 2, session);
+  int n = 0;
+  if (sqlite3_step(st) == SQLITE_ROW) n = sqlite3_column_int(st, 0);
+  finish(st);
+  return n;
+}
+
+/* ---- inbox / processed / operator log ---- */
+
+static int exists2(nh_store_t *s, int id, const char *a, const char *b, const char *c)
+{
+  sqlite3_stmt *st = stmt(s, id);
+  T(st, 1, a); T(st, 2, b);
+  if (c) T(st, 3, c);
+  int found = sqlite3_step(st) == SQLITE_ROW;
+  finish(st);
+  return found;
+}
+
+int nh_store_inbox_has(nh_store_t *s, const char *endpoint, const char *message_id)
+{
+  return exists2(s, NH_SQL_INBOX_HAS, endpoint, message_id, NULL);
+}
+
+int nh_store_inbox_add(nh_store_t *s, const char *endpoint, const char *message_id)
+{
+  sqlite3_stmt *st = stmt(s, NH_SQL_INBOX_ADD);
+  T(st, 1, endpoint); T(st, 2, message_id);
+  sqlite3_bind_int64(st, 3, nh_time_now_ms());
+  return nh_sqlite_step_done(s->db, st, "inbox add");
+}
+
+int nh_store_processed_has(nh_store_t *s, const char *endpoint, const char *message_id, const char *event_id)
+{
+  return exists2(s, NH_SQL_PROCESSED_HAS, endpoint, message_id, event_id);
+}
+
+int nh_store_processed_add(nh_store_t *s, const char *endpoint, const char *message_id, const char *event_id)
+{
+  sqlite3_stmt *st = stmt(s, NH_SQL_PROCESSED_ADD);
+  T(st, 1, endpoint); T(st, 2, message_id); T(st, 3, event_id);
+  sqlite3_bind_int64(st, 4, nh_time_now_ms());
+  return nh_sqlite_step_done(s->db, st, "processed add");
+}
+
+int nh_store_oplog_add(nh_store_t *s, const char *action, const char *endpoint, const char *event_id,
+                       const char *session, const char *detail)
+{
+  sqlite3_stmt *st = stmt(s, NH_SQL_OPLOG_ADD);
+  sqlite3_bind_int64(st, 1, nh_time_now_ms());
+  const char *actor = getenv("USER");
+  T(st, 2, actor ? actor : "operator");
+  T(st, 3, action); T(st, 4, endpoint); T(st, 5, event_id); T(st, 6, session); T(st, 7, detail);
+  return nh_sqlite_step_done(s->db, st, "operator log add");
+}

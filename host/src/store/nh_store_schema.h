@@ -1,0 +1,44 @@
+/* Schema migrations for the store component. Each entry moves the schema from
+ * version i to i+1; never edit a shipped entry, append a new one. */
+#ifndef NH_STORE_SCHEMA_H
+#define NH_STORE_SCHEMA_H
+
+static const char *const nh_store_migrations[] = {
+  /* 1: initial schema */
+  "CREATE TABLE audit ("
+  "  endpoint TEXT NOT NULL, event_id TEXT NOT NULL, session_id TEXT NOT NULL,"
+  "  event_type TEXT, status TEXT NOT NULL, sub_status TEXT,"
+  "  error_text TEXT, error_type TEXT, handoff_reason TEXT, external_job_id TEXT,"
+  "  expected_by INTEGER, message_id TEXT, correlation_id TEXT, originating_message_id TEXT,"
+  "  retry_count INTEGER NOT NULL DEFAULT 0, payload TEXT, result TEXT, error_stack TEXT,"
+  "  created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL,"
+  "  PRIMARY KEY (endpoint, event_id));"
+  "CREATE INDEX audit_event ON audit(event_id);"
+  "CREATE INDEX audit_status ON audit(endpoint, status);"
+  "CREATE INDEX audit_session ON audit(endpoint, session_id);"
+  "CREATE TABLE history ("
+  "  id INTEGER PRIMARY KEY, endpoint TEXT NOT NULL, event_id TEXT NOT NULL,"
+  "  message_id TEXT, message_type TEXT, status TEXT, detail TEXT, at INTEGER NOT NULL);"
+  "CREATE INDEX history_event ON history(event_id);"
+  "CREATE TABLE sessions ("
+  "  endpoint TEXT NOT NULL, session_id TEXT NOT NULL, blocked_by TEXT,"
+  "  draining INTEGER NOT NULL DEFAULT 0, retry_due INTEGER, next_park_seq INTEGER NOT NULL DEFAULT 1,"
+  "  PRIMARY KEY (endpoint, session_id)) WITHOUT ROWID;"
+  "CREATE TABLE parked ("
+  "  endpoint TEXT NOT NULL, session_id TEXT NOT NULL, park_seq INTEGER NOT NULL,"
+  "  message_id TEXT, event_id TEXT, event_type TEXT, message_type TEXT, correlation_id TEXT,"
+  "  originating_message_id TEXT, parent_message_id TEXT, from_ TEXT, retry_count INTEGER,"
+  "  enqueued_at INTEGER, body TEXT, error_text TEXT, error_type TEXT,"
+  "  PRIMARY KEY (endpoint, session_id, park_seq)) WITHOUT ROWID;"
+  "CREATE TABLE inbox ("
+  "  endpoint TEXT NOT NULL, message_id TEXT NOT NULL, at INTEGER NOT NULL,"
+  "  PRIMARY KEY (endpoint, message_id)) WITHOUT ROWID;"
+  "CREATE TABLE processed ("
+  "  endpoint TEXT NOT NULL, message_id TEXT NOT NULL, event_id TEXT NOT NULL, at INTEGER NOT NULL,"
+  "  PRIMARY KEY (endpoint, message_id, event_id)) WITHOUT ROWID;"
+  "CREATE TABLE operator_log ("
+  "  id INTEGER PRIMARY KEY, at INTEGER NOT NULL, actor TEXT, action TEXT NOT NULL,"
+  "  endpoint TEXT, event_id TEXT, session_id TEXT, detail TEXT);",
+};
+
+#endif

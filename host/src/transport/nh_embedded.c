@@ -1,0 +1,380 @@
+/* Embedded transport. Queue rows are ordered by `seq`; a session's head is its lowest
+ * seq. Session locks (session_locks) keep two processes sharing one file from running
+ * the same session, and expire so a crashed process's sessions are picked up again. */
+#include "nh_embedded.h"
+#include "core/nh_log.h"
+#include "core/nh_sqlite.h"
+#include "core/nh_util.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static const char *const embedded_migrations[] = {
+  "CREATE TABLE subscriptions (event_type TEXT NOT NULL, endpoint TEXT NOT NULL,"
+  "  PRIMARY KEY (event_type, endpoint)) WITHOUT ROWID;"
+  "CREATE TABLE queue ("
+  "  seq INTEGER PRIMARY KEY AUTOINCREMENT, endpoint TEXT NOT NULL, session_id TEXT NOT NULL,"
+  "  message_id TEXT NOT NULL, event_id TEXT, event_type TEXT, message_type TEXT NOT NULL,"
+  "  correlation_id TEXT, originating_message_id TEXT, parent_message_id TEXT, from_ TEXT,"
+  "  retry_count INTEGER NOT NULL DEFAULT 0, delivery_count INTEGER NOT NULL DEFAULT 0,"
+  "  enqueued_at INTEGER NOT NULL, visible_at INTEGER NOT NULL, body TEXT, error_text TEXT, error_type TEXT);"
+  "CREATE INDEX queue_endpoint ON queue(endpoint, seq);"
+  "CREATE TABLE session_locks (endpoint TEXT NOT NULL, session_id TEXT NOT NULL, owner TEXT,"
+  "  locked_until INTEGER NOT NULL, PRIMARY KEY (endpoint, session_id)) WITHOUT ROWID;"
+  "CREATE INDEX session_locks_owner ON session_locks(owner);"
+  "CREATE TABLE dead_letters ("
+  "  seq INTEGER PRIMARY KEY, endpoint TEXT NOT NULL, session_id TEXT, message_id TEXT, event_id TEXT,"
+  "  event_type TEXT, message_type TEXT, body TEXT, reason TEXT, delivery_count INTEGER, at INTEGER NOT NULL);",
+};
+
+enum {
+  Q_SUB_DEL, Q_SUB_ADD, Q_SUBSCRIBERS, Q_INSERT, Q_HEADS, Q_LOCK, Q_UNLOCK, Q_RENEW, Q_DELIVERED,
+  Q_DELETE, Q_DEAD, Q_RELEASE_LOCK, Q_CONTROL, Q_OWNERS, Q_DROP_OWNER, Q_COUNT
+};
+
+static const char *const q_sql[Q_COUNT] = {
+  [Q_SUB_DEL] = "DELETE FROM subscriptions WHERE endpoint = ?1",
+  [Q_SUB_ADD] = "INSERT OR IGNORE INTO subscriptions(event_type, endpoint) VALUES (?1, ?2)",
+  [Q_SUBSCRIBERS] = "SELECT endpoint FROM subscriptions WHERE event_type = ?1 ORDER BY endpoint",
+  [Q_INSERT] =
+    "INSERT INTO queue(endpoint, session_id, message_id, event_id, event_type, message_type, correlation_id,"
+    " originating_message_id, parent_message_id, from_, retry_count, enqueued_at, visible_at, body,"
+    " error_text, error_type) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?12,?13,?14,?15)",
+  /* Rows of sessions locked by anyone are filtered here; the C side keeps only the first
+   * row it sees of each session, which is that session's head. */
+  [Q_HEADS] =
+    "SELECT seq, session_id, message_id, event_id, event_type, message_type, correlation_id,"
+    " originating_message_id, parent_message_id, from_, retry_count, delivery_count, enqueued_at,"
+    " visible_at, body, error_text, error_type FROM queue q WHERE q.endpoint = ?1 AND NOT EXISTS"
+    " (SELECT 1 FROM session_locks l WHERE l.endpoint = ?1 AND l.session_id = q.session_id"
+    "  AND l.locked_until > ?2) ORDER BY q.seq LIMIT ?3",
+  [Q_LOCK] =
+    "INSERT INTO session_locks(endpoint, session_id, owner, locked_until) VALUES (?1, ?2, ?3, ?4)"
+    " ON CONFLICT(endpoint, session_id) DO UPDATE SET owner = excluded.owner, locked_until = excluded.locked_until"
+    " WHERE session_locks.locked_until <= ?5 OR session_locks.owner = excluded.owner",
+  [Q_UNLOCK] = "DELETE FROM session_locks WHERE endpoint = ?1 AND session_id = ?2 AND owner = ?3",
+  [Q_RENEW] = "UPDATE session_locks SET locked_until = ?2 WHERE owner = ?1",
+  [Q_DELIVERED] = "UPDATE queue SET delivery_count = delivery_count + 1 WHERE seq = ?1",
+  [Q_DELETE] = "DELETE FROM queue WHERE seq = ?1",
+  [Q_DEAD] =
+    "INSERT INTO dead_letters(seq, endpoint, session_id, message_id, event_id, event_type, message_type, body,"
+    " reason, delivery_count, at) SELECT seq, endpoint, session_id, message_id, event_id, event_type,"
+    " message_type, body, ?2, delivery_count, ?3 FROM queue WHERE seq = ?1",
+  /* A released message keeps its place; holding the session (no owner) until the delay
+   * ends keeps the session's later messages behind it. */
+  [Q_RELEASE_LOCK] =
+    "INSERT OR REPLACE INTO session_locks(endpoint, session_id, owner, locked_until) VALUES (?1, ?2, NULL, ?3)",
+  [Q_CONTROL] =
+    "SELECT 1 FROM queue WHERE endpoint = ?1 AND event_id = ?2 AND message_type <> 'EventRequest' LIMIT 1",
+  [Q_OWNERS] = "SELECT DISTINCT owner FROM session_locks WHERE owner IS NOT NULL",
+  [Q_DROP_OWNER] = "DELETE FROM session_locks WHERE owner = ?1",
+};
+
+typedef struct embedded {
+  nh_transport_t base;
+  sqlite3 *db;
+  char *owner;
+  sqlite3_stmt *q[Q_COUNT];
+} embedded_t;
+
+static int step(embedded_t *e, int id, const char *what)
+{
+  return nh_sqlite_step_done(e->db, e->q[id], what);
+}
+
+static int emb_subscribe(nh_transport_t *t, const char *endpoint, const char *const *types, int n, nh_error_t *err)
+{
+  embedded_t *e = (embedded_t *)t;
+  nh_sqlite_bind_text(e->q[Q_SUB_DEL], 1, endpoint);
+  if (step(e, Q_SUB_DEL, "unsubscribe"))
+    return nh_error_set(err, NH_EFAIL, "subscribing %s: %s", endpoint, sqlite3_errmsg(e->db));
+  for (int i = 0; i < n; i++) {
+    nh_sqlite_bind_text(e->q[Q_SUB_ADD], 1, types[i]);
+    nh_sqlite_bind_text(e->q[Q_SUB_ADD], 2, endpoint);
+    if (step(e, Q_SUB_ADD, "subscribe"))
+      return nh_error_set(err, NH_EFAIL, "subscribing %s: %s", endpoint, sqlite3_errmsg(e->db));
+  }
+  return NH_OK;
+}
+
+/* Small open-addressing set of session ids seen during one receive scan. */
+typedef struct { char **keys; size_t cap; } seen_t;
+
+static uint64_t hash_str(const char *s)
+{
+  uint64_t h = 1469598103934665603ull;
+  while (*s) h = (h ^ (unsigned char)*s++) * 1099511628211ull;
+  return h;
+}
+
+/* Returns 1 if newly added, 0 if present. */
+static int seen_add(seen_t *set, const char *key)
+{
+  size_t i = hash_str(key) & (set->cap - 1);
+  while (set->keys[i]) {
+    if (strcmp(set->keys[i], key) == 0) return 0;
+    i = (i + 1) & (set->cap - 1);
+  }
+  set->keys[i] = nh_xstrdup(key);
+  return 1;
+}
+
+static int emb_lock_session(nh_transport_t *t, const char *endpoint, const char *session, int64_t now)
+{
+  embedded_t *e = (embedded_t *)t;
+  sqlite3_stmt *st = e->q[Q_LOCK];
+  nh_sqlite_bind_text(st, 1, endpoint);
+  nh_sqlite_bind_text(st, 2, session);
+  nh_sqlite_bind_text(st, 3, e->owner);
+  sqlite3_bind_int64(st, 4, now + t->lock_ms);
+  sqlite3_bind_int64(st, 5, now);
+  if (step(e, Q_LOCK, "session lock")) return NH_EFAIL;
+  return sqlite3_changes(e->db) > 0;
+}
+
+static int emb_receive(nh_transport_t *t, const char *endpoint, int max, int64_t now)
+{
+  embedded_t *e = (embedded_t *)t;
+  if (max <= 0) return 0;
+  sqlite3_stmt *st = e->q[Q_HEADS];
+  int scan = max * 4 + 64;
+  nh_sqlite_bind_text(st, 1, endpoint);
+  sqlite3_bind_int64(st, 2, now);
+  sqlite3_bind_int(st, 3, scan);
+  size_t cap = 1;
+  while (cap < (size_t)scan * 2) cap <<= 1;
+  seen_t seen = { nh_xcalloc(cap, sizeof(char *)), cap };
+  /* Read the heads first, then lock: writes must not interleave with the open scan. */
+  int n = 0;
+  nh_msg_t *heads = nh_xcalloc((size_t)max, sizeof *heads);
+  while (n < max && sqlite3_step(st) == SQLITE_ROW) {
+    const char *session = (const char *)sqlite3_column_text(st, 1);
+    if (!seen_add(&seen, session)) continue;
+    if (sqlite3_column_int64(st, 13) > now) continue;   /* head not visible yet: session waits */
+    nh_msg_t *m = &heads[n++];
+    m->seq = sqlite3_column_int64(st, 0);
+    m->endpoint = nh_xstrdup(endpoint);
+    m->session_id = nh_sqlite_col_strdup(st, 1);
+    m->message_id = nh_sqlite_col_strdup(st, 2);
+    m->event_id = nh_sqlite_col_strdup(st, 3);
+    m->event_type = nh_sqlite_col_strdup(st, 4);
+    m->type = nh_msg_type_parse((const char *)sqlite3_column_text(st, 5));
+    m->correlation_id = nh_sqlite_col_strdup(st, 6);
+    m->originating_message_id = nh_sqlite_col_strdup(st, 7);
+    m->parent_message_id = nh_sqlite_col_strdup(st, 8);
+    m->from = nh_sqlite_col_strdup(st, 9);
+    m->retry_count = sqlite3_column_int(st, 10);
+    m->delivery_count = sqlite3_column_int(st, 11) + 1;
+    m->enqueued_at = sqlite3_column_int64(st, 12);
+    m->body = nh_sqlite_col_strdup(st, 14);
+    m->body_len = m->body ? (size_t)sqlite3_column_bytes(st, 14) : 0;
+    m->error_text = nh_sqlite_col_strdup(st, 15);
+    m->error_type = nh_sqlite_col_strdup(st, 16);
+  }
+  sqlite3_reset(st);
+  sqlite3_clear_bindings(st);
+  for (size_t i = 0; i < cap; i++) free(seen.keys[i]);
+  free(seen.keys);
+
+  int delivered = 0;
+  for (int i = 0; i < n; i++) {
+    nh_msg_t *m = &heads[i];
+    if (emb_lock_session(t, endpoint, m->session_id, now) == 1) {
+      sqlite3_bind_int64(e->q[Q_DELIVERED], 1, m->seq);
+      step(e, Q_DELIVERED, "delivery count");
+      nh_msg_t *owned = nh_xmalloc(sizeof *owned);
+      *owned = *m;
+      t->on_message(t->cb_data, owned);
+      delivered++;
+    } else {
+      nh_msg_clear(m);
+    }
+  }
+  free(heads);
+  return delivered;
+}
+
+static int emb_unlock_session(nh_transport_t *t, const char *endpoint, const char *session)
+{
+  embedded_t *e = (embedded_t *)t;
+  nh_sqlite_bind_text(e->q[Q_UNLOCK], 1, endpoint);
+  nh_sqlite_bind_text(e->q[Q_UNLOCK], 2, session);
+  nh_sqlite_bind_text(e->q[Q_UNLOCK], 3, e->owner);
+  return step(e, Q_UNLOCK, "session unlock");
+}
+
+static int emb_renew_all(nh_transport_t *t, int64_t now)
+{
+  embedded_t *e = (embedded_t *)t;
+  nh_sqlite_bind_text(e->q[Q_RENEW], 1, e->owner);
+  sqlite3_bind_int64(e->q[Q_RENEW], 2, now + t->lock_ms);
+  if (step(e, Q_RENEW, "lock renew")) return NH_EFAIL;
+  return sqlite3_changes(e->db);
+}
+
+static int emb_settle(nh_transport_t *t, const nh_msg_t *m, nh_settle_t how, int64_t delay_ms, const char *reason)
+{
+  embedded_t *e = (embedded_t *)t;
+  if (m->seq <= 0) return NH_OK;   /* not a queue message (retry or parked replay) */
+  switch (how) {
+  case NH_SETTLE_COMPLETE:
+    sqlite3_bind_int64(e->q[Q_DELETE], 1, m->seq);
+    return step(e, Q_DELETE, "settle complete");
+  case NH_SETTLE_DEAD_LETTER:
+    sqlite3_bind_int64(e->q[Q_DEAD], 1, m->seq);
+    nh_sqlite_bind_text(e->q[Q_DEAD], 2, reason);
+    sqlite3_bind_int64(e->q[Q_DEAD], 3, nh_time_now_ms());
+    if (step(e, Q_DEAD, "dead-letter")) return NH_EFAIL;
+    sqlite3_bind_int64(e->q[Q_DELETE], 1, m->seq);
+    return step(e, Q_DELETE, "dead-letter delete");
+  case NH_SETTLE_RELEASE:
+    if (delay_ms <= 0) return emb_unlock_session(t, m->endpoint, m->session_id);
+    nh_sqlite_bind_text(e->q[Q_RELEASE_LOCK], 1, m->endpoint);
+    nh_sqlite_bind_text(e->q[Q_RELEASE_LOCK], 2, m->session_id);
+    sqlite3_bind_int64(e->q[Q_RELEASE_LOCK], 3, nh_time_now_ms() + delay_ms);
+    return step(e, Q_RELEASE_LOCK, "release");
+  }
+  return NH_EFAIL;
+}
+
+static int insert_copy(embedded_t *e, const nh_msg_t *m, const char *endpoint, const char *event_id)
+{
+  sqlite3_stmt *st = e->q[Q_INSERT];
+  nh_sqlite_bind_text(st, 1, endpoint);
+  nh_sqlite_bind_text(st, 2, m->session_id);
+  nh_sqlite_bind_text(st, 3, m->message_id);
+  nh_sqlite_bind_text(st, 4, event_id);
+  nh_sqlite_bind_text(st, 5, m->event_type);
+  nh_sqlite_bind_text(st, 6, nh_msg_type_name(m->type));
+  nh_sqlite_bind_text(st, 7, m->correlation_id);
+  nh_sqlite_bind_text(st, 8, m->originating_message_id);
+  nh_sqlite_bind_text(st, 9, m->parent_message_id);
+  nh_sqlite_bind_text(st, 10, m->from);
+  sqlite3_bind_int(st, 11, m->retry_count);
+  sqlite3_bind_int64(st, 12, m->enqueued_at ? m->enqueued_at : nh_time_now_ms());
+  if (m->body) sqlite3_bind_text(st, 13, m->body, (int)m->body_len, SQLITE_TRANSIENT);
+  else sqlite3_bind_null(st, 13);
+  nh_sqlite_bind_text(st, 14, m->error_text);
+  nh_sqlite_bind_text(st, 15, m->error_type);
+  return step(e, Q_INSERT, "enqueue");
+}
+
+static int emb_send(nh_transport_t *t, const nh_msg_t *m, const char *to_endpoint, int *copies, nh_error_t *err)
+{
+  embedded_t *e = (embedded_t *)t;
+  *copies = 0;
+  if (to_endpoint) {
+    char fresh[37];
+    const char *eid = m->event_id;
+    if (!eid) {
+      nh_uuid_v4(fresh);
+      eid = fresh;
+    }
+    if (insert_copy(e, m, to_endpoint, eid))
+      return nh_error_set(err, NH_EFAIL, "enqueue to %s: %s", to_endpoint, sqlite3_errmsg(e->db));
+    *copies = 1;
+    return NH_OK;
+  }
+  /* Fan-out: collect subscribers first, then insert (no writes during the scan). */
+  sqlite3_stmt *st = e->q[Q_SUBSCRIBERS];
+  nh_sqlite_bind_text(st, 1, m->event_type);
+  char *eps[256];
+  int n = 0;
+  while (n < 256 && sqlite3_step(st) == SQLITE_ROW) eps[n++] = nh_sqlite_col_strdup(st, 0);
+  sqlite3_reset(st);
+  sqlite3_clear_bindings(st);
+  int rc = NH_OK;
+  for (int i = 0; i < n; i++) {
+    char eid[37];
+    nh_uuid_v4(eid);   /* each consuming endpoint's copy is its own audit event */
+    if (rc == NH_OK && insert_copy(e, m, eps[i], eid))
+      rc = nh_error_set(err, NH_EFAIL, "enqueue to %s: %s", eps[i], sqlite3_errmsg(e->db));
+    else if (rc == NH_OK)
+      (*copies)++;
+    free(eps[i]);
+  }
+  return rc;
+}
+
+static void emb_close(nh_transport_t *t)
+{
+  embedded_t *e = (embedded_t *)t;
+  for (int i = 0; i < Q_COUNT; i++) sqlite3_finalize(e->q[i]);
+  free(e->owner);
+  free(e);
+}
+
+int nh_embedded_control_pending(nh_transport_t *t, const char *endpoint, const char *event_id)
+{
+  embedded_t *e = (embedded_t *)t;
+  sqlite3_stmt *st = e->q[Q_CONTROL];
+  nh_sqlite_bind_text(st, 1, endpoint);
+  nh_sqlite_bind_text(st, 2, event_id);
+  int found = sqlite3_step(st) == SQLITE_ROW;
+  sqlite3_reset(st);
+  sqlite3_clear_bindings(st);
+  return found;
+}
+
+/* Owners are "host:pid:tag". A lock held by a dead process on this machine would
+ * otherwise keep its sessions idle until the lock expires; free those at once. */
+static void reap_dead_owners(embedded_t *e)
+{
+  char self[128] = "";
+  gethostname(self, sizeof self - 1);
+  size_t selflen = strlen(self);
+  char *dead[64];
+  int n = 0;
+  sqlite3_stmt *st = e->q[Q_OWNERS];
+  while (n < 64 && sqlite3_step(st) == SQLITE_ROW) {
+    const char *o = (const char *)sqlite3_column_text(st, 0);
+    if (strncmp(o, self, selflen) != 0 || o[selflen] != ':') continue;
+    long pid = strtol(o + selflen + 1, NULL, 10);
+    if (pid > 0 && kill((pid_t)pid, 0) != 0 && errno == ESRCH) dead[n++] = nh_xstrdup(o);
+  }
+  sqlite3_reset(st);
+  for (int i = 0; i < n; i++) {
+    nh_sqlite_bind_text(e->q[Q_DROP_OWNER], 1, dead[i]);
+    if (step(e, Q_DROP_OWNER, "drop dead owner") == NH_OK && sqlite3_changes(e->db) > 0)
+      nh_log_info("embedded", "released session locks of %s (process no longer running)", dead[i]);
+    free(dead[i]);
+  }
+}
+
+static const nh_transport_vtbl_t embedded_vtbl = {
+  .name = "embedded",
+  .subscribe = emb_subscribe,
+  .receive = emb_receive,
+  .lock_session = emb_lock_session,
+  .unlock_session = emb_unlock_session,
+  .renew_all = emb_renew_all,
+  .settle = emb_settle,
+  .send = emb_send,
+  .close = emb_close,
+};
+
+nh_transport_t *nh_embedded_new(sqlite3 *db, const char *owner, nh_error_t *err)
+{
+  if (nh_sqlite_migrate(db, "embedded", embedded_migrations,
+                        (int)(sizeof embedded_migrations / sizeof embedded_migrations[0]), err))
+    return NULL;
+  embedded_t *e = nh_xcalloc(1, sizeof *e);
+  e->base.vt = &embedded_vtbl;
+  e->base.caps = NH_CAP_LOCK_EXPIRES | NH_CAP_BROKER_SESSIONS | NH_CAP_SCHEDULED_SEND | NH_CAP_DEAD_LETTER |
+                 NH_CAP_ATOMIC_SETTLE;
+  e->base.lock_ms = 30000;
+  e->db = db;
+  e->owner = nh_xstrdup(owner);
+  for (int i = 0; i < Q_COUNT; i++) {
+    if (sqlite3_prepare_v3(db, q_sql[i], -1, SQLITE_PREPARE_PERSISTENT, &e->q[i], NULL) != SQLITE_OK) {
+      nh_error_set(err, NH_EFAIL, "embedded transport: %s", sqlite3_errmsg(db));
+      emb_close(&e->base);
+      return NULL;
+    }
+  }
+  reap_dead_owners(e);
+  return &e->base;
+}

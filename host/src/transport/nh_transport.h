@@ -1,0 +1,50 @@
+/* The transport interface: one vtable, implemented by the embedded (sqlite) queue and,
+ * later, AMQP 1.0. Transports never see Lua; they trade nh_msg_t with the dispatcher. */
+#ifndef NH_TRANSPORT_H
+#define NH_TRANSPORT_H
+
+#include <stdint.h>
+
+#include "core/nh_error.h"
+#include "core/nh_msg.h"
+
+enum {
+  NH_CAP_LOCK_EXPIRES = 1u << 0,    /* an unsettled message comes back after its lock expires */
+  NH_CAP_BROKER_SESSIONS = 1u << 1, /* the broker gives session locks across processes */
+  NH_CAP_SCHEDULED_SEND = 1u << 2,  /* release(delay) and visible-at are honoured */
+  NH_CAP_DEAD_LETTER = 1u << 3,
+  NH_CAP_ATOMIC_SETTLE = 1u << 4,   /* settle() joins the store's open transaction */
+};
+
+typedef enum { NH_SETTLE_COMPLETE, NH_SETTLE_RELEASE, NH_SETTLE_DEAD_LETTER } nh_settle_t;
+
+typedef struct nh_transport nh_transport_t;
+
+/* Receives ownership of msg (free with nh_msg_clear + free). The transport has already
+ * taken the session lock for msg->session_id. */
+typedef void (*nh_transport_msg_cb)(void *data, nh_msg_t *msg);
+
+typedef struct nh_transport_vtbl {
+  const char *name;
+  int (*subscribe)(nh_transport_t *t, const char *endpoint, const char *const *types, int n, nh_error_t *err);
+  /* Pull transports deliver up to `max` session heads through on_message; returns how many. */
+  int (*receive)(nh_transport_t *t, const char *endpoint, int max, int64_t now);
+  int (*lock_session)(nh_transport_t *t, const char *endpoint, const char *session, int64_t now);
+  int (*unlock_session)(nh_transport_t *t, const char *endpoint, const char *session);
+  /* Extends every lock this process holds; returns the number renewed. */
+  int (*renew_all)(nh_transport_t *t, int64_t now);
+  int (*settle)(nh_transport_t *t, const nh_msg_t *m, nh_settle_t how, int64_t delay_ms, const char *reason);
+  /* to_endpoint NULL: fan out by event type, one copy (fresh EventId) per subscriber. */
+  int (*send)(nh_transport_t *t, const nh_msg_t *m, const char *to_endpoint, int *copies, nh_error_t *err);
+  void (*close)(nh_transport_t *t);
+} nh_transport_vtbl_t;
+
+struct nh_transport {
+  const nh_transport_vtbl_t *vt;
+  unsigned caps;
+  int64_t lock_ms;               /* lock duration */
+  nh_transport_msg_cb on_message;
+  void *cb_data;
+};
+
+#endif

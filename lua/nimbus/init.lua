@@ -1,0 +1,189 @@
+-- nimbus: the Lua half of nimbus-host. Adapters `require("nimbus")` and declare
+-- endpoints, handlers and middleware; the host's dispatcher calls M._run for each
+-- message, inside its own coroutine, and maps the returned table to an outcome.
+local core = require("nimbus.core")   -- C functions registered by the host
+local cjson = require("cjson.safe")
+local errors = require("nimbus.errors")
+
+local M = { _VERSION = core.version }
+
+local endpoints = {}           -- name -> endpoint object
+local task_ctx = setmetatable({}, { __mode = "k" })   -- coroutine -> ctx of the running task
+
+M.permanent = errors.permanent
+M.transient = errors.transient
+
+---------------------------------------------------------------------------- logging
+local function log_fields(fields)
+  if type(fields) ~= "table" then return "" end
+  local keys = {}
+  for k in pairs(fields) do keys[#keys + 1] = tostring(k) end
+  table.sort(keys)
+  local out = {}
+  for _, k in ipairs(keys) do
+    local v = fields[k]
+    if type(v) == "table" then v = cjson.encode(v) or tostring(v) end
+    out[#out + 1] = k .. "=" .. tostring(v)
+  end
+  return " " .. table.concat(out, " ")
+end
+
+local function make_logger(level)
+  return function(msg, fields)
+    local ctx = task_ctx[coroutine.running()]
+    local prefix = ""
+    if ctx then prefix = ("[%s %s] "):format(ctx.endpoint, ctx.event_id) end
+    core.log(level, prefix .. tostring(msg) .. log_fields(fields))
+  end
+end
+
+M.log = setmetatable({
+  debug = make_logger("debug"), info = make_logger("info"),
+  warn = make_logger("warn"), error = make_logger("error"),
+}, { __call = function(self, ...) return self.info(...) end })
+
+---------------------------------------------------------------------------- context
+local Ctx = {}
+Ctx.__index = Ctx
+
+-- Marks the event as handed off to external work: after a normal return the host
+-- settles the message, records Pending/Handoff and blocks the session. Last call wins;
+-- an error raised after it wins over it.
+function Ctx:mark_pending_handoff(opts)
+  if type(opts) ~= "table" then
+    error("ctx:mark_pending_handoff expects a table { reason = ..., external_job_id = ..., expected_by = seconds }", 2)
+  end
+  if type(opts.reason) ~= "string" or opts.reason == "" then
+    error("ctx:mark_pending_handoff: `reason` must be a non-empty string", 2)
+  end
+  if opts.external_job_id ~= nil and type(opts.external_job_id) ~= "string" then
+    error("ctx:mark_pending_handoff: `external_job_id` must be a string", 2)
+  end
+  if opts.expected_by ~= nil and (type(opts.expected_by) ~= "number" or opts.expected_by < 0) then
+    error("ctx:mark_pending_handoff: `expected_by` must be a number of seconds from now", 2)
+  end
+  rawset(self, "_handoff", { reason = opts.reason, external_job_id = opts.external_job_id,
+                             expected_by = opts.expected_by })
+end
+
+---------------------------------------------------------------------------- endpoints
+local Endpoint = {}
+Endpoint.__index = Endpoint
+
+function M.endpoint(name, opts)
+  if type(name) ~= "string" or not name:match("^[%w_%.%-]+$") then
+    error("nimbus.endpoint: name must be a non-empty string of letters, digits, '_', '.', '-'", 2)
+  end
+  if endpoints[name] then error(("nimbus.endpoint: endpoint %q is already defined"):format(name), 2) end
+  if opts ~= nil and type(opts) ~= "table" then error("nimbus.endpoint: options must be a table", 2) end
+  local ep = setmetatable({ name = name, opts = opts or {}, handlers = {}, handler_opts = {},
+                            middleware = {} }, Endpoint)
+  core.register_endpoint(name, ep.opts)   -- validates options; raises with the reason
+  endpoints[name] = ep
+  return ep
+end
+
+function Endpoint:on(event_type, fn, opts)
+  if type(event_type) ~= "string" or event_type == "" then
+    error("endpoint:on: event type must be a non-empty string", 2)
+  end
+  if type(fn) ~= "function" then error(("endpoint:on(%q): handler must be a function"):format(event_type), 2) end
+  if opts ~= nil and type(opts) ~= "table" then error("endpoint:on: options must be a table", 2) end
+  if self.handlers[event_type] then
+    error(("endpoint %s already has a handler for %s"):format(self.name, event_type), 2)
+  end
+  if opts and opts.is_alive ~= nil and type(opts.is_alive) ~= "function" then
+    error("endpoint:on: is_alive must be a function", 2)
+  end
+  self.handlers[event_type] = fn
+  self.handler_opts[event_type] = opts or {}
+  return self
+end
+
+function Endpoint:use(fn)
+  if type(fn) ~= "function" then error("endpoint:use: middleware must be a function(event, ctx, next)", 2) end
+  self.middleware[#self.middleware + 1] = fn
+  return self
+end
+
+-- The event types an endpoint subscribes to (the host reads this after loading).
+function M._subscriptions()
+  local out = {}
+  for name, ep in pairs(endpoints) do
+    local types = {}
+    for t in pairs(ep.handlers) do types[#types + 1] = t end
+    table.sort(types)
+    out[name] = types
+  end
+  return out
+end
+
+---------------------------------------------------------------------------- publish
+function M.publish(event_type, payload, opts)
+  if type(event_type) ~= "string" or event_type == "" then
+    error("nimbus.publish: event type must be a non-empty string", 2)
+  end
+  if type(payload) ~= "table" then error("nimbus.publish: payload must be a table", 2) end
+  if opts ~= nil and type(opts) ~= "table" then error("nimbus.publish: options must be a table", 2) end
+  opts = opts or {}
+  local body, err = cjson.encode(payload)
+  if not body then error("nimbus.publish: payload cannot be encoded as JSON: " .. tostring(err), 2) end
+  local session = opts.session
+  if session ~= nil then session = tostring(session) end
+  return core.publish(event_type, body, session, opts.correlation_id, opts.to)
+end
+
+---------------------------------------------------------------------------- dispatch
+local traceback = debug.traceback
+
+-- Message handler for xpcall: keeps the error value, adds the Lua traceback.
+local function capture(err)
+  return { err = err, stack = traceback(nil, 2) }
+end
+
+local function run_chain(mw, handler, event, ctx)
+  local function step(i)
+    local f = mw[i]
+    if not f then return handler(event, ctx) end
+    return f(event, ctx, function() return step(i + 1) end)
+  end
+  return step(1)
+end
+
+-- Called by the host in a fresh coroutine for every message that needs a handler.
+-- Returns a plain table the C side turns into an outcome.
+function M._run(epname, event_type, body, ctx)
+  local ep = endpoints[epname]
+  local handler = ep and ep.handlers[event_type]
+  if not handler then
+    return { status = "unsupported",
+             error_text = ("endpoint %s has no handler for event type %s"):format(epname, tostring(event_type)) }
+  end
+  local event, derr = cjson.decode(body or "")
+  if event == nil then
+    return { status = "deadletter", error_type = "MalformedPayload",
+             error_text = "malformed JSON payload: " .. tostring(derr) }
+  end
+  if type(event) ~= "table" then
+    return { status = "deadletter", error_type = "MalformedPayload",
+             error_text = "payload must be a JSON object, got " .. type(event) }
+  end
+  setmetatable(ctx, Ctx)
+  local co = coroutine.running()
+  task_ctx[co] = ctx
+  local ok, res = xpcall(run_chain, capture, ep.middleware, handler, event, ctx)
+  task_ctx[co] = nil
+  if not ok then
+    local kind, text, etype = errors.classify(res.err)
+    return { status = kind, error_text = text, error_type = etype, error_stack = res.stack }
+  end
+  local h = rawget(ctx, "_handoff")
+  if h then
+    return { status = "handoff", handoff_reason = h.reason, external_job_id = h.external_job_id,
+             expected_by = h.expected_by }
+  end
+  return { status = "completed" }
+end
+
+M._endpoints = endpoints
+return M
