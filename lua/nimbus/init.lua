@@ -135,6 +135,29 @@ end
 
 ---------------------------------------------------------------------------- dispatch
 local traceback = debug.traceback
+local tointeger = math.tointeger
+
+-- lua-cjson decodes every number as a float; JSON has one number type, and adapter
+-- authors expect 42 (not 42.0) in messages, keys and string concatenation.
+local function integralize(t, depth)
+  if depth > 64 then return end
+  for k, v in pairs(t) do
+    local tv = type(v)
+    if tv == "number" then
+      local i = tointeger(v)
+      if i then t[k] = i end
+    elseif tv == "table" then
+      integralize(v, depth + 1)
+    end
+  end
+end
+
+local function decode(body)
+  local v, err = cjson.decode(body or "")
+  if type(v) == "table" then integralize(v, 0) end
+  return v, err
+end
+M._decode = decode
 
 -- Message handler for xpcall: keeps the error value, adds the Lua traceback.
 local function capture(err)
@@ -159,7 +182,7 @@ function M._run(epname, event_type, body, ctx)
     return { status = "unsupported",
              error_text = ("endpoint %s has no handler for event type %s"):format(epname, tostring(event_type)) }
   end
-  local event, derr = cjson.decode(body or "")
+  local event, derr = decode(body)
   if event == nil then
     return { status = "deadletter", error_type = "MalformedPayload",
              error_text = "malformed JSON payload: " .. tostring(derr) }

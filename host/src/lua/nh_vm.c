@@ -62,7 +62,7 @@ static const char *src_lua_dir(void)
 
 static int dir_has_nimbus(const char *dir)
 {
-  char p[PATH_MAX + 32];
+  char p[2 * PATH_MAX];
   struct stat sb;
   snprintf(p, sizeof p, "%s/nimbus/init.lua", dir);
   return stat(p, &sb) == 0;
@@ -400,6 +400,8 @@ int nh_vm_task_start(nh_vm_t *vm, const nh_task_args_t *a, nh_error_t *err)
   char ts[40];
   nh_time_iso8601(a->enqueued_at, ts, sizeof ts);
   set_str(co, "enqueued_at", ts);
+  lua_pushinteger(co, a->enqueued_at);
+  lua_setfield(co, -2, "enqueued_ms");
   task_resume(t, 4);
   return NH_OK;
 }
