@@ -44,7 +44,23 @@ M.log = setmetatable({
 
 ---------------------------------------------------------------------------- context
 local Ctx = {}
-Ctx.__index = Ctx
+local lazy = {
+  -- ISO-8601 UTC with milliseconds, like every timestamp the CLI prints
+  enqueued_at = function(ctx)
+    local ms = rawget(ctx, "enqueued_ms") or 0
+    return ("%s.%03dZ"):format(os.date("!%Y-%m-%dT%H:%M:%S", ms // 1000), ms % 1000)
+  end,
+}
+Ctx.__index = function(ctx, k)
+  local v = Ctx[k]
+  if v ~= nil then return v end
+  local f = lazy[k]
+  if f then
+    v = f(ctx)
+    rawset(ctx, k, v)
+    return v
+  end
+end
 
 -- Marks the event as handed off to external work: after a normal return the host
 -- settles the message, records Pending/Handoff and blocks the session. Last call wins;
@@ -165,6 +181,7 @@ local function capture(err)
 end
 
 local function run_chain(mw, handler, event, ctx)
+  if mw[1] == nil then return handler(event, ctx) end
   local function step(i)
     local f = mw[i]
     if not f then return handler(event, ctx) end
@@ -181,6 +198,10 @@ function M._run(epname, event_type, body, ctx)
   if not handler then
     return { status = "unsupported",
              error_text = ("endpoint %s has no handler for event type %s"):format(epname, tostring(event_type)) }
+  end
+  if not (body or ""):find("^%s*{") then
+    return { status = "deadletter", error_type = "MalformedPayload",
+             error_text = "payload must be a JSON object, got: " .. (body or ""):sub(1, 60) }
   end
   local event, derr = decode(body)
   if event == nil then

@@ -74,9 +74,9 @@ int nh_cmd_publish(int argc, char **argv)
     return rc;
   }
   char mid[37], sess[37], corr[37];
-  nh_uuid_v4(mid);
-  nh_uuid_v4(sess);
-  nh_uuid_v4(corr);
+  nh_uuid_v7(mid);
+  nh_uuid_v7(sess);
+  nh_uuid_v7(corr);
   nh_msg_t m;
   memset(&m, 0, sizeof m);
   m.session_id = (char *)(nh_args_get(&a, "--session") ? nh_args_get(&a, "--session") : sess);
@@ -139,7 +139,7 @@ static int send_control(cli_ctx_t *c, const char *cmd, const nh_audit_t *ev, nh_
                         const char *error_text, const char *error_type, const char *detail)
 {
   char mid[37];
-  nh_uuid_v4(mid);
+  nh_uuid_v7(mid);
   nh_msg_t m;
   memset(&m, 0, sizeof m);
   m.session_id = ev->session_id;

@@ -58,14 +58,8 @@ static uint64_t rng_next(void)
 
 double nh_random_unit(void) { return (double)(rng_next() >> 11) / 9007199254740992.0; }
 
-void nh_uuid_v4(char out[37])
+static void uuid_format(unsigned char u[16], char out[37])
 {
-  uint64_t a = rng_next(), b = rng_next();
-  unsigned char u[16];
-  memcpy(u, &a, 8);
-  memcpy(u + 8, &b, 8);
-  u[6] = (u[6] & 0x0f) | 0x40;
-  u[8] = (u[8] & 0x3f) | 0x80;
   static const char hex[] = "0123456789abcdef";
   int j = 0;
   for (int i = 0; i < 16; i++) {
@@ -74,6 +68,43 @@ void nh_uuid_v4(char out[37])
     out[j++] = hex[u[i] & 15];
   }
   out[j] = '\0';
+}
+
+void nh_uuid_v4(char out[37])
+{
+  uint64_t a = rng_next(), b = rng_next();
+  unsigned char u[16];
+  memcpy(u, &a, 8);
+  memcpy(u + 8, &b, 8);
+  u[6] = (u[6] & 0x0f) | 0x40;
+  u[8] = (u[8] & 0x3f) | 0x80;
+  uuid_format(u, out);
+}
+
+void nh_uuid_v7(char out[37])
+{
+  /* Within one millisecond a counter in rand_a keeps ids from this process ordered. */
+  static int64_t last_ms;
+  static unsigned seq;
+  int64_t ms = nh_time_now_ms();
+  if (ms <= last_ms) {
+    ms = last_ms;
+    if (++seq > 0xfff) {   /* counter exhausted: borrow the next millisecond */
+      ms = ++last_ms;
+      seq = 0;
+    }
+  } else {
+    last_ms = ms;
+    seq = 0;
+  }
+  uint64_t r = rng_next();
+  unsigned char u[16];
+  for (int i = 0; i < 6; i++) u[i] = (unsigned char)((uint64_t)ms >> (8 * (5 - i)));
+  u[6] = (unsigned char)(0x70 | ((seq >> 8) & 0x0f));
+  u[7] = (unsigned char)(seq & 0xff);
+  memcpy(u + 8, &r, 8);
+  u[8] = (u[8] & 0x3f) | 0x80;
+  uuid_format(u, out);
 }
 
 static void oom(void)

@@ -12,6 +12,10 @@ void nh_time_iso8601(int64_t ms, char *out, size_t outlen);
 
 /* Random RFC 4122 version-4 UUID, lower-case, 36 chars + NUL. */
 void nh_uuid_v4(char out[37]);
+/* Time-ordered UUID (RFC 9562 version 7): ms timestamp first, then random bits. Ids
+ * the host mints are v7 so index inserts keyed by them append instead of scattering
+ * over random B-tree pages (about twice the throughput of v4 keys, see make bench). */
+void nh_uuid_v7(char out[37]);
 /* Uniform double in [0, 1). */
 double nh_random_unit(void);
 

@@ -64,7 +64,7 @@ static int host_publish(void *data, void *task_data, const char *type, const cha
                         nh_error_t *err)
 {
   nh_dispatch_t *d = data;
-  nh_uuid_v4(message_id);
+  nh_uuid_v7(message_id);
   nh_job_t *job = task_data;
   if (job) {
     /* Sent only when the handler's outcome commits: a failed handler publishes nothing. */
@@ -83,8 +83,8 @@ static int host_publish(void *data, void *task_data, const char *type, const cha
   nh_msg_t m;
   memset(&m, 0, sizeof m);
   char sess[37], corr[37];
-  nh_uuid_v4(sess);
-  nh_uuid_v4(corr);
+  nh_uuid_v7(sess);
+  nh_uuid_v7(corr);
   m.session_id = (char *)(session ? session : sess);
   m.message_id = message_id;
   m.event_type = (char *)type;
@@ -234,7 +234,8 @@ static int fetch(nh_dispatch_t *d, int64_t now, int *fetched)
     int cap = ep->concurrency - ep->in_flight;
     if (cap <= 0) continue;
     struct due_ctx c = { d, ep, now, 0, 0 };
-    nh_store_sessions_due(d->store, ep->name, now, cap, on_due_session, &c);
+    /* in-flight sessions may still look due; ask for enough rows to see past them */
+    nh_store_sessions_due(d->store, ep->name, now, cap + ep->in_flight, on_due_session, &c);
     if (c.failed) return NH_EFAIL;
     *fetched += c.taken;
     cap = ep->concurrency - ep->in_flight;
@@ -342,6 +343,7 @@ static void pump(nh_dispatch_t *d)
     kick(d);
     uv_timer_stop(&d->timer);
   } else {
+    if (d->poll_ms == NH_POLL_MIN_MS) nh_store_checkpoint(d->store);   /* just went idle */
     d->poll_ms = d->poll_ms * 2 > NH_POLL_MAX_MS ? NH_POLL_MAX_MS : d->poll_ms * 2;
     uv_timer_start(&d->timer, timer_cb, (uint64_t)d->poll_ms, 0);
   }

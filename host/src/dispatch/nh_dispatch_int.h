@@ -35,6 +35,7 @@ typedef struct nh_job {
   nh_job_src_t src;
   nh_msg_t msg;
   int64_t park_seq;             /* NH_JOB_PARKED */
+  nh_session_state_t st;         /* read by route; valid while we hold the session lock */
   const char *kind;              /* passed to Lua as ctx.kind */
   nh_outcome_t out;
   nh_pub_t *pubs, **pubs_tail;   /* publishes buffered until the outcome commits */

@@ -19,7 +19,10 @@ static void set(char **field, const char *v)
 static void audit_load(nh_dispatch_t *d, nh_job_t *job, nh_audit_t *a)
 {
   const nh_msg_t *m = &job->msg;
-  if (nh_store_audit_get(d->store, job->ep->name, m->event_id, a) != 1) {
+  /* A first delivery from the queue has no row yet (event ids are fresh per copy):
+   * skip the read on the hot path; the upsert keeps created_at if one exists. */
+  int first = job->src == NH_JOB_QUEUE && m->type == NH_MT_EVENT && m->delivery_count <= 1;
+  if (first || nh_store_audit_get(d->store, job->ep->name, m->event_id, a) != 1) {
     memset(a, 0, sizeof *a);
     a->endpoint = nh_xstrdup(job->ep->name);
     a->event_id = nh_xstrdup(m->event_id);
@@ -254,8 +257,11 @@ int nh_dispatch_route(nh_dispatch_t *d, nh_job_t *job)
   default:
     rc = route_dead_letter(d, job, "unknown message type");
   }
+  if (run) {
+    job->st = st;   /* the lock keeps it valid until apply */
+    return 1;
+  }
   nh_session_state_clear(&st);
-  if (run) return 1;
   goto out_unlock_nostate;
 
 out_unlock:
@@ -280,7 +286,7 @@ int nh_dispatch_flush_pubs(nh_dispatch_t *d, nh_job_t *job)
     nh_msg_t m;
     memset(&m, 0, sizeof m);
     char session[37];
-    if (!p->session) nh_uuid_v4(session);
+    if (!p->session) nh_uuid_v7(session);
     m.session_id = p->session ? p->session : session;
     m.message_id = p->message_id;
     m.event_type = p->type;
@@ -318,18 +324,15 @@ int nh_dispatch_apply(nh_dispatch_t *d, nh_job_t *job)
     nh_log_info("dispatch", "%s %s: transient failure, redelivering in %lld ms: %s", ep->name, m->event_id,
                 (long long)delay, o->error_text ? o->error_text : "");
     if (job->src == NH_JOB_RETRY) {
-      nh_session_state_t st;
-      if (nh_store_session_get(d->store, ep->name, m->session_id, &st)) return NH_EFAIL;
-      st.retry_due = nh_time_now_ms() + delay;
-      int rc = nh_store_session_put(d->store, ep->name, m->session_id, &st);
-      nh_session_state_clear(&st);
+      job->st.retry_due = nh_time_now_ms() + delay;
+      int rc = nh_store_session_put(d->store, ep->name, m->session_id, &job->st);
       return rc ? rc : unlock(d, job);
     }
     return settle(d, job, NH_SETTLE_RELEASE, delay, NULL);
   }
 
-  nh_session_state_t st;
-  if (nh_store_session_get(d->store, ep->name, m->session_id, &st)) return NH_EFAIL;
+  nh_session_state_t st = job->st;
+  memset(&job->st, 0, sizeof job->st);
   nh_audit_t a;
   audit_load(d, job, &a);
   a.retry_count = m->retry_count;
@@ -417,6 +420,7 @@ int nh_dispatch_apply(nh_dispatch_t *d, nh_job_t *job)
 
 void nh_job_free(nh_job_t *job)
 {
+  nh_session_state_clear(&job->st);
   nh_msg_clear(&job->msg);
   nh_outcome_clear(&job->out);
   nh_pub_t *p = job->pubs;

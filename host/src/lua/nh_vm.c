@@ -397,10 +397,7 @@ int nh_vm_task_start(nh_vm_t *vm, const nh_task_args_t *a, nh_error_t *err)
   lua_setfield(co, -2, "retry_count");
   lua_pushinteger(co, a->delivery_count);
   lua_setfield(co, -2, "delivery_count");
-  char ts[40];
-  nh_time_iso8601(a->enqueued_at, ts, sizeof ts);
-  set_str(co, "enqueued_at", ts);
-  lua_pushinteger(co, a->enqueued_at);
+  lua_pushinteger(co, a->enqueued_at);   /* ctx.enqueued_at (ISO text) is built lazily in Lua */
   lua_setfield(co, -2, "enqueued_ms");
   task_resume(t, 4);
   return NH_OK;

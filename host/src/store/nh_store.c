@@ -21,7 +21,7 @@ static const char *const stmt_sql[NH_SQL_COUNT] = {
     " handoff_reason, external_job_id, expected_by, message_id, correlation_id, originating_message_id,"
     " retry_count, payload, result, created_at, updated_at, error_stack)"
     " VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?18,?19)"
-    " ON CONFLICT(endpoint, event_id) DO UPDATE SET session_id=excluded.session_id,"
+    " ON CONFLICT(event_id, endpoint) DO UPDATE SET session_id=excluded.session_id,"
     " event_type=excluded.event_type, status=excluded.status, sub_status=excluded.sub_status,"
     " error_text=excluded.error_text, error_type=excluded.error_type, handoff_reason=excluded.handoff_reason,"
     " external_job_id=excluded.external_job_id, expected_by=excluded.expected_by,"
@@ -215,6 +215,12 @@ int nh_store_commit(nh_store_t *s)
   }
   s->in_tx = 0;
   return NH_OK;
+}
+
+void nh_store_checkpoint(nh_store_t *s)
+{
+  int log = 0, done = 0;
+  sqlite3_wal_checkpoint_v2(s->db, NULL, SQLITE_CHECKPOINT_PASSIVE, &log, &done);
 }
 
 void nh_store_rollback(nh_store_t *s)

@@ -12,8 +12,7 @@ static const char *const nh_store_migrations[] = {
   "  expected_by INTEGER, message_id TEXT, correlation_id TEXT, originating_message_id TEXT,"
   "  retry_count INTEGER NOT NULL DEFAULT 0, payload TEXT, result TEXT, error_stack TEXT,"
   "  created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL,"
-  "  PRIMARY KEY (endpoint, event_id));"
-  "CREATE INDEX audit_event ON audit(event_id);"
+  "  PRIMARY KEY (event_id, endpoint));"   /* event_id first: serves lookups by id alone */
   "CREATE INDEX audit_status ON audit(endpoint, status);"
   "CREATE INDEX audit_session ON audit(endpoint, session_id);"
   "CREATE TABLE history ("

@@ -43,7 +43,8 @@ static const char *const q_sql[Q_COUNT] = {
     "INSERT INTO queue(endpoint, session_id, message_id, event_id, event_type, message_type, correlation_id,"
     " originating_message_id, parent_message_id, from_, retry_count, enqueued_at, visible_at, body,"
     " error_text, error_type) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?12,?13,?14,?15)",
-  /* Rows of sessions locked by anyone are filtered here; the C side keeps only the first
+  /* Rows of sessions locked by anyone (this process included: a lock of ours means the
+   * session is in flight here) are filtered here; the C side keeps only the first
    * row it sees of each session, which is that session's head. */
   [Q_HEADS] =
     "SELECT seq, session_id, message_id, event_id, event_type, message_type, correlation_id,"
@@ -54,7 +55,7 @@ static const char *const q_sql[Q_COUNT] = {
   [Q_LOCK] =
     "INSERT INTO session_locks(endpoint, session_id, owner, locked_until) VALUES (?1, ?2, ?3, ?4)"
     " ON CONFLICT(endpoint, session_id) DO UPDATE SET owner = excluded.owner, locked_until = excluded.locked_until"
-    " WHERE session_locks.locked_until <= ?5 OR session_locks.owner = excluded.owner",
+    " WHERE session_locks.locked_until <= ?5",
   [Q_UNLOCK] = "DELETE FROM session_locks WHERE endpoint = ?1 AND session_id = ?2 AND owner = ?3",
   [Q_RENEW] = "UPDATE session_locks SET locked_until = ?2 WHERE owner = ?1",
   [Q_DELIVERED] = "UPDATE queue SET delivery_count = delivery_count + 1 WHERE seq = ?1",
@@ -270,7 +271,7 @@ static int emb_send(nh_transport_t *t, const nh_msg_t *m, const char *to_endpoin
     char fresh[37];
     const char *eid = m->event_id;
     if (!eid) {
-      nh_uuid_v4(fresh);
+      nh_uuid_v7(fresh);
       eid = fresh;
     }
     if (insert_copy(e, m, to_endpoint, eid))
@@ -289,7 +290,7 @@ static int emb_send(nh_transport_t *t, const nh_msg_t *m, const char *to_endpoin
   int rc = NH_OK;
   for (int i = 0; i < n; i++) {
     char eid[37];
-    nh_uuid_v4(eid);   /* each consuming endpoint's copy is its own audit event */
+    nh_uuid_v7(eid);   /* each consuming endpoint's copy is its own audit event */
     if (rc == NH_OK && insert_copy(e, m, eps[i], eid))
       rc = nh_error_set(err, NH_EFAIL, "enqueue to %s: %s", eps[i], sqlite3_errmsg(e->db));
     else if (rc == NH_OK)

@@ -1,0 +1,1000 @@
+/* End-to-end tests of dispatch/ with a real Lua VM, the embedded transport and the
+ * store (DESIGN.md section 6). Each test writes a small adapter into its temp dir,
+ * enqueues messages through transport->vt->send inside a store transaction and runs
+ * the uv loop until a condition on the store holds (with a deadline, no fixed sleeps).
+ * Handlers append a line to a log file per call, so tests count handler runs. */
+#include "nh_test.h"
+
+#include "core/nh_log.h"
+#include "core/nh_util.h"
+#include "dispatch/nh_dispatch.h"
+#include "lua/nh_vm.h"
+#include "store/nh_store.h"
+#include "transport/nh_embedded.h"
+
+#include <sqlite3.h>
+#include <uv.h>
+
+#define WAIT_MS 15000
+
+/* ---------------------------------------------------------------- fixture */
+
+typedef struct env {
+  uv_loop_t loop;
+  nh_store_t *store;
+  nh_transport_t *tr;
+  nh_dispatch_t *d;
+  int stopped;
+  int loop_ok;
+  char log[PATH_MAX + 64];
+} env_t;
+
+/* Every adapter starts with this: `nimbus`, and record(s) appending a line to LOG. */
+static const char *const prelude =
+  "local nimbus = require('nimbus')\n"
+  "local LOG = [[%s]]\n"
+  "local function record(s)\n"
+  "  local f = assert(io.open(LOG, 'a'))\n"
+  "  f:write(tostring(s), '\\n')\n"
+  "  f:close()\n"
+  "end\n";
+
+static void on_stopped(void *data) { ((env_t *)data)->stopped = 1; }
+
+/* Stops and frees everything; returns uv_loop_close's result. Never asserts: it also
+ * runs as the cleanup of a failed test, with tasks possibly still suspended. */
+static int env_teardown(env_t *e)
+{
+  int rc = 0;
+  if (e->d) {
+    e->stopped = 0;
+    nh_dispatch_stop(e->d, 0, on_stopped, e);
+    int64_t deadline = nh_test_mono_ms() + WAIT_MS;
+    while (!e->stopped && nh_test_mono_ms() < deadline) uv_run(&e->loop, UV_RUN_ONCE);
+    nh_dispatch_free(e->d);
+    e->d = NULL;
+  }
+  if (e->loop_ok) {
+    for (int i = 0; i < 1000 && uv_run(&e->loop, UV_RUN_NOWAIT); i++) {
+    }
+  }
+  if (e->tr) e->tr->vt->close(e->tr);
+  e->tr = NULL;
+  nh_store_close(e->store);
+  e->store = NULL;
+  if (e->loop_ok) rc = uv_loop_close(&e->loop);
+  e->loop_ok = 0;
+  nh_log_set_level(NH_LOG_INFO);
+  return rc;
+}
+
+static void env_cleanup(void *arg)
+{
+  env_teardown(arg);
+  free(arg);
+}
+
+static env_t *env_start(const char *adapter_body)
+{
+  env_t *e = calloc(1, sizeof *e);
+  nh_test_on_cleanup(env_cleanup, e);
+  if (!getenv("NH_TEST_VERBOSE")) nh_log_set_level(NH_LOG_ERROR);
+  snprintf(e->log, sizeof e->log, "%s", nh_test_path("calls.log"));
+  size_t n = strlen(prelude) + strlen(e->log) + strlen(adapter_body) + 1;
+  char *src = malloc(n);
+  snprintf(src, n, prelude, e->log);
+  strcat(src, adapter_body);
+  const char *adapter = nh_test_path("adapter.lua");
+  int wrc = nh_test_write_file(adapter, src);
+  free(src);
+  if (wrc) FAIL("cannot write %s", adapter);
+
+  nh_error_t err = {0};
+  if (nh_store_open(&e->store, nh_test_path("nimbus.db"), NH_STORE_CREATE, &err)) FAIL("store: %s", err.msg);
+  e->tr = nh_embedded_new(nh_store_db(e->store), "test-host", &err);
+  if (!e->tr) FAIL("transport: %s", err.msg);
+  ASSERT_EQ_INT(uv_loop_init(&e->loop), 0);
+  e->loop_ok = 1;
+  e->d = nh_dispatch_new(&e->loop, e->store, e->tr, nh_vm_lua_dir(NULL));
+  if (nh_dispatch_load(e->d, adapter, &err)) FAIL("load adapter: %s", err.msg);
+  if (nh_dispatch_start(e->d, &err)) FAIL("start: %s", err.msg);
+  return e;
+}
+
+#define WAIT_FOR(e, cond)                                                                          \
+  do {                                                                                             \
+    int64_t nh_dl_ = nh_test_mono_ms() + WAIT_MS;                                                  \
+    while (!(cond)) {                                                                              \
+      if (nh_test_mono_ms() > nh_dl_) FAIL("timed out after %d ms waiting for %s", WAIT_MS, #cond); \
+      uv_run(&(e)->loop, UV_RUN_ONCE);                                                             \
+    }                                                                                              \
+  } while (0)
+
+/* Runs the loop for a number of iterations (to show that something does NOT happen,
+ * after the state it would follow from has been reached). */
+static void spin(env_t *e, int iterations)
+{
+  for (int i = 0; i < iterations; i++) uv_run(&e->loop, UV_RUN_NOWAIT);
+}
+
+/* Graceful stop (drain), then teardown; the loop must close with no handle left. */
+static void env_stop(env_t *e)
+{
+  e->stopped = 0;
+  nh_dispatch_stop(e->d, 2000, on_stopped, e);
+  WAIT_FOR(e, e->stopped);
+  nh_test_cancel_cleanup(env_cleanup, e);
+  int rc = env_teardown(e);
+  free(e);
+  ASSERT_EQ_INT(rc, 0);
+}
+
+/* Enqueues one message for `ep` (to_all: fan out by type instead) in a transaction. */
+static void send_full(env_t *e, const char *ep, nh_msg_type_t type, const char *event_type, const char *session,
+                      const char *event_id, const char *body, const char *error_text, const char *error_type)
+{
+  char mid[37];
+  nh_uuid_v4(mid);
+  nh_msg_t m;
+  memset(&m, 0, sizeof m);
+  m.session_id = (char *)session;
+  m.message_id = mid;
+  m.event_id = (char *)event_id;
+  m.event_type = (char *)event_type;
+  m.type = type;
+  m.correlation_id = "corr-test";
+  m.from = "Tests";
+  m.body = (char *)body;
+  m.body_len = body ? strlen(body) : 0;
+  m.error_text = (char *)error_text;
+  m.error_type = (char *)error_type;
+  m.enqueued_at = nh_time_now_ms();
+  nh_error_t err = {0};
+  int copies = 0;
+  if (nh_store_begin(e->store)) FAIL("begin: %s", nh_store_errmsg(e->store));
+  if (e->tr->vt->send(e->tr, &m, ep, &copies, &err)) FAIL("send: %s", err.msg);
+  if (nh_store_commit(e->store)) FAIL("commit");
+  if (copies < 1) FAIL("send %s to %s: no copy queued", event_type, ep ? ep : "(fan-out)");
+}
+
+static void send_event(env_t *e, const char *session, const char *event_id, const char *body)
+{
+  send_full(e, "Ep", NH_MT_EVENT, "Thing", session, event_id, body, NULL, NULL);
+}
+
+static void send_control(env_t *e, nh_msg_type_t type, const char *session, const char *event_id, const char *body)
+{
+  send_full(e, "Ep", type, "Thing", session, event_id, body, NULL, NULL);
+}
+
+static const char *status_of(env_t *e, const char *ep, const char *event_id)
+{
+  static char buf[64];
+  nh_audit_t a;
+  memset(&a, 0, sizeof a);
+  buf[0] = '\0';
+  if (nh_store_audit_get(e->store, ep, event_id, &a) == 1) {
+    snprintf(buf, sizeof buf, "%s", NH_TEST_STR(a.status));
+    nh_audit_clear(&a);
+  }
+  return buf;
+}
+
+static int is_status(env_t *e, const char *event_id, const char *status)
+{
+  return strcmp(status_of(e, "Ep", event_id), status) == 0;
+}
+
+static void get_audit(env_t *e, const char *event_id, nh_audit_t *a)
+{
+  memset(a, 0, sizeof *a);
+  if (nh_store_audit_get(e->store, "Ep", event_id, a) != 1) FAIL("no audit row for %s", event_id);
+}
+
+static long long q1i(env_t *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static long long q1i(env_t *e, const char *fmt, ...)
+{
+  char sql[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(sql, sizeof sql, fmt, ap);
+  va_end(ap);
+  sqlite3 *db = nh_store_db(e->store);
+  sqlite3_stmt *st;
+  if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK) FAIL("prepare %s: %s", sql, sqlite3_errmsg(db));
+  long long v = -1;
+  if (sqlite3_step(st) == SQLITE_ROW) v = sqlite3_column_int64(st, 0);
+  sqlite3_finalize(st);
+  return v;
+}
+
+static const char *q1s(env_t *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static const char *q1s(env_t *e, const char *fmt, ...)
+{
+  static char buf[2048];
+  char sql[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(sql, sizeof sql, fmt, ap);
+  va_end(ap);
+  buf[0] = '\0';
+  sqlite3 *db = nh_store_db(e->store);
+  sqlite3_stmt *st;
+  if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK) FAIL("prepare %s: %s", sql, sqlite3_errmsg(db));
+  if (sqlite3_step(st) == SQLITE_ROW && sqlite3_column_text(st, 0))
+    snprintf(buf, sizeof buf, "%s", (const char *)sqlite3_column_text(st, 0));
+  sqlite3_finalize(st);
+  return buf;
+}
+
+static int queued(env_t *e) { return (int)q1i(e, "SELECT count(*) FROM queue WHERE endpoint = 'Ep'"); }
+static int parked(env_t *e, const char *session) { return nh_store_parked_count(e->store, "Ep", session); }
+
+/* Lines of the handler log starting with `prefix`. */
+static int calls(env_t *e, const char *prefix)
+{
+  const char *log = nh_test_read_file(e->log);
+  int n = 0;
+  size_t len = strlen(prefix);
+  for (const char *line = log; *line;) {
+    if (strncmp(line, prefix, len) == 0) n++;
+    const char *nl = strchr(line, '\n');
+    if (!nl) break;
+    line = nl + 1;
+  }
+  return n;
+}
+
+static const char *blocked_by(env_t *e, const char *session)
+{
+  static char buf[128];
+  nh_session_state_t st;
+  buf[0] = '\0';
+  if (nh_store_session_get(e->store, "Ep", session, &st)) FAIL("session get");
+  if (st.blocked_by) snprintf(buf, sizeof buf, "%s", st.blocked_by);
+  nh_session_state_clear(&st);
+  return buf;
+}
+
+static int session_exists(env_t *e, const char *session)
+{
+  nh_session_state_t st;
+  if (nh_store_session_get(e->store, "Ep", session, &st)) FAIL("session get");
+  int x = st.exists;
+  nh_session_state_clear(&st);
+  return x;
+}
+
+static int history_has(env_t *e, const char *event_id, const char *status)
+{
+  return q1i(e, "SELECT count(*) FROM history WHERE endpoint = 'Ep' AND event_id = '%s' AND status = '%s'", event_id,
+             status) > 0;
+}
+
+/* The standard adapter: records "<event_id>:<kind>:<n>", fails when event.fail is set. */
+static const char *const basic_adapter =
+  "local ep = nimbus.endpoint('Ep', {})\n"
+  "ep:on('Thing', function(event, ctx)\n"
+  "  record(ctx.event_id .. ':' .. ctx.kind .. ':' .. tostring(event.n))\n"
+  "  if event.fail then error('boom ' .. tostring(event.n)) end\n"
+  "end)\n";
+
+/* ---------------------------------------------------------------- tests */
+
+TEST(completed)
+{
+  env_t *e = env_start( basic_adapter);
+  ASSERT_EQ_INT(nh_dispatch_endpoint_count(e->d), 1);
+  char desc[256];
+  nh_dispatch_describe(e->d, desc, sizeof desc);
+  ASSERT_EQ_STR(desc, "Ep (Thing)");
+  ASSERT_EQ_INT(q1i(e, "SELECT count(*) FROM subscriptions WHERE endpoint = 'Ep' AND event_type = 'Thing'"), 1);
+
+  send_event(e, "s1", "ev1", "{\"n\":1}");
+  WAIT_FOR(e, is_status(e, "ev1", NH_ST_COMPLETED));
+  nh_audit_t a;
+  get_audit(e, "ev1", &a);
+  ASSERT_EQ_STR(a.session_id, "s1");
+  ASSERT_EQ_STR(a.event_type, "Thing");
+  ASSERT_EQ_STR(a.payload, "{\"n\":1}");
+  ASSERT_EQ_STR(a.correlation_id, "corr-test");
+  ASSERT_NOT_NULL(a.message_id);
+  ASSERT_NULL(a.sub_status);
+  ASSERT_NULL(a.error_text);
+  ASSERT_EQ_INT(a.retry_count, 0);
+  nh_audit_clear(&a);
+  ASSERT_EQ_STR(nh_test_read_file(e->log), "ev1:event:1\n");
+  ASSERT_EQ_INT(queued(e), 0);
+  ASSERT_FALSE(session_exists(e, "s1"));
+  ASSERT_TRUE(history_has(e, "ev1", NH_ST_COMPLETED));
+  ASSERT_EQ_INT(q1i(e, "SELECT count(*) FROM session_locks"), 0);   /* unlocked after commit */
+
+  /* a fan-out publish reaches the endpoint as a fresh event */
+  nh_msg_t m;
+  memset(&m, 0, sizeof m);
+  m.session_id = "s2";
+  m.message_id = "fan-mid";
+  m.event_type = "Thing";
+  m.body = "{\"n\":2}";
+  m.body_len = strlen(m.body);
+  int copies = 0;
+  nh_error_t err = {0};
+  ASSERT_EQ_INT(nh_store_begin(e->store), NH_OK);
+  ASSERT_EQ_INT(e->tr->vt->send(e->tr, &m, NULL, &copies, &err), NH_OK);
+  ASSERT_EQ_INT(nh_store_commit(e->store), NH_OK);
+  ASSERT_EQ_INT(copies, 1);
+  WAIT_FOR(e, q1i(e, "SELECT count(*) FROM audit WHERE message_id = 'fan-mid' AND status = 'Completed'") == 1);
+  ASSERT_EQ_INT(calls(e, ""), 2);
+  env_stop(e);
+}
+
+TEST(many_sessions_all_complete_in_session_order)
+{
+  env_t *e = env_start(
+            "local ep = nimbus.endpoint('Ep', { concurrency = 4 })\n"
+            "ep:on('Thing', function(event, ctx) record(ctx.session_id .. ':' .. event.n) end)\n");
+  ASSERT_EQ_INT(nh_store_begin(e->store), NH_OK);
+  for (int i = 0; i < 60; i++) {
+    char session[16], eid[16], body[32], mid[37];
+    snprintf(session, sizeof session, "s%d", i % 6);
+    snprintf(eid, sizeof eid, "ev%02d", i);
+    snprintf(body, sizeof body, "{\"n\":%d}", i);
+    nh_uuid_v4(mid);
+    nh_msg_t m;
+    memset(&m, 0, sizeof m);
+    m.session_id = session;
+    m.message_id = mid;
+    m.event_id = eid;
+    m.event_type = "Thing";
+    m.body = body;
+    m.body_len = strlen(body);
+    int copies;
+    nh_error_t err = {0};
+    ASSERT_EQ_INT(e->tr->vt->send(e->tr, &m, "Ep", &copies, &err), NH_OK);
+  }
+  ASSERT_EQ_INT(nh_store_commit(e->store), NH_OK);
+  WAIT_FOR(e, q1i(e, "SELECT count(*) FROM audit WHERE status = 'Completed'") == 60);
+  ASSERT_EQ_INT(calls(e, ""), 60);
+  /* within each session the handler saw the messages in send order */
+  const char *log = nh_test_read_file(e->log);
+  int last[6] = { -1, -1, -1, -1, -1, -1 };
+  for (const char *p = log; *p;) {
+    int s, n;
+    if (sscanf(p, "s%d:%d", &s, &n) != 2) FAIL("bad log line near %.20s", p);
+    ASSERT_CMP_INT(n, >, last[s]);
+    ASSERT_EQ_INT(n % 6, s);
+    last[s] = n;
+    p = strchr(p, '\n');
+    if (!p) break;
+    p++;
+  }
+  env_stop(e);
+}
+
+TEST(failure_blocks_and_parks_siblings)
+{
+  env_t *e = env_start( basic_adapter);
+  send_event(e, "s1", "ev1", "{\"n\":1,\"fail\":true}");
+  send_event(e, "s1", "ev2", "{\"n\":2}");
+  send_event(e, "s1", "ev3", "{\"n\":3}");
+  send_event(e, "s2", "ev4", "{\"n\":4}");
+  WAIT_FOR(e, parked(e, "s1") == 2 && is_status(e, "ev4", NH_ST_COMPLETED));
+  nh_audit_t a;
+  get_audit(e, "ev1", &a);
+  ASSERT_EQ_STR(a.status, NH_ST_FAILED);
+  ASSERT_CONTAINS(a.error_text, "boom 1");
+  ASSERT_EQ_STR(a.error_type, "LuaError");
+  ASSERT_CONTAINS(a.error_stack, "traceback");
+  ASSERT_EQ_INT(a.retry_count, 0);
+  nh_audit_clear(&a);
+  ASSERT_EQ_STR(status_of(e, "Ep", "ev2"), NH_ST_DEFERRED);
+  ASSERT_EQ_STR(status_of(e, "Ep", "ev3"), NH_ST_DEFERRED);
+  get_audit(e, "ev2", &a);
+  ASSERT_CONTAINS(a.error_text, "blocked by ev1");
+  nh_audit_clear(&a);
+  ASSERT_EQ_STR(blocked_by(e, "s1"), "ev1");
+  ASSERT_FALSE(session_exists(e, "s2"));
+  ASSERT_EQ_INT(queued(e), 0);   /* parked messages left the queue */
+  ASSERT_EQ_INT(calls(e, "ev1:"), 1);
+  ASSERT_EQ_INT(calls(e, "ev2:"), 0);
+  ASSERT_EQ_INT(calls(e, "ev3:"), 0);
+  /* parked in arrival order */
+  nh_msg_t head;
+  int64_t seq;
+  ASSERT_EQ_INT(nh_store_parked_head(e->store, "Ep", "s1", &head, &seq), 1);
+  ASSERT_EQ_STR(head.event_id, "ev2");
+  nh_msg_clear(&head);
+
+  /* a new arrival keeps parking behind the block */
+  send_event(e, "s1", "ev5", "{\"n\":5}");
+  WAIT_FOR(e, parked(e, "s1") == 3);
+  ASSERT_EQ_STR(status_of(e, "Ep", "ev5"), NH_ST_DEFERRED);
+  ASSERT_EQ_STR(status_of(e, "Ep", "ev1"), NH_ST_FAILED);
+  env_stop(e);
+}
+
+TEST(skip_unblocks_and_replays_in_order)
+{
+  env_t *e = env_start( basic_adapter);
+  send_event(e, "s1", "ev1", "{\"n\":1,\"fail\":true}");
+  send_event(e, "s1", "ev2", "{\"n\":2}");
+  send_event(e, "s1", "ev3", "{\"n\":3}");
+  send_event(e, "s1", "ev4", "{\"n\":4}");
+  WAIT_FOR(e, parked(e, "s1") == 3);
+  send_control(e, NH_MT_SKIP, "s1", "ev1", NULL);
+  WAIT_FOR(e, is_status(e, "ev4", NH_ST_COMPLETED));
+  ASSERT_EQ_STR(status_of(e, "Ep", "ev1"), NH_ST_SKIPPED);
+  ASSERT_EQ_STR(status_of(e, "Ep", "ev2"), NH_ST_COMPLETED);
+  ASSERT_EQ_STR(status_of(e, "Ep", "ev3"), NH_ST_COMPLETED);
+  ASSERT_EQ_STR(nh_test_read_file(e->log), "ev1:event:1\nev2:replay:2\nev3:replay:3\nev4:replay:4\n");
+  ASSERT_EQ_INT(parked(e, "s1"), 0);
+  WAIT_FOR(e, !session_exists(e, "s1"));
+  ASSERT_EQ_INT(queued(e), 0);
+  ASSERT_TRUE(history_has(e, "ev1", NH_ST_SKIPPED));
+
+  /* the session is free again: a new event runs at once */
+  send_event(e, "s1", "ev9", "{\"n\":9}");
+  WAIT_FOR(e, is_status(e, "ev9", NH_ST_COMPLETED));
+  ASSERT_EQ_INT(calls(e, "ev9:event:"), 1);
+  env_stop(e);
+}
+
+TEST(skip_of_a_parked_event_removes_it_and_keeps_the_block)
+{
+  env_t *e = env_start( basic_adapter);
+  send_event(e, "s1", "ev1", "{\"n\":1,\"fail\":true}");
+  send_event(e, "s1", "ev2", "{\"n\":2}");
+  send_event(e, "s1", "ev3", "{\"n\":3}");
+  WAIT_FOR(e, parked(e, "s1") == 2);
+  send_control(e, NH_MT_SKIP, "s1", "ev2", NULL);
+  WAIT_FOR(e, is_status(e, "ev2", NH_ST_SKIPPED));
+  ASSERT_EQ_INT(parked(e, "s1"), 1);
+  ASSERT_EQ_STR(blocked_by(e, "s1"), "ev1");
+  ASSERT_EQ_STR(status_of(e, "Ep", "ev1"), NH_ST_FAILED);
+  ASSERT_EQ_STR(status_of(e, "Ep", "ev3"), NH_ST_DEFERRED);
+  /* then skipping the blocker replays only what is left */
+  send_control(e, NH_MT_SKIP, "s1", "ev1", NULL);
+  WAIT_FOR(e, is_status(e, "ev3", NH_ST_COMPLETED));
+  ASSERT_EQ_INT(calls(e, "ev2:"), 0);
+  ASSERT_EQ_STR(status_of(e, "Ep", "ev2"), NH_ST_SKIPPED);
+  env_stop(e);
+}
+
+TEST(resubmit_with_body_completes_and_replays)
+{
+  env_t *e = env_start( basic_adapter);
+  send_event(e, "s1", "ev1", "{\"n\":1,\"fail\":true}");
+  send_event(e, "s1", "ev2", "{\"n\":2}");
+  send_event(e, "s1", "ev3", "{\"n\":3}");
+  WAIT_FOR(e, parked(e, "s1") == 2);
+  /* resubmitting a parked event is refused: it will replay in order anyway */
+  send_control(e, NH_MT_RESUBMIT, "s1", "ev2", "{\"n\":22}");
+  WAIT_FOR(e, history_has(e, "ev2", "Rejected"));
+  ASSERT_EQ_STR(status_of(e, "Ep", "ev2"), NH_ST_DEFERRED);
+  ASSERT_EQ_INT(calls(e, "ev2:"), 0);
+
+  send_control(e, NH_MT_RESUBMIT, "s1", "ev1", "{\"n\":10}");
+  WAIT_FOR(e, is_status(e, "ev3", NH_ST_COMPLETED));
+  ASSERT_EQ_STR(status_of(e, "Ep", "ev1"), NH_ST_COMPLETED);
+  ASSERT_EQ_STR(status_of(e, "Ep", "ev2"), NH_ST_COMPLETED);
+  ASSERT_EQ_STR(nh_test_read_file(e->log), "ev1:event:1\nev1:resubmit:10\nev2:replay:2\nev3:replay:3\n");
+  nh_audit_t a;
+  get_audit(e, "ev1", &a);
+  ASSERT_EQ_STR(a.payload, "{\"n\":10}");   /* the audit keeps the body that ran */
+  ASSERT_NULL(a.error_text);
+  nh_audit_clear(&a);
+  WAIT_FOR(e, !session_exists(e, "s1"));
+  env_stop(e);
+}
+
+TEST(resubmit_that_fails_again_keeps_the_block)
+{
+  env_t *e = env_start( basic_adapter);
+  send_event(e, "s1", "ev1", "{\"n\":1,\"fail\":true}");
+  send_event(e, "s1", "ev2", "{\"n\":2}");
+  WAIT_FOR(e, parked(e, "s1") == 1);
+  send_control(e, NH_MT_RESUBMIT, "s1", "ev1", "{\"n\":11,\"fail\":true}");
+  WAIT_FOR(e, calls(e, "ev1:resubmit:11") == 1 && queued(e) == 0);
+  WAIT_FOR(e, history_has(e, "ev1", NH_ST_FAILED) &&
+                 q1i(e, "SELECT count(*) FROM history WHERE event_id = 'ev1'") >= 2);
+  nh_audit_t a;
+  get_audit(e, "ev1", &a);
+  ASSERT_EQ_STR(a.status, NH_ST_FAILED);
+  ASSERT_CONTAINS(a.error_text, "boom 11");
+  nh_audit_clear(&a);
+  ASSERT_EQ_STR(blocked_by(e, "s1"), "ev1");
+  ASSERT_EQ_INT(parked(e, "s1"), 1);
+  ASSERT_EQ_INT(calls(e, "ev2:"), 0);
+  env_stop(e);
+}
+
+static const char *const handoff_adapter =
+  "local ep = nimbus.endpoint('Ep', {})\n"
+  "ep:on('Thing', function(event, ctx)\n"
+  "  record(ctx.event_id .. ':' .. ctx.kind)\n"
+  "  ctx:mark_pending_handoff{ reason = 'Awaiting ERP DMF import job',\n"
+  "                            external_job_id = 'DMF-' .. ctx.event_id, expected_by = 30 }\n"
+  "  if event.fail_after then error('failed after marking') end\n"
+  "end)\n";
+
+TEST(handoff_complete_and_fail)
+{
+  env_t *e = env_start( handoff_adapter);
+  int64_t t0 = nh_time_now_ms();
+  send_event(e, "s1", "ev1", "{\"n\":1}");
+  send_event(e, "s1", "ev2", "{\"n\":2}");
+  WAIT_FOR(e, is_status(e, "ev1", NH_ST_PENDING) && parked(e, "s1") == 1);
+  nh_audit_t a;
+  get_audit(e, "ev1", &a);
+  ASSERT_EQ_STR(a.sub_status, "Handoff");
+  ASSERT_EQ_STR(a.handoff_reason, "Awaiting ERP DMF import job");
+  ASSERT_EQ_STR(a.external_job_id, "DMF-ev1");
+  ASSERT_CMP_INT(a.expected_by, >=, t0 + 30000);
+  ASSERT_CMP_INT(a.expected_by, <=, nh_time_now_ms() + 30000);
+  nh_audit_clear(&a);
+  ASSERT_EQ_STR(blocked_by(e, "s1"), "ev1");
+  ASSERT_EQ_STR(status_of(e, "Ep", "ev2"), NH_ST_DEFERRED);
+
+  /* completing the hand-off never runs the handler again; ev2 replays (and hands off too) */
+  send_control(e, NH_MT_HANDOFF_COMPLETE, "s1", "ev1", "{\"importedRecordId\":42}");
+  WAIT_FOR(e, is_status(e, "ev1", NH_ST_COMPLETED) && is_status(e, "ev2", NH_ST_PENDING));
+  get_audit(e, "ev1", &a);
+  ASSERT_NULL(a.sub_status);
+  ASSERT_EQ_STR(a.result, "{\"importedRecordId\":42}");
+  nh_audit_clear(&a);
+  ASSERT_EQ_INT(calls(e, "ev1:"), 1);
+  ASSERT_EQ_INT(calls(e, "ev2:replay"), 1);
+  ASSERT_EQ_STR(blocked_by(e, "s1"), "ev2");
+
+  /* failing it records the error verbatim and keeps the session blocked */
+  send_full(e, "Ep", NH_MT_HANDOFF_FAIL, "Thing", "s1", "ev2", NULL, "DMF rejected: invalid postal code 'X1'",
+            "DmfValidationError");
+  WAIT_FOR(e, is_status(e, "ev2", NH_ST_FAILED));
+  get_audit(e, "ev2", &a);
+  ASSERT_EQ_STR(a.error_text, "DMF rejected: invalid postal code 'X1'");
+  ASSERT_EQ_STR(a.error_type, "DmfValidationError");
+  ASSERT_NULL(a.sub_status);
+  nh_audit_clear(&a);
+  ASSERT_EQ_STR(blocked_by(e, "s1"), "ev2");
+  ASSERT_EQ_INT(calls(e, "ev2:"), 1);
+
+  /* a settlement for an event that is not Pending+Handoff changes nothing */
+  send_control(e, NH_MT_HANDOFF_COMPLETE, "s1", "ev2", "{}");
+  WAIT_FOR(e, history_has(e, "ev2", "Rejected"));
+  ASSERT_EQ_STR(status_of(e, "Ep", "ev2"), NH_ST_FAILED);
+  ASSERT_EQ_STR(blocked_by(e, "s1"), "ev2");
+  send_control(e, NH_MT_HANDOFF_COMPLETE, "s1", "ev1", "{\"late\":true}");   /* late duplicate */
+  WAIT_FOR(e, history_has(e, "ev1", "Rejected"));
+  get_audit(e, "ev1", &a);
+  ASSERT_EQ_STR(a.status, NH_ST_COMPLETED);
+  ASSERT_EQ_STR(a.result, "{\"importedRecordId\":42}");
+  nh_audit_clear(&a);
+  ASSERT_EQ_INT(calls(e, ""), 2);
+  env_stop(e);
+}
+
+TEST(error_after_mark_pending_handoff_wins)
+{
+  env_t *e = env_start( handoff_adapter);
+  send_event(e, "s1", "ev1", "{\"fail_after\":true}");
+  WAIT_FOR(e, is_status(e, "ev1", NH_ST_FAILED));
+  nh_audit_t a;
+  get_audit(e, "ev1", &a);
+  ASSERT_NULL(a.sub_status);
+  ASSERT_NULL(a.handoff_reason);
+  ASSERT_CONTAINS(a.error_text, "failed after marking");
+  nh_audit_clear(&a);
+  ASSERT_EQ_STR(blocked_by(e, "s1"), "ev1");
+  env_stop(e);
+}
+
+TEST(retry_then_failed)
+{
+  env_t *e = env_start(
+            "local ep = nimbus.endpoint('Ep', { retry = { max_retries = 2, base = 0.01 } })\n"
+            "ep:on('Thing', function(event, ctx)\n"
+            "  record(ctx.event_id .. ':' .. ctx.kind .. ':' .. ctx.retry_count)\n"
+            "  error('always fails')\n"
+            "end)\n");
+  send_event(e, "s1", "ev1", "{}");
+  send_event(e, "s1", "ev2", "{}");
+  WAIT_FOR(e, calls(e, "ev1:") == 3 && is_status(e, "ev1", NH_ST_FAILED) &&
+                 q1i(e, "SELECT retry_count FROM audit WHERE event_id = 'ev1'") == 2 &&
+                 q1i(e, "SELECT retry_due IS NULL FROM sessions WHERE session_id = 's1'") == 1);
+  ASSERT_EQ_STR(nh_test_read_file(e->log), "ev1:event:0\nev1:retry:1\nev1:retry:2\n");
+  ASSERT_EQ_STR(blocked_by(e, "s1"), "ev1");
+  ASSERT_EQ_INT(parked(e, "s1"), 1);
+  ASSERT_EQ_STR(status_of(e, "Ep", "ev2"), NH_ST_DEFERRED);
+  ASSERT_EQ_INT(nh_store_next_retry_due(e->store, "Ep"), 0);
+  ASSERT_EQ_INT(q1i(e, "SELECT count(*) FROM history WHERE event_id = 'ev1' AND message_type = 'RetryRequest'"), 2);
+  /* no further attempt is scheduled, however long the loop runs */
+  spin(e, 50);
+  ASSERT_EQ_INT(calls(e, "ev1:"), 3);
+  env_stop(e);
+}
+
+TEST(retry_that_succeeds_unblocks_and_replays)
+{
+  env_t *e = env_start(
+            "local ep = nimbus.endpoint('Ep', { retry = { max_retries = 3, base = 0.01 } })\n"
+            "ep:on('Thing', function(event, ctx)\n"
+            "  record(ctx.event_id .. ':' .. ctx.kind .. ':' .. ctx.retry_count)\n"
+            "  if event.fail_until and ctx.retry_count < event.fail_until then error('not yet') end\n"
+            "end)\n");
+  send_event(e, "s1", "ev1", "{\"fail_until\":2}");
+  send_event(e, "s1", "ev2", "{}");
+  WAIT_FOR(e, is_status(e, "ev2", NH_ST_COMPLETED));
+  ASSERT_EQ_STR(status_of(e, "Ep", "ev1"), NH_ST_COMPLETED);
+  ASSERT_EQ_INT(q1i(e, "SELECT retry_count FROM audit WHERE event_id = 'ev1'"), 2);
+  ASSERT_EQ_STR(nh_test_read_file(e->log), "ev1:event:0\nev1:retry:1\nev1:retry:2\nev2:replay:0\n");
+  WAIT_FOR(e, !session_exists(e, "s1"));
+  env_stop(e);
+}
+
+TEST(retry_rule_selects_policy_by_error_text)
+{
+  env_t *e = env_start(
+            "local ep = nimbus.endpoint('Ep', { retry = { max_retries = 0, base = 0.01,\n"
+            "  rules = { { match = 'TIMEOUT', max_retries = 1 } } } })\n"
+            "ep:on('Thing', function(event, ctx)\n"
+            "  record(ctx.event_id .. ':' .. ctx.retry_count)\n"
+            "  error(event.msg)\n"
+            "end)\n");
+  send_event(e, "s1", "ev1", "{\"msg\":\"upstream timeout\"}");
+  send_event(e, "s2", "ev2", "{\"msg\":\"bad request\"}");
+  WAIT_FOR(e, calls(e, "ev1:") == 2 && q1i(e, "SELECT retry_count FROM audit WHERE event_id = 'ev1'") == 1 &&
+                 is_status(e, "ev2", NH_ST_FAILED) &&
+                 q1i(e, "SELECT count(*) FROM sessions WHERE retry_due IS NOT NULL") == 0);
+  ASSERT_EQ_INT(calls(e, "ev2:"), 1);
+  env_stop(e);
+}
+
+TEST(permanent_failure_on_a_retry_unblocks_and_replays)
+{
+  env_t *e = env_start(
+            "local ep = nimbus.endpoint('Ep', { retry = { max_retries = 5, base = 0.01 } })\n"
+            "ep:on('Thing', function(event, ctx)\n"
+            "  record(ctx.event_id .. ':' .. ctx.kind)\n"
+            "  if event.bad and ctx.retry_count == 0 then error('first attempt fails') end\n"
+            "  if event.bad then error(nimbus.permanent('give up')) end\n"
+            "end)\n");
+  send_event(e, "s1", "ev1", "{\"bad\":true}");
+  send_event(e, "s1", "ev2", "{}");
+  WAIT_FOR(e, is_status(e, "ev2", NH_ST_COMPLETED));
+  ASSERT_EQ_STR(status_of(e, "Ep", "ev1"), NH_ST_DEADLETTERED);
+  ASSERT_EQ_STR(nh_test_read_file(e->log), "ev1:event\nev1:retry\nev2:replay\n");
+  WAIT_FOR(e, !session_exists(e, "s1"));
+  env_stop(e);
+}
+
+TEST(permanent_dead_letters_without_blocking)
+{
+  env_t *e = env_start(
+            "local ep = nimbus.endpoint('Ep', {})\n"
+            "ep:on('Thing', function(event, ctx)\n"
+            "  record(ctx.event_id)\n"
+            "  if event.bad then error(nimbus.permanent('bad payload: no AccountId')) end\n"
+            "end)\n");
+  send_event(e, "s1", "ev1", "{\"bad\":true}");
+  send_event(e, "s1", "ev2", "{}");
+  WAIT_FOR(e, is_status(e, "ev2", NH_ST_COMPLETED));
+  nh_audit_t a;
+  get_audit(e, "ev1", &a);
+  ASSERT_EQ_STR(a.status, NH_ST_DEADLETTERED);
+  ASSERT_EQ_STR(a.error_text, "bad payload: no AccountId");
+  ASSERT_EQ_STR(a.error_type, "PermanentFailure");
+  nh_audit_clear(&a);
+  ASSERT_EQ_INT(q1i(e, "SELECT count(*) FROM dead_letters WHERE event_id = 'ev1'"), 1);
+  ASSERT_EQ_STR(q1s(e, "SELECT reason FROM dead_letters WHERE event_id = 'ev1'"), "bad payload: no AccountId");
+  ASSERT_EQ_INT(calls(e, "ev2"), 1);
+  ASSERT_EQ_INT(parked(e, "s1"), 0);
+  ASSERT_FALSE(session_exists(e, "s1"));
+  ASSERT_EQ_STR(status_of(e, "Ep", "ev2"), NH_ST_COMPLETED);   /* never Deferred */
+  ASSERT_FALSE(history_has(e, "ev2", NH_ST_DEFERRED));
+  env_stop(e);
+}
+
+TEST(unsupported_event_type)
+{
+  env_t *e = env_start( basic_adapter);
+  send_full(e, "Ep", NH_MT_EVENT, "Nobody", "s1", "ev1", "{}", NULL, NULL);
+  send_event(e, "s1", "ev2", "{\"n\":2}");
+  WAIT_FOR(e, is_status(e, "ev2", NH_ST_COMPLETED));
+  nh_audit_t a;
+  get_audit(e, "ev1", &a);
+  ASSERT_EQ_STR(a.status, NH_ST_UNSUPPORTED);
+  ASSERT_CONTAINS(a.error_text, "Nobody");
+  nh_audit_clear(&a);
+  ASSERT_EQ_INT(calls(e, "ev1"), 0);
+  ASSERT_EQ_INT(q1i(e, "SELECT count(*) FROM dead_letters"), 0);
+  ASSERT_EQ_INT(queued(e), 0);
+  ASSERT_FALSE(session_exists(e, "s1"));
+  env_stop(e);
+}
+
+TEST(malformed_json_is_dead_lettered)
+{
+  env_t *e = env_start( basic_adapter);
+  send_event(e, "s1", "ev1", "{not json");
+  send_event(e, "s2", "ev2", "42");
+  send_event(e, "s1", "ev3", "{\"n\":3}");
+  WAIT_FOR(e, is_status(e, "ev3", NH_ST_COMPLETED) && is_status(e, "ev2", NH_ST_DEADLETTERED));
+  nh_audit_t a;
+  get_audit(e, "ev1", &a);
+  ASSERT_EQ_STR(a.status, NH_ST_DEADLETTERED);
+  ASSERT_EQ_STR(a.error_type, "MalformedPayload");
+  ASSERT_CONTAINS(a.error_text, "malformed JSON");
+  nh_audit_clear(&a);
+  get_audit(e, "ev2", &a);
+  ASSERT_EQ_STR(a.error_type, "MalformedPayload");
+  ASSERT_CONTAINS(a.error_text, "JSON object");
+  nh_audit_clear(&a);
+  ASSERT_EQ_INT(q1i(e, "SELECT count(*) FROM dead_letters WHERE event_id IN ('ev1', 'ev2')"), 2);
+  ASSERT_EQ_STR(q1s(e, "SELECT body FROM dead_letters WHERE event_id = 'ev1'"), "{not json");
+  ASSERT_EQ_INT(calls(e, "ev1"), 0);
+  ASSERT_EQ_INT(calls(e, "ev2"), 0);
+  ASSERT_EQ_INT(calls(e, "ev3"), 1);
+  ASSERT_FALSE(session_exists(e, "s1"));   /* dead-lettering does not block */
+  env_stop(e);
+}
+
+TEST(json_array_payload_is_dead_lettered)
+{
+  /* _run says "payload must be a JSON object", but a JSON array decodes to a Lua
+   * table too; the handler must not run on it. */
+  env_t *e = env_start( basic_adapter);
+  send_event(e, "s1", "ev1", "[1, 2, 3]");
+  WAIT_FOR(e, strcmp(status_of(e, "Ep", "ev1"), "") != 0);
+  ASSERT_EQ_STR(status_of(e, "Ep", "ev1"), NH_ST_DEADLETTERED);
+  ASSERT_EQ_INT(calls(e, "ev1"), 0);
+  env_stop(e);
+}
+
+TEST(message_without_event_id_is_dead_lettered)
+{
+  env_t *e = env_start( basic_adapter);
+  /* the embedded transport always assigns one; simulate a foreign producer */
+  send_event(e, "s1", "ev1", "{\"n\":1}");
+  ASSERT_EQ_INT(sqlite3_exec(nh_store_db(e->store), "UPDATE queue SET event_id = NULL", NULL, NULL, NULL), SQLITE_OK);
+  WAIT_FOR(e, queued(e) == 0);
+  ASSERT_EQ_INT(q1i(e, "SELECT count(*) FROM dead_letters WHERE reason LIKE '%%EventId%%'"), 1);
+  ASSERT_EQ_INT(calls(e, ""), 0);
+  env_stop(e);
+}
+
+TEST(too_many_deliveries_dead_letters)
+{
+  env_t *e = env_start( basic_adapter);
+  send_event(e, "s1", "ev1", "{\"n\":1}");
+  ASSERT_EQ_INT(sqlite3_exec(nh_store_db(e->store), "UPDATE queue SET delivery_count = 10", NULL, NULL, NULL),
+                SQLITE_OK);
+  WAIT_FOR(e, is_status(e, "ev1", NH_ST_DEADLETTERED));
+  ASSERT_EQ_INT(calls(e, ""), 0);
+  ASSERT_EQ_INT(q1i(e, "SELECT count(*) FROM dead_letters WHERE event_id = 'ev1'"), 1);
+  env_stop(e);
+}
+
+TEST(redelivered_blocker_is_settled_without_handler_and_not_parked)
+{
+  env_t *e = env_start( basic_adapter);
+  send_event(e, "s1", "ev1", "{\"n\":1,\"fail\":true}");
+  WAIT_FOR(e, is_status(e, "ev1", NH_ST_FAILED) && queued(e) == 0);
+  ASSERT_EQ_STR(blocked_by(e, "s1"), "ev1");
+  /* a second queue copy of the blocking event (the broker redelivered it) */
+  send_event(e, "s1", "ev1", "{\"n\":1,\"fail\":true}");
+  WAIT_FOR(e, queued(e) == 0);
+  WAIT_FOR(e, history_has(e, "ev1", "Redelivered"));
+  ASSERT_EQ_INT(calls(e, "ev1:"), 1);
+  ASSERT_EQ_INT(parked(e, "s1"), 0);
+  ASSERT_EQ_STR(status_of(e, "Ep", "ev1"), NH_ST_FAILED);
+  ASSERT_EQ_STR(blocked_by(e, "s1"), "ev1");
+  ASSERT_EQ_INT(q1i(e, "SELECT count(*) FROM dead_letters"), 0);
+  env_stop(e);
+}
+
+TEST(publish_is_sent_only_when_the_handler_completes)
+{
+  env_t *e = env_start(
+            "local ep = nimbus.endpoint('Ep', {})\n"
+            "ep:on('Thing', function(event, ctx)\n"
+            "  local id = nimbus.publish('Out', { n = event.n }, { to = 'Sink', session = 'out-' .. event.n })\n"
+            "  record(ctx.event_id .. ':' .. tostring(id))\n"
+            "  if event.fail then error('failed after publishing') end\n"
+            "end)\n");
+  send_event(e, "s1", "ev1", "{\"n\":1,\"fail\":true}");
+  send_event(e, "s2", "ev2", "{\"n\":2}");
+  WAIT_FOR(e, is_status(e, "ev1", NH_ST_FAILED) && is_status(e, "ev2", NH_ST_COMPLETED));
+  ASSERT_EQ_INT(q1i(e, "SELECT count(*) FROM queue WHERE endpoint = 'Sink'"), 1);
+  ASSERT_EQ_STR(q1s(e, "SELECT body FROM queue WHERE endpoint = 'Sink'"), "{\"n\":2}");
+  ASSERT_EQ_STR(q1s(e, "SELECT session_id || '|' || event_type || '|' || from_ || '|' || correlation_id"
+                        " FROM queue WHERE endpoint = 'Sink'"),
+                "out-2|Out|Ep|corr-test");
+  nh_audit_t a;
+  get_audit(e, "ev2", &a);
+  ASSERT_EQ_STR(q1s(e, "SELECT parent_message_id FROM queue WHERE endpoint = 'Sink'"), a.message_id);
+  nh_audit_clear(&a);
+  /* the id publish returned is the message id that was sent */
+  char expect[128];
+  snprintf(expect, sizeof expect, "ev2:%s", q1s(e, "SELECT message_id FROM queue WHERE endpoint = 'Sink'"));
+  ASSERT_EQ_INT(calls(e, expect), 1);
+  ASSERT_EQ_INT(calls(e, "ev1:"), 1);
+  env_stop(e);
+}
+
+TEST(publish_in_a_handoff_is_sent)
+{
+  env_t *e = env_start(
+            "local ep = nimbus.endpoint('Ep', {})\n"
+            "ep:on('Thing', function(event, ctx)\n"
+            "  nimbus.publish('JobStarted', { n = 1 }, { to = 'Sink' })\n"
+            "  ctx:mark_pending_handoff{ reason = 'job' }\n"
+            "end)\n");
+  send_event(e, "s1", "ev1", "{}");
+  WAIT_FOR(e, is_status(e, "ev1", NH_ST_PENDING));
+  ASSERT_EQ_INT(q1i(e, "SELECT count(*) FROM queue WHERE endpoint = 'Sink' AND event_type = 'JobStarted'"), 1);
+  env_stop(e);
+}
+
+TEST(transient_failure_records_nothing_and_redelivers)
+{
+  env_t *e = env_start(
+            "local ep = nimbus.endpoint('Ep', {})\n"
+            "ep:on('Thing', function(event, ctx)\n"
+            "  record(ctx.event_id .. ':' .. ctx.delivery_count)\n"
+            "  if ctx.delivery_count == 1 then error(nimbus.transient('ERP busy')) end\n"
+            "end)\n");
+  send_event(e, "s1", "ev1", "{}");
+  WAIT_FOR(e, calls(e, "ev1:1") == 1);
+  spin(e, 5);
+  ASSERT_EQ_STR(status_of(e, "Ep", "ev1"), "");   /* no outcome recorded */
+  ASSERT_EQ_INT(queued(e), 1);
+  WAIT_FOR(e, is_status(e, "ev1", NH_ST_COMPLETED));
+  ASSERT_EQ_STR(nh_test_read_file(e->log), "ev1:1\nev1:2\n");
+  env_stop(e);
+}
+
+TEST(inbox_skips_duplicate_message_ids)
+{
+  env_t *e = env_start(
+            "local ep = nimbus.endpoint('Ep', { inbox = true })\n"
+            "ep:on('Thing', function(event, ctx) record(ctx.event_id) end)\n");
+  for (int i = 0; i < 2; i++) {
+    nh_msg_t m;
+    memset(&m, 0, sizeof m);
+    m.session_id = "s1";
+    m.message_id = "same-mid";
+    m.event_id = i == 0 ? "ev1" : "ev2";
+    m.event_type = "Thing";
+    m.body = "{}";
+    m.body_len = 2;
+    int copies;
+    nh_error_t err = {0};
+    ASSERT_EQ_INT(nh_store_begin(e->store), NH_OK);
+    ASSERT_EQ_INT(e->tr->vt->send(e->tr, &m, "Ep", &copies, &err), NH_OK);
+    ASSERT_EQ_INT(nh_store_commit(e->store), NH_OK);
+  }
+  WAIT_FOR(e, is_status(e, "ev2", NH_ST_SKIPPED));
+  ASSERT_EQ_STR(status_of(e, "Ep", "ev1"), NH_ST_COMPLETED);
+  ASSERT_EQ_INT(calls(e, "ev2"), 0);
+  ASSERT_EQ_INT(nh_store_inbox_has(e->store, "Ep", "same-mid"), 1);
+  env_stop(e);
+}
+
+TEST(load_rejects_bad_adapters)
+{
+  /* unknown endpoint option, syntax error, no endpoint: each a clear error, no leak */
+  static const char *const bad[] = {
+    "nimbus.endpoint('Ep', { retries = 3 })\n",
+    "local x = = 1\n",
+    "local y = 1\n",
+  };
+  static const char *const expect[] = { "retries", "adapter.lua:", "defines no endpoint" };
+  for (int i = 0; i < 3; i++) {
+    uv_loop_t loop;
+    ASSERT_EQ_INT(uv_loop_init(&loop), 0);
+    nh_store_t *s = NULL;
+    nh_error_t err = {0};
+    ASSERT_EQ_INT(nh_store_open(&s, nh_test_path("nimbus.db"), NH_STORE_CREATE, &err), NH_OK);
+    nh_transport_t *tr = nh_embedded_new(nh_store_db(s), "test-host", &err);
+    ASSERT_NOT_NULL(tr);
+    char src[512];
+    snprintf(src, sizeof src, "local nimbus = require('nimbus')\n%s", bad[i]);
+    ASSERT_EQ_INT(nh_test_write_file(nh_test_path("adapter.lua"), src), 0);
+    nh_dispatch_t *d = nh_dispatch_new(&loop, s, tr, nh_vm_lua_dir(NULL));
+    memset(&err, 0, sizeof err);
+    ASSERT_EQ_INT(nh_dispatch_load(d, nh_test_path("adapter.lua"), &err), NH_EUSAGE);
+    ASSERT_CONTAINS(err.msg, expect[i]);
+    ASSERT_EQ_INT(nh_dispatch_endpoint_count(d), 0);
+    nh_dispatch_free(d);
+    for (int k = 0; k < 100 && uv_run(&loop, UV_RUN_NOWAIT); k++) {
+    }
+    tr->vt->close(tr);
+    nh_store_close(s);
+    ASSERT_EQ_INT(uv_loop_close(&loop), 0);
+  }
+}
+
+/* ---- handlers that yield to the loop (what nimbus.sleep / http will do) ---- */
+
+TEST(yielding_handler_completes)
+{
+  env_t *e = env_start(
+            "local ep = nimbus.endpoint('Ep', {})\n"
+            "ep:on('Thing', function(event, ctx)\n"
+            "  for i = 1, 10 do coroutine.yield() end\n"
+            "  record(ctx.event_id)\n"
+            "end)\n");
+  send_event(e, "s1", "ev1", "{}");
+  send_event(e, "s1", "ev2", "{}");
+  send_event(e, "s2", "ev3", "{}");
+  WAIT_FOR(e, is_status(e, "ev2", NH_ST_COMPLETED) && is_status(e, "ev3", NH_ST_COMPLETED));
+  ASSERT_EQ_INT(calls(e, "ev1"), 1);
+  ASSERT_EQ_INT(calls(e, "ev2"), 1);
+  ASSERT_EQ_INT(calls(e, "ev3"), 1);
+  env_stop(e);
+}
+
+TEST(yielding_retry_runs_once_per_attempt)
+{
+  /* While a retry's handler is suspended the session's retry is still "due" in the
+   * store; it must not be picked up and started a second time. */
+  env_t *e = env_start(
+            "local ep = nimbus.endpoint('Ep', { retry = { max_retries = 1, base = 0.01 } })\n"
+            "ep:on('Thing', function(event, ctx)\n"
+            "  record(ctx.event_id .. ':' .. ctx.kind)\n"
+            "  for i = 1, 20 do coroutine.yield() end\n"
+            "  error('always fails')\n"
+            "end)\n");
+  send_event(e, "s1", "ev1", "{}");
+  WAIT_FOR(e, is_status(e, "ev1", NH_ST_FAILED) &&
+                 q1i(e, "SELECT retry_count FROM audit WHERE event_id = 'ev1'") == 1 &&
+                 q1i(e, "SELECT retry_due IS NULL FROM sessions WHERE session_id = 's1'") == 1);
+  spin(e, 50);
+  ASSERT_EQ_INT(calls(e, "ev1:event"), 1);
+  ASSERT_EQ_INT(calls(e, "ev1:retry"), 1);
+  env_stop(e);
+}
+
+TEST(yielding_replay_runs_each_parked_message_once)
+{
+  /* While a parked message's handler is suspended the session is still draining with
+   * that message at the head of the parked queue; it must not start again. */
+  env_t *e = env_start(
+            "local ep = nimbus.endpoint('Ep', {})\n"
+            "ep:on('Thing', function(event, ctx)\n"
+            "  record(ctx.event_id .. ':' .. ctx.kind)\n"
+            "  if event.fail then error('boom') end\n"
+            "  for i = 1, 20 do coroutine.yield() end\n"
+            "end)\n");
+  send_event(e, "s1", "ev1", "{\"fail\":true}");
+  send_event(e, "s1", "ev2", "{}");
+  send_event(e, "s1", "ev3", "{}");
+  WAIT_FOR(e, parked(e, "s1") == 2);
+  send_control(e, NH_MT_SKIP, "s1", "ev1", NULL);
+  WAIT_FOR(e, is_status(e, "ev3", NH_ST_COMPLETED) && !session_exists(e, "s1"));
+  spin(e, 20);
+  ASSERT_EQ_INT(calls(e, "ev2:"), 1);
+  ASSERT_EQ_INT(calls(e, "ev3:"), 1);
+  ASSERT_EQ_STR(nh_test_read_file(e->log), "ev1:event\nev2:replay\nev3:replay\n");
+  env_stop(e);
+}
+
+TEST(stop_with_running_task_cancels_without_settling)
+{
+  env_t *e = env_start(
+            "local ep = nimbus.endpoint('Ep', {})\n"
+            "ep:on('Thing', function(event, ctx)\n"
+            "  record(ctx.event_id)\n"
+            "  while true do coroutine.yield() end\n"
+            "end)\n");
+  send_event(e, "s1", "ev1", "{}");
+  WAIT_FOR(e, calls(e, "ev1") == 1);
+  nh_dispatch_stop(e->d, 50, on_stopped, e);   /* drain deadline: the task never ends */
+  WAIT_FOR(e, e->stopped);
+  ASSERT_EQ_STR(status_of(e, "Ep", "ev1"), "");
+  ASSERT_EQ_INT(queued(e), 1);   /* still there for the next host */
+  ASSERT_EQ_INT(q1i(e, "SELECT count(*) FROM session_locks"), 0);   /* released, not left to expire */
+  env_stop(e);
+}
+
+NH_TEST_MAIN()

@@ -1,0 +1,610 @@
+/* Unit tests for transport/nh_embedded.c: subscriptions and fan-out, direct sends,
+ * session-head delivery, session locks across two "processes" (two transports on two
+ * sqlite connections to one file), lock expiry and renewal, settlement and
+ * control_pending. Time is driven through the `now` argument, never by sleeping. */
+#include "nh_test.h"
+
+#include "core/nh_log.h"
+#include "core/nh_util.h"
+#include "store/nh_store.h"
+#include "transport/nh_embedded.h"
+
+#include <sqlite3.h>
+#include <sys/wait.h>
+
+/* ---------------------------------------------------------------- fixture */
+
+#define MAX_GOT 64
+
+typedef struct proc {
+  nh_store_t *store;
+  nh_transport_t *tr;
+  int ngot;
+  nh_msg_t *got[MAX_GOT];
+  int overflow;
+} proc_t;
+
+/* Runs inside the transport: never asserts (a longjmp would cross sqlite frames). */
+static void on_msg(void *data, nh_msg_t *m)
+{
+  proc_t *p = data;
+  if (p->ngot >= MAX_GOT) {
+    p->overflow = 1;
+    nh_msg_clear(m);
+    free(m);
+    return;
+  }
+  p->got[p->ngot++] = m;
+}
+
+static void proc_forget(proc_t *p)
+{
+  for (int i = 0; i < p->ngot; i++) {
+    nh_msg_clear(p->got[i]);
+    free(p->got[i]);
+  }
+  p->ngot = 0;
+}
+
+static void proc_free(void *arg)
+{
+  proc_t *p = arg;
+  proc_forget(p);
+  if (p->tr) p->tr->vt->close(p->tr);
+  nh_store_close(p->store);
+  free(p);
+}
+
+/* A "process": its own sqlite connection to the test's store and its own transport. */
+static proc_t *proc_open(const char *owner)
+{
+  proc_t *p = calloc(1, sizeof *p);
+  nh_test_on_cleanup(proc_free, p);
+  nh_error_t err = {0};
+  if (nh_store_open(&p->store, nh_test_path("nimbus.db"), NH_STORE_CREATE, &err)) FAIL("store open: %s", err.msg);
+  p->tr = nh_embedded_new(nh_store_db(p->store), owner, &err);
+  if (!p->tr) FAIL("nh_embedded_new: %s", err.msg);
+  p->tr->on_message = on_msg;
+  p->tr->cb_data = p;
+  return p;
+}
+
+static void proc_close(proc_t *p)
+{
+  nh_test_cancel_cleanup(proc_free, p);
+  proc_free(p);
+}
+
+static int receive(proc_t *p, const char *ep, int max, int64_t now)
+{
+  proc_forget(p);
+  int n = p->tr->vt->receive(p->tr, ep, max, now);
+  if (p->overflow) FAIL("more than %d deliveries", MAX_GOT);
+  if (n != p->ngot) FAIL("receive returned %d but delivered %d", n, p->ngot);
+  return n;
+}
+
+static void subscribe(proc_t *p, const char *ep, const char *t1, const char *t2)
+{
+  const char *types[2] = { t1, t2 };
+  nh_error_t err = {0};
+  if (p->tr->vt->subscribe(p->tr, ep, types, t2 ? 2 : 1, &err)) FAIL("subscribe %s: %s", ep, err.msg);
+}
+
+/* Sends one message; to == NULL fans out. Returns the number of copies. */
+static int send_msg(proc_t *p, const char *to, nh_msg_type_t type, const char *event_type, const char *session,
+                    const char *event_id, const char *message_id, const char *body)
+{
+  nh_msg_t m;
+  memset(&m, 0, sizeof m);
+  m.session_id = (char *)session;
+  m.message_id = (char *)message_id;
+  m.event_id = (char *)event_id;
+  m.event_type = (char *)event_type;
+  m.type = type;
+  m.correlation_id = "corr-1";
+  m.originating_message_id = "orig-1";
+  m.parent_message_id = "parent-1";
+  m.from = "Tests";
+  m.body = (char *)body;
+  m.body_len = body ? strlen(body) : 0;
+  if (type == NH_MT_HANDOFF_FAIL) {
+    m.error_text = "job failed";
+    m.error_type = "JobError";
+  }
+  m.enqueued_at = nh_time_now_ms();
+  nh_error_t err = {0};
+  int copies = -1;
+  if (nh_store_begin(p->store)) FAIL("begin");
+  if (p->tr->vt->send(p->tr, &m, to, &copies, &err)) FAIL("send: %s", err.msg);
+  if (nh_store_commit(p->store)) FAIL("commit");
+  return copies;
+}
+
+static int send_event(proc_t *p, const char *to, const char *session, const char *event_id, const char *body)
+{
+  char mid[37];
+  nh_uuid_v4(mid);
+  return send_msg(p, to, NH_MT_EVENT, "Thing", session, event_id, mid, body);
+}
+
+static long long q1i(proc_t *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static long long q1i(proc_t *p, const char *fmt, ...)
+{
+  char sql[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(sql, sizeof sql, fmt, ap);
+  va_end(ap);
+  sqlite3 *db = nh_store_db(p->store);
+  sqlite3_stmt *st;
+  if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK) FAIL("prepare %s: %s", sql, sqlite3_errmsg(db));
+  long long v = -1;
+  if (sqlite3_step(st) == SQLITE_ROW) v = sqlite3_column_int64(st, 0);
+  sqlite3_finalize(st);
+  return v;
+}
+
+static const char *q1s(proc_t *p, const char *sql)
+{
+  static char buf[1024];
+  buf[0] = '\0';
+  sqlite3 *db = nh_store_db(p->store);
+  sqlite3_stmt *st;
+  if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK) FAIL("prepare %s: %s", sql, sqlite3_errmsg(db));
+  if (sqlite3_step(st) == SQLITE_ROW && sqlite3_column_text(st, 0))
+    snprintf(buf, sizeof buf, "%s", (const char *)sqlite3_column_text(st, 0));
+  sqlite3_finalize(st);
+  return buf;
+}
+
+static const nh_msg_t *find_session(proc_t *p, const char *session)
+{
+  for (int i = 0; i < p->ngot; i++)
+    if (strcmp(p->got[i]->session_id, session) == 0) return p->got[i];
+  return NULL;
+}
+
+/* ---------------------------------------------------------------- tests */
+
+TEST(new_transport_has_capabilities_and_schema)
+{
+  proc_t *a = proc_open("owner-a");
+  ASSERT_EQ_STR(a->tr->vt->name, "embedded");
+  ASSERT_TRUE(a->tr->caps & NH_CAP_LOCK_EXPIRES);
+  ASSERT_TRUE(a->tr->caps & NH_CAP_ATOMIC_SETTLE);
+  ASSERT_TRUE(a->tr->caps & NH_CAP_DEAD_LETTER);
+  ASSERT_TRUE(a->tr->caps & NH_CAP_SCHEDULED_SEND);
+  ASSERT_CMP_INT(a->tr->lock_ms, >, 0);
+  ASSERT_EQ_INT(q1i(a, "SELECT version FROM nh_schema WHERE component = 'embedded'"), 1);
+  proc_close(a);
+  /* reopening migrates nothing twice */
+  a = proc_open("owner-a");
+  ASSERT_EQ_INT(q1i(a, "SELECT version FROM nh_schema WHERE component = 'embedded'"), 1);
+  proc_close(a);
+}
+
+TEST(fan_out_one_copy_per_subscriber_with_fresh_event_ids)
+{
+  proc_t *a = proc_open("owner-a");
+  subscribe(a, "EpA", "Thing", NULL);
+  subscribe(a, "EpB", "Other", "Thing");
+  subscribe(a, "EpC", "Other", NULL);
+  ASSERT_EQ_INT(send_msg(a, NULL, NH_MT_EVENT, "Thing", "s1", "publisher-eid", "mid-1", "{\"n\":1}"), 2);
+  ASSERT_EQ_INT(q1i(a, "SELECT count(*) FROM queue"), 2);
+  ASSERT_EQ_INT(q1i(a, "SELECT count(*) FROM queue WHERE endpoint = 'EpA'"), 1);
+  ASSERT_EQ_INT(q1i(a, "SELECT count(*) FROM queue WHERE endpoint = 'EpB'"), 1);
+  ASSERT_EQ_INT(q1i(a, "SELECT count(*) FROM queue WHERE endpoint = 'EpC'"), 0);
+  ASSERT_EQ_INT(q1i(a, "SELECT count(DISTINCT message_id) FROM queue"), 1);
+  ASSERT_EQ_INT(q1i(a, "SELECT count(DISTINCT event_id) FROM queue"), 2);
+  ASSERT_EQ_INT(q1i(a, "SELECT count(*) FROM queue WHERE event_id = 'publisher-eid' OR event_id IS NULL"), 0);
+  ASSERT_EQ_INT(q1i(a, "SELECT count(*) FROM queue WHERE length(event_id) = 36"), 2);
+
+  ASSERT_EQ_INT(receive(a, "EpA", 10, nh_time_now_ms()), 1);
+  const nh_msg_t *m = a->got[0];
+  ASSERT_EQ_STR(m->endpoint, "EpA");
+  ASSERT_EQ_STR(m->session_id, "s1");
+  ASSERT_EQ_STR(m->message_id, "mid-1");
+  ASSERT_EQ_STR(m->event_type, "Thing");
+  ASSERT_EQ_INT(m->type, NH_MT_EVENT);
+  ASSERT_EQ_STR(m->correlation_id, "corr-1");
+  ASSERT_EQ_STR(m->originating_message_id, "orig-1");
+  ASSERT_EQ_STR(m->parent_message_id, "parent-1");
+  ASSERT_EQ_STR(m->from, "Tests");
+  ASSERT_EQ_STR(m->body, "{\"n\":1}");
+  ASSERT_EQ_INT(m->body_len, 7);
+  ASSERT_EQ_INT(m->delivery_count, 1);
+  ASSERT_CMP_INT(m->seq, >, 0);
+  ASSERT_CMP_INT(m->enqueued_at, >, 0);
+  char eid_a[64];
+  snprintf(eid_a, sizeof eid_a, "%s", m->event_id);
+  ASSERT_EQ_INT(receive(a, "EpB", 10, nh_time_now_ms()), 1);
+  ASSERT_EQ_STR(a->got[0]->message_id, "mid-1");
+  ASSERT_NE_STR(a->got[0]->event_id, eid_a);
+
+  /* a second publish gets yet other event ids */
+  ASSERT_EQ_INT(send_msg(a, NULL, NH_MT_EVENT, "Thing", "s9", NULL, "mid-2", "{}"), 2);
+  ASSERT_EQ_INT(q1i(a, "SELECT count(DISTINCT event_id) FROM queue"), 4);
+
+  /* nobody subscribes: no copies, nothing queued */
+  ASSERT_EQ_INT(send_msg(a, NULL, NH_MT_EVENT, "Unheard", "s1", NULL, "mid-3", "{}"), 0);
+  ASSERT_EQ_INT(q1i(a, "SELECT count(*) FROM queue WHERE message_id = 'mid-3'"), 0);
+  proc_close(a);
+}
+
+TEST(subscribe_replaces_the_endpoint_subscriptions)
+{
+  proc_t *a = proc_open("owner-a");
+  subscribe(a, "EpA", "Thing", "Other");
+  subscribe(a, "EpA", "Other", NULL);
+  ASSERT_EQ_INT(send_msg(a, NULL, NH_MT_EVENT, "Thing", "s1", NULL, "m1", "{}"), 0);
+  ASSERT_EQ_INT(send_msg(a, NULL, NH_MT_EVENT, "Other", "s1", NULL, "m2", "{}"), 1);
+  proc_close(a);
+}
+
+TEST(direct_send_to_endpoint)
+{
+  proc_t *a = proc_open("owner-a");
+  subscribe(a, "EpA", "Thing", NULL);
+  /* --to: exactly one copy, to an endpoint that need not subscribe, keeping the event id */
+  ASSERT_EQ_INT(send_msg(a, "EpZ", NH_MT_EVENT, "Thing", "s1", "given-eid", "m1", "{}"), 1);
+  ASSERT_EQ_INT(q1i(a, "SELECT count(*) FROM queue"), 1);
+  ASSERT_EQ_INT(q1i(a, "SELECT count(*) FROM queue WHERE endpoint = 'EpZ' AND event_id = 'given-eid'"), 1);
+  /* without an event id one is made */
+  ASSERT_EQ_INT(send_msg(a, "EpZ", NH_MT_EVENT, "Thing", "s2", NULL, "m2", "{}"), 1);
+  ASSERT_EQ_INT(q1i(a, "SELECT length(event_id) FROM queue WHERE message_id = 'm2'"), 36);
+  ASSERT_EQ_INT(receive(a, "EpA", 10, nh_time_now_ms()), 0);
+  ASSERT_EQ_INT(receive(a, "EpZ", 10, nh_time_now_ms()), 2);
+  proc_close(a);
+}
+
+TEST(control_messages_roundtrip_their_fields)
+{
+  proc_t *a = proc_open("owner-a");
+  ASSERT_EQ_INT(send_msg(a, "Ep", NH_MT_HANDOFF_FAIL, "Thing", "s1", "e1", "m1", NULL), 1);
+  ASSERT_EQ_INT(receive(a, "Ep", 10, nh_time_now_ms()), 1);
+  ASSERT_EQ_INT(a->got[0]->type, NH_MT_HANDOFF_FAIL);
+  ASSERT_EQ_STR(a->got[0]->error_text, "job failed");
+  ASSERT_EQ_STR(a->got[0]->error_type, "JobError");
+  ASSERT_NULL(a->got[0]->body);
+  ASSERT_EQ_INT(a->got[0]->body_len, 0);
+  proc_close(a);
+}
+
+TEST(receive_delivers_session_heads_in_seq_order)
+{
+  proc_t *a = proc_open("owner-a");
+  send_event(a, "Ep", "s1", "a1", "{\"n\":1}");
+  send_event(a, "Ep", "s2", "b1", "{\"n\":2}");
+  send_event(a, "Ep", "s1", "a2", "{\"n\":3}");
+  send_event(a, "Ep", "s3", "c1", "{\"n\":4}");
+  send_event(a, "Ep", "s2", "b2", "{\"n\":5}");
+  send_event(a, "Other", "s1", "o1", "{}");
+  int64_t now = nh_time_now_ms();   /* after the sends: rows enqueued later are not visible yet */
+
+  ASSERT_EQ_INT(receive(a, "Ep", 10, now), 3);
+  ASSERT_EQ_STR(a->got[0]->event_id, "a1");
+  ASSERT_EQ_STR(a->got[1]->event_id, "b1");
+  ASSERT_EQ_STR(a->got[2]->event_id, "c1");
+  ASSERT_CMP_INT(a->got[0]->seq, <, a->got[1]->seq);
+  ASSERT_CMP_INT(a->got[1]->seq, <, a->got[2]->seq);
+  int64_t seq_a1 = a->got[0]->seq;
+
+  /* the sessions are now locked by us: nothing more until a head is settled */
+  ASSERT_EQ_INT(receive(a, "Ep", 10, now), 0);
+
+  nh_msg_t head;
+  memset(&head, 0, sizeof head);
+  head.seq = seq_a1;
+  head.endpoint = "Ep";
+  head.session_id = "s1";
+  ASSERT_EQ_INT(a->tr->vt->settle(a->tr, &head, NH_SETTLE_COMPLETE, 0, NULL), NH_OK);
+  /* settling does not unlock; the dispatcher unlocks after its commit */
+  ASSERT_EQ_INT(receive(a, "Ep", 10, now), 0);
+  ASSERT_EQ_INT(a->tr->vt->unlock_session(a->tr, "Ep", "s1"), NH_OK);
+  ASSERT_EQ_INT(receive(a, "Ep", 10, now), 1);
+  ASSERT_EQ_STR(a->got[0]->event_id, "a2");
+  proc_close(a);
+}
+
+TEST(receive_respects_max)
+{
+  proc_t *a = proc_open("owner-a");
+  for (int i = 0; i < 5; i++) {
+    char s[8], e[8];
+    snprintf(s, sizeof s, "s%d", i);
+    snprintf(e, sizeof e, "e%d", i);
+    send_event(a, "Ep", s, e, "{}");
+  }
+  int64_t now = nh_time_now_ms();   /* after the sends: rows enqueued later are not visible yet */
+  ASSERT_EQ_INT(receive(a, "Ep", 0, now), 0);
+  ASSERT_EQ_INT(receive(a, "Ep", 2, now), 2);
+  ASSERT_EQ_STR(a->got[0]->event_id, "e0");
+  ASSERT_EQ_STR(a->got[1]->event_id, "e1");
+  ASSERT_EQ_INT(receive(a, "Ep", 10, now), 3);
+  ASSERT_EQ_STR(a->got[0]->event_id, "e2");
+  proc_close(a);
+}
+
+TEST(many_messages_in_one_session_do_not_hide_other_sessions)
+{
+  /* The head scan is bounded; a session with a long backlog must not starve the rest. */
+  proc_t *a = proc_open("owner-a");
+  int64_t now = nh_time_now_ms();
+  ASSERT_EQ_INT(nh_store_begin(a->store), NH_OK);
+  for (int i = 0; i < 300; i++) {
+    nh_msg_t m;
+    memset(&m, 0, sizeof m);
+    char eid[16];
+    snprintf(eid, sizeof eid, "big-%03d", i);
+    m.session_id = "big";
+    m.message_id = eid;
+    m.event_id = eid;
+    m.event_type = "Thing";
+    m.enqueued_at = now;
+    int copies;
+    nh_error_t err = {0};
+    ASSERT_EQ_INT(a->tr->vt->send(a->tr, &m, "Ep", &copies, &err), NH_OK);
+  }
+  ASSERT_EQ_INT(nh_store_commit(a->store), NH_OK);
+  send_event(a, "Ep", "small", "small-1", "{}");
+  now = nh_time_now_ms();
+  ASSERT_EQ_INT(receive(a, "Ep", 1, now), 1);
+  ASSERT_EQ_STR(a->got[0]->event_id, "big-000");
+  /* "big" is locked now; the next receive must reach "small" behind its backlog */
+  ASSERT_EQ_INT(receive(a, "Ep", 1, now), 1);
+  ASSERT_EQ_STR(a->got[0]->session_id, "small");
+  proc_close(a);
+}
+
+TEST(locked_session_is_not_delivered_to_another_owner)
+{
+  proc_t *a = proc_open("owner-a");
+  proc_t *b = proc_open("owner-b");
+  a->tr->lock_ms = b->tr->lock_ms = 1000;
+  send_event(a, "Ep", "s1", "a1", "{}");
+  send_event(a, "Ep", "s1", "a2", "{}");
+  send_event(a, "Ep", "s2", "b1", "{}");
+  int64_t now = nh_time_now_ms();   /* after the sends: rows enqueued later are not visible yet */
+
+  ASSERT_EQ_INT(receive(a, "Ep", 1, now), 1);   /* a takes s1 only */
+  ASSERT_EQ_STR(a->got[0]->session_id, "s1");
+  ASSERT_EQ_INT(q1i(b, "SELECT count(*) FROM session_locks WHERE owner = 'owner-a'"), 1);
+
+  ASSERT_EQ_INT(receive(b, "Ep", 10, now + 10), 1);   /* b gets s2, never s1 */
+  ASSERT_EQ_STR(b->got[0]->session_id, "s2");
+  ASSERT_EQ_INT(receive(b, "Ep", 10, now + 999), 0);
+
+  /* lock_session directly: b cannot take a's session */
+  ASSERT_EQ_INT(b->tr->vt->lock_session(b->tr, "Ep", "s1", now + 500), 0);
+  /* unlock by a non-owner changes nothing */
+  ASSERT_EQ_INT(b->tr->vt->unlock_session(b->tr, "Ep", "s1"), NH_OK);
+  ASSERT_EQ_INT(q1i(a, "SELECT count(*) FROM session_locks WHERE session_id = 's1' AND owner = 'owner-a'"), 1);
+  proc_close(a);
+  proc_close(b);
+}
+
+TEST(lock_session_is_a_fresh_acquisition)
+{
+  /* A live lock of our own means the session is in flight here: taking it again must
+   * fail, or the dispatcher starts a second job for the session (retries/replays). */
+  proc_t *a = proc_open("owner-a");
+  a->tr->lock_ms = 1000;
+  int64_t now = nh_time_now_ms();
+  ASSERT_EQ_INT(a->tr->vt->lock_session(a->tr, "Ep", "s1", now), 1);
+  ASSERT_EQ_INT(a->tr->vt->lock_session(a->tr, "Ep", "s1", now + 10), 0);
+  ASSERT_EQ_INT(q1i(a, "SELECT locked_until FROM session_locks WHERE session_id = 's1'"), now + 1000);
+  /* after an unlock, or once our own lock has expired, it can be taken again */
+  ASSERT_EQ_INT(a->tr->vt->unlock_session(a->tr, "Ep", "s1"), NH_OK);
+  ASSERT_EQ_INT(a->tr->vt->lock_session(a->tr, "Ep", "s1", now + 20), 1);
+  ASSERT_EQ_INT(a->tr->vt->lock_session(a->tr, "Ep", "s1", now + 1020), 1);
+  proc_close(a);
+}
+
+TEST(lock_expiry_lets_another_owner_take_the_session)
+{
+  proc_t *a = proc_open("owner-a");
+  proc_t *b = proc_open("owner-b");
+  a->tr->lock_ms = b->tr->lock_ms = 1000;
+  send_event(a, "Ep", "s1", "a1", "{}");
+  int64_t now = nh_time_now_ms();   /* after the sends: rows enqueued later are not visible yet */
+  ASSERT_EQ_INT(receive(a, "Ep", 10, now), 1);
+  ASSERT_EQ_INT(a->got[0]->delivery_count, 1);
+  ASSERT_EQ_INT(receive(b, "Ep", 10, now + 999), 0);
+  /* a "crashed": its lock runs out and b gets the same message again */
+  ASSERT_EQ_INT(receive(b, "Ep", 10, now + 1000), 1);
+  ASSERT_EQ_STR(b->got[0]->event_id, "a1");
+  ASSERT_EQ_INT(b->got[0]->delivery_count, 2);
+  ASSERT_EQ_STR(q1s(b, "SELECT owner FROM session_locks WHERE session_id = 's1'"), "owner-b");
+  /* and now a cannot take it back */
+  ASSERT_EQ_INT(receive(a, "Ep", 10, now + 1500), 0);
+  ASSERT_EQ_INT(a->tr->vt->lock_session(a->tr, "Ep", "s1", now + 1500), 0);
+  proc_close(a);
+  proc_close(b);
+}
+
+TEST(renew_all_extends_every_lock_of_the_owner)
+{
+  proc_t *a = proc_open("owner-a");
+  proc_t *b = proc_open("owner-b");
+  a->tr->lock_ms = 1000;
+  b->tr->lock_ms = 10000;
+  send_event(a, "Ep", "s1", "a1", "{}");
+  send_event(a, "Ep", "s2", "b1", "{}");
+  send_event(a, "Ep", "s3", "c1", "{}");
+  int64_t now = nh_time_now_ms();   /* after the sends: rows enqueued later are not visible yet */
+  ASSERT_EQ_INT(receive(a, "Ep", 2, now), 2);   /* s1, s2 */
+  ASSERT_EQ_INT(receive(b, "Ep", 2, now), 1);   /* s3 */
+
+  ASSERT_EQ_INT(a->tr->vt->renew_all(a->tr, now + 900), 2);   /* only a's two locks */
+  ASSERT_EQ_INT(q1i(a, "SELECT locked_until FROM session_locks WHERE session_id = 's1'"), now + 1900);
+  ASSERT_EQ_INT(q1i(a, "SELECT locked_until FROM session_locks WHERE session_id = 's3'"), now + 10000);
+  ASSERT_EQ_INT(receive(b, "Ep", 10, now + 1500), 0);   /* past the original expiry: still a's */
+  ASSERT_EQ_INT(receive(b, "Ep", 10, now + 1900), 2);   /* past the renewed expiry */
+  ASSERT_EQ_INT(b->tr->vt->renew_all(b->tr, now + 1900), 3);   /* s1, s2 and its own s3 */
+  ASSERT_EQ_INT(a->tr->vt->renew_all(a->tr, now + 1900), 0);   /* a lost them */
+  proc_close(a);
+  proc_close(b);
+}
+
+TEST(settle_complete_deletes_the_row)
+{
+  proc_t *a = proc_open("owner-a");
+  send_event(a, "Ep", "s1", "a1", "{}");
+  send_event(a, "Ep", "s1", "a2", "{}");
+  ASSERT_EQ_INT(receive(a, "Ep", 10, nh_time_now_ms()), 1);
+  ASSERT_EQ_INT(a->tr->vt->settle(a->tr, a->got[0], NH_SETTLE_COMPLETE, 0, NULL), NH_OK);
+  ASSERT_EQ_INT(q1i(a, "SELECT count(*) FROM queue WHERE event_id = 'a1'"), 0);
+  ASSERT_EQ_INT(q1i(a, "SELECT count(*) FROM queue WHERE event_id = 'a2'"), 1);
+  ASSERT_EQ_INT(q1i(a, "SELECT count(*) FROM dead_letters"), 0);
+  /* settling a message that is not from the queue (seq 0) is a no-op */
+  nh_msg_t fake;
+  memset(&fake, 0, sizeof fake);
+  fake.endpoint = "Ep";
+  fake.session_id = "s1";
+  ASSERT_EQ_INT(a->tr->vt->settle(a->tr, &fake, NH_SETTLE_COMPLETE, 0, NULL), NH_OK);
+  ASSERT_EQ_INT(q1i(a, "SELECT count(*) FROM queue"), 1);
+  proc_close(a);
+}
+
+TEST(settle_dead_letter_moves_to_dead_letters)
+{
+  proc_t *a = proc_open("owner-a");
+  send_event(a, "Ep", "s1", "a1", "{\"bad\":true}");
+  ASSERT_EQ_INT(receive(a, "Ep", 10, nh_time_now_ms()), 1);
+  ASSERT_EQ_INT(a->tr->vt->settle(a->tr, a->got[0], NH_SETTLE_DEAD_LETTER, 0, "malformed payload"), NH_OK);
+  ASSERT_EQ_INT(q1i(a, "SELECT count(*) FROM queue"), 0);
+  ASSERT_EQ_INT(q1i(a, "SELECT count(*) FROM dead_letters"), 1);
+  ASSERT_EQ_STR(q1s(a, "SELECT endpoint || '|' || session_id || '|' || event_id || '|' || message_type || '|' ||"
+                        " body || '|' || reason || '|' || delivery_count FROM dead_letters"),
+                "Ep|s1|a1|EventRequest|{\"bad\":true}|malformed payload|1");
+  ASSERT_CMP_INT(q1i(a, "SELECT at FROM dead_letters"), >, 0);
+  proc_close(a);
+}
+
+TEST(release_without_delay_redelivers_at_once)
+{
+  proc_t *a = proc_open("owner-a");
+  send_event(a, "Ep", "s1", "a1", "{}");
+  int64_t now = nh_time_now_ms();   /* after the sends: rows enqueued later are not visible yet */
+  ASSERT_EQ_INT(receive(a, "Ep", 10, now), 1);
+  ASSERT_EQ_INT(a->tr->vt->settle(a->tr, a->got[0], NH_SETTLE_RELEASE, 0, NULL), NH_OK);
+  ASSERT_EQ_INT(receive(a, "Ep", 10, now), 1);
+  ASSERT_EQ_STR(a->got[0]->event_id, "a1");
+  ASSERT_EQ_INT(a->got[0]->delivery_count, 2);
+  proc_close(a);
+}
+
+TEST(release_with_delay_hides_the_session_until_then)
+{
+  proc_t *a = proc_open("owner-a");
+  proc_t *b = proc_open("owner-b");
+  send_event(a, "Ep", "s1", "a1", "{}");
+  send_event(a, "Ep", "s1", "a2", "{}");
+  send_event(a, "Ep", "s2", "b1", "{}");
+  int64_t t0 = nh_time_now_ms();
+  ASSERT_EQ_INT(receive(a, "Ep", 1, t0), 1);
+  ASSERT_EQ_STR(a->got[0]->event_id, "a1");
+  ASSERT_EQ_INT(a->tr->vt->settle(a->tr, a->got[0], NH_SETTLE_RELEASE, 60000, NULL), NH_OK);
+  ASSERT_EQ_INT(a->tr->vt->unlock_session(a->tr, "Ep", "s1"), NH_OK);   /* the hold is nobody's */
+  int64_t t1 = nh_time_now_ms();
+  /* neither owner sees s1 (not even its later message) before the delay ends; s2 flows */
+  ASSERT_EQ_INT(receive(b, "Ep", 10, t1), 1);
+  ASSERT_EQ_STR(b->got[0]->session_id, "s2");
+  ASSERT_EQ_INT(b->tr->vt->settle(b->tr, b->got[0], NH_SETTLE_COMPLETE, 0, NULL), NH_OK);
+  ASSERT_EQ_INT(receive(a, "Ep", 10, t1 + 30000), 0);
+  ASSERT_EQ_INT(b->tr->vt->lock_session(b->tr, "Ep", "s1", t1 + 30000), 0);
+  /* after the delay the released head comes back first, with its delivery count */
+  ASSERT_EQ_INT(receive(b, "Ep", 10, t1 + 60000 + 2000), 1);
+  ASSERT_EQ_STR(b->got[0]->event_id, "a1");
+  ASSERT_EQ_INT(b->got[0]->delivery_count, 2);
+  proc_close(a);
+  proc_close(b);
+}
+
+TEST(delivery_count_increments_per_delivery)
+{
+  proc_t *a = proc_open("owner-a");
+  a->tr->lock_ms = 100;
+  send_event(a, "Ep", "s1", "a1", "{}");
+  int64_t now = nh_time_now_ms();   /* after the sends: rows enqueued later are not visible yet */
+  for (int i = 1; i <= 5; i++) {
+    ASSERT_EQ_INT(receive(a, "Ep", 10, now + (i - 1) * 100), 1);
+    ASSERT_EQ_INT(a->got[0]->delivery_count, i);
+    ASSERT_EQ_INT(q1i(a, "SELECT delivery_count FROM queue WHERE event_id = 'a1'"), i);
+  }
+  proc_close(a);
+}
+
+TEST(control_pending_sees_only_queued_operator_messages)
+{
+  proc_t *a = proc_open("owner-a");
+  send_event(a, "Ep", "s1", "e1", "{}");
+  ASSERT_EQ_INT(nh_embedded_control_pending(a->tr, "Ep", "e1"), 0);   /* events do not count */
+  send_msg(a, "Ep", NH_MT_SKIP, "Thing", "s1", "e1", "ctl-1", NULL);
+  ASSERT_EQ_INT(nh_embedded_control_pending(a->tr, "Ep", "e1"), 1);
+  ASSERT_EQ_INT(nh_embedded_control_pending(a->tr, "Other", "e1"), 0);
+  ASSERT_EQ_INT(nh_embedded_control_pending(a->tr, "Ep", "e2"), 0);
+  send_msg(a, "Ep", NH_MT_RESUBMIT, "Thing", "s2", "e2", "ctl-2", "{}");
+  send_msg(a, "Ep", NH_MT_HANDOFF_COMPLETE, "Thing", "s3", "e3", "ctl-3", "{}");
+  ASSERT_EQ_INT(nh_embedded_control_pending(a->tr, "Ep", "e2"), 1);
+  ASSERT_EQ_INT(nh_embedded_control_pending(a->tr, "Ep", "e3"), 1);
+
+  /* once applied (settled) it is no longer pending */
+  ASSERT_EQ_INT(receive(a, "Ep", 10, nh_time_now_ms()), 3);
+  const nh_msg_t *s1 = find_session(a, "s1");
+  ASSERT_NOT_NULL(s1);
+  ASSERT_EQ_STR(s1->event_id, "e1");   /* the event is s1's head, the skip is behind it */
+  ASSERT_EQ_INT(a->tr->vt->settle(a->tr, s1, NH_SETTLE_COMPLETE, 0, NULL), NH_OK);
+  a->tr->vt->unlock_session(a->tr, "Ep", "s1");
+  ASSERT_EQ_INT(receive(a, "Ep", 10, nh_time_now_ms()), 1);
+  ASSERT_EQ_INT(a->got[0]->type, NH_MT_SKIP);
+  ASSERT_EQ_INT(a->tr->vt->settle(a->tr, a->got[0], NH_SETTLE_COMPLETE, 0, NULL), NH_OK);
+  ASSERT_EQ_INT(nh_embedded_control_pending(a->tr, "Ep", "e1"), 0);
+  proc_close(a);
+}
+
+TEST(send_inside_rolled_back_transaction_is_discarded)
+{
+  proc_t *a = proc_open("owner-a");
+  nh_msg_t m;
+  memset(&m, 0, sizeof m);
+  m.session_id = "s1";
+  m.message_id = "m1";
+  m.event_id = "e1";
+  m.event_type = "Thing";
+  int copies = 0;
+  nh_error_t err = {0};
+  ASSERT_EQ_INT(nh_store_begin(a->store), NH_OK);
+  ASSERT_EQ_INT(a->tr->vt->send(a->tr, &m, "Ep", &copies, &err), NH_OK);
+  ASSERT_EQ_INT(copies, 1);
+  nh_store_rollback(a->store);
+  ASSERT_EQ_INT(q1i(a, "SELECT count(*) FROM queue"), 0);
+  ASSERT_EQ_INT(receive(a, "Ep", 10, nh_time_now_ms()), 0);
+  proc_close(a);
+}
+
+TEST(reaps_locks_of_dead_local_processes)
+{
+  /* Owners are "host:pid:tag"; a lock of a pid that no longer runs is dropped on open. */
+  proc_t *a = proc_open("owner-a");
+  char host[128] = "";
+  gethostname(host, sizeof host - 1);
+  pid_t child = fork();
+  if (child == 0) _exit(0);
+  int status;
+  waitpid(child, &status, 0);
+  char sql[512];
+  snprintf(sql, sizeof sql,
+           "INSERT INTO session_locks(endpoint, session_id, owner, locked_until) VALUES"
+           " ('Ep', 's1', '%s:%ld:dead', 9000000000000), ('Ep', 's2', '%s:%ld:live', 9000000000000)",
+           host, (long)child, host, (long)getpid());
+  ASSERT_EQ_INT(sqlite3_exec(nh_store_db(a->store), sql, NULL, NULL, NULL), SQLITE_OK);
+  proc_t *b = proc_open("owner-b");
+  ASSERT_EQ_INT(q1i(b, "SELECT count(*) FROM session_locks WHERE session_id = 's1'"), 0);
+  ASSERT_EQ_INT(q1i(b, "SELECT count(*) FROM session_locks WHERE session_id = 's2'"), 1);
+  proc_close(a);
+  proc_close(b);
+}
+
+NH_TEST_MAIN()

@@ -1,0 +1,345 @@
+-- Throughput benchmark of nimbus-host on the embedded transport.
+--
+--   make bench
+--   nimbus-host -l spec/bench/throughput.lua path/to/nimbus-host      (or lua5.4 ...)
+--
+-- Environment: BENCH_N (events, default 50000), BENCH_SESSIONS (1000), BENCH_CONCURRENCY
+-- (consumer, 256), BENCH_CHUNK (events per producer handler, = concurrency, so the
+-- producer publishes about what the consumer takes per batch), BENCH_WINDOW (max
+-- published-but-unconsumed in the end-to-end run, 2 * chunk), BENCH_PAYLOAD
+-- (padding bytes per event, 64), BENCH_TARGET (events/s, 13000), BENCH_STRICT=1 (exit 1
+-- when the end-to-end rate is below target), BENCH_SKIP_CONSUME=1, BENCH_KEEP=1 (keep
+-- the temp dir), BENCH_PERF=FILE (attach `perf record -g` to the end-to-end host and
+-- write the profile to FILE), BENCH_DEADLINE (seconds for the whole bench, 110).
+--
+-- Runs, each in a fresh store in a temp dir:
+--   1. end to end: a producer handler publishes chunks of events while a consumer
+--      endpoint with a trivial handler consumes them (audit rows and history written
+--      as always); events/s, p50/p99 latency from enqueue to handler, host peak RSS;
+--   2. consume only: N events are pre-loaded by a producer-only host, then a
+--      consumer-only host drains them; also reports the publish-only (pre-load) rate.
+-- Exits 1 if a run did not complete (or is below target with BENCH_STRICT=1).
+local system = require("system")
+local cjson = require("cjson")
+
+local HOST = arg[1] or os.getenv("NIMBUS_HOST")
+if not HOST then
+  io.stderr:write("usage: nimbus-host -l spec/bench/throughput.lua NIMBUS_HOST_BINARY\n")
+  os.exit(2)
+end
+
+local function env_int(name, default)
+  local v = tonumber(os.getenv(name) or "")
+  return v and math.tointeger(v) or default
+end
+
+local N = env_int("BENCH_N", 50000)
+local SESSIONS = env_int("BENCH_SESSIONS", 1000)
+local CONC = env_int("BENCH_CONCURRENCY", 256)
+local CHUNK = env_int("BENCH_CHUNK", CONC)
+local WINDOW = env_int("BENCH_WINDOW", 2 * CHUNK)
+local TARGET = env_int("BENCH_TARGET", 13000)
+local STRICT = os.getenv("BENCH_STRICT") == "1"
+local DEADLINE_S = env_int("BENCH_DEADLINE", 110)   -- whole bench; each phase gets what is left
+local t_bench0 = system.monotime()
+
+if not os.execute("test -x " .. ("'" .. HOST:gsub("'", "'\\''") .. "'")) then
+  io.stderr:write("bench: " .. HOST .. " is not an executable nimbus-host binary (build it: make build)\n")
+  os.exit(2)
+end
+
+local here = (arg[0]:match("^(.*)/[^/]*$") or ".")
+local ADAPTER = here .. "/bench_adapter.lua"
+
+local function sh_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+
+local function sh(cmd)
+  local p = assert(io.popen(cmd, "r"))
+  local out = p:read("a")
+  local ok, _, code = p:close()
+  return out, ok and 0 or code
+end
+
+local function read_file(path)
+  local f = io.open(path, "r")
+  if not f then return nil end
+  local s = f:read("a")
+  f:close()
+  return s
+end
+
+local function die(msg)
+  error({ bench_failure = msg }, 0)
+end
+
+---------------------------------------------------------------------------- processes
+local TMP = (sh("mktemp -d -t nimbus-bench.XXXXXX")):gsub("%s+$", "")
+assert(TMP ~= "" and TMP:match("nimbus%-bench"), "mktemp failed")
+
+local hosts = {}          -- every host started, for cleanup
+
+local function alive(pid)
+  local st = read_file("/proc/" .. pid .. "/status")
+  if not st then return false end
+  return not st:match("\nState:%s+Z")
+end
+
+local function proc_field(pid, key)
+  local st = read_file("/proc/" .. pid .. "/status") or ""
+  local kb = st:match("\n" .. key .. ":%s+(%d+) kB")
+  return kb and tonumber(kb)
+end
+
+-- Starts a host in the background; returns a handle with pid, log and rc paths.
+-- A `sh` wrapper waits for it so its exit status is recorded.
+-- Runs `cmd` in the background under a `sh` wrapper that records its pid ($!) and,
+-- when it ends, its exit status; stderr goes to h.log.
+local function spawn(h, cmd)
+  h.log, h.rcfile, h.pidfile = TMP .. "/" .. h.name .. ".log", TMP .. "/" .. h.name .. ".rc",
+                               TMP .. "/" .. h.name .. ".pid"
+  local inner = cmd .. " </dev/null 2>" .. sh_quote(h.log) .. " >&2 & echo $! > " .. sh_quote(h.pidfile) ..
+                "; wait $!; echo $? > " .. sh_quote(h.rcfile)
+  local ok = os.execute("sh -c " .. sh_quote(inner) .. " >/dev/null 2>&1 &")
+  if not ok then die("cannot start " .. h.name) end
+  local t0 = system.monotime()
+  while not h.pid do
+    local s = read_file(h.pidfile)
+    if s and s:match("%d+\n") then h.pid = tonumber(s:match("%d+")) end
+    if system.monotime() - t0 > 10 then die(h.name .. ": no pid after 10 s") end
+    if not h.pid then system.sleep(0.005) end
+  end
+  hosts[#hosts + 1] = h
+  return h
+end
+
+-- Starts a host on the bench adapter in the given mode.
+local function start_host(name, mode, store, extra_env)
+  local h = { name = name, result = TMP .. "/" .. name .. ".json" }
+  local env = {
+    "BENCH_MODE=" .. mode, "BENCH_RESULT=" .. sh_quote(h.result), "BENCH_N=" .. N,
+    "BENCH_SESSIONS=" .. SESSIONS, "BENCH_CHUNK=" .. CHUNK, "BENCH_CONCURRENCY=" .. CONC,
+    "BENCH_WINDOW=" .. WINDOW,
+  }
+  if os.getenv("BENCH_PAYLOAD") then env[#env + 1] = "BENCH_PAYLOAD=" .. env_int("BENCH_PAYLOAD", 64) end
+  for _, e in ipairs(extra_env or {}) do env[#env + 1] = e end
+  local cmd = table.concat(env, " ") .. " " .. sh_quote(HOST) .. " " .. sh_quote(ADAPTER) .. " --store " ..
+              sh_quote(store) .. " --no-reload"
+  return spawn(h, cmd)
+end
+
+local function host_log(h) return read_file(h.log) or "" end
+
+-- The host logs `ready:` (info) once its endpoints are subscribed and dispatching.
+local function wait_ready(h, timeout)
+  local t0 = system.monotime()
+  while true do
+    local log = host_log(h)
+    if log:match("ready:") then return end
+    if not alive(h.pid) then die(h.name .. ": host exited during start-up:\n" .. log) end
+    if system.monotime() - t0 > timeout then die(h.name .. ": no `ready:` line after " .. timeout .. " s:\n" .. log) end
+    system.sleep(0.005)
+  end
+end
+
+local function stop_host(h, timeout)
+  if h.stopped then return h.rc end
+  if alive(h.pid) then os.execute("kill -TERM " .. h.pid .. " 2>/dev/null") end
+  local t0 = system.monotime()
+  while alive(h.pid) do
+    if system.monotime() - t0 > (timeout or 15) then
+      os.execute("kill -KILL " .. h.pid .. " 2>/dev/null")
+      system.sleep(0.1)
+      break
+    end
+    system.sleep(0.01)
+  end
+  -- the wrapper shell writes the status right after the host exits
+  local t1 = system.monotime()
+  local rc
+  repeat
+    rc = tonumber((read_file(h.rcfile) or ""):match("%d+"))
+    if not rc then system.sleep(0.01) end
+  until rc or system.monotime() - t1 > 2
+  h.stopped, h.rc = true, rc
+  return rc
+end
+
+local function cleanup()
+  for _, h in ipairs(hosts) do
+    if not h.stopped and h.pid and alive(h.pid) then os.execute("kill -KILL " .. h.pid .. " 2>/dev/null") end
+  end
+  -- wait for them (and their wrapper shells, which write the .rc files) to be gone
+  for _, h in ipairs(hosts) do
+    local t0 = system.monotime()
+    while h.pid and (alive(h.pid) or not read_file(h.rcfile)) and system.monotime() - t0 < 5 do system.sleep(0.01) end
+    h.stopped = true
+  end
+  if os.getenv("BENCH_KEEP") == "1" then
+    io.stderr:write("bench: kept " .. TMP .. "\n")
+  else
+    os.execute("rm -rf " .. sh_quote(TMP))
+  end
+end
+
+local function remaining()
+  return DEADLINE_S - (system.monotime() - t_bench0)
+end
+
+local function publish(store, etype, json, session)
+  local out, code = sh(sh_quote(HOST) .. " publish " .. etype .. " " .. sh_quote(json) .. " --session " ..
+                       sh_quote(session) .. " --store " .. sh_quote(store) .. " 2>&1")
+  if code ~= 0 then die("publish " .. etype .. " failed (" .. tostring(code) .. "): " .. out) end
+end
+
+-- Polls for the host's result file; tracks peak RSS on the way (VmHWM is the kernel's
+-- own high-water mark; the sampled VmRSS max is printed beside it as a cross-check).
+local function wait_result(h, budget)
+  local t0 = system.monotime()
+  while true do
+    local s = read_file(h.result)
+    if s then
+      h.hwm_kb = proc_field(h.pid, "VmHWM")
+      local io_ = read_file("/proc/" .. h.pid .. "/io") or ""
+      h.wchar = tonumber(io_:match("wchar:%s*(%d+)"))
+      h.rchar = tonumber(io_:match("rchar:%s*(%d+)"))
+      return cjson.decode(s)
+    end
+    if not alive(h.pid) then die(h.name .. ": host exited before finishing:\n" .. host_log(h)) end
+    local el = system.monotime() - t0
+    if el > budget then die(("%s: not finished after %.0f s:\n%s"):format(h.name, el, host_log(h):sub(-2000))) end
+    system.sleep(0.02)
+  end
+end
+
+local function audit_counts(store, endpoint)
+  local out, code = sh(sh_quote(HOST) .. " events --json --endpoint " .. endpoint .. " --store " .. sh_quote(store) ..
+                       " 2>/dev/null")
+  if code ~= 0 then return nil end
+  local counts, total = {}, 0
+  for line in out:gmatch("[^\n]+") do
+    local row = cjson.decode(line)
+    counts[row.status] = (counts[row.status] or 0) + 1
+    total = total + 1
+  end
+  return counts, total
+end
+
+local function check_stop(h)
+  local rc = stop_host(h)
+  if rc ~= 0 then die(("%s: host exit status %s after SIGTERM (expected 0):\n%s"):format(h.name, tostring(rc), host_log(h))) end
+end
+
+---------------------------------------------------------------------------- runs
+local function run_e2e()
+  local store = TMP .. "/e2e.db"
+  local h = start_host("e2e", "e2e", store)
+  wait_ready(h, 20)
+  local perf
+  if os.getenv("BENCH_PERF") then
+    perf = spawn({ name = "perf" }, "perf record -F 999 -g -p " .. h.pid .. " -o " .. sh_quote(os.getenv("BENCH_PERF")))
+    system.sleep(0.5)   -- let perf attach
+  end
+  local t_kick = system.gettime()
+  publish(store, "BenchStart", "{}", "bench-producer")
+  local r = wait_result(h, math.max(5, remaining() - 30))
+  check_stop(h)
+  if perf then stop_host(perf, 30) end   -- perf ends with its target; SIGTERM if not
+  local counts, total = audit_counts(store, "BenchConsumer")
+  r.audit_completed = counts and counts.Completed or -1
+  r.audit_total = total or -1
+  r.hwm_kb, r.wchar, r.rchar = h.hwm_kb, h.wchar, h.rchar
+  r.t_kick = t_kick
+  return r
+end
+
+local function run_consume()
+  local store = TMP .. "/consume.db"
+  -- 1. record the consumer's subscription (the store keeps it across restarts)
+  local s = start_host("subscribe", "subscribe", store)
+  wait_ready(s, 20)
+  check_stop(s)
+  -- 2. pre-load N events with a producer-only host
+  local p = start_host("preload", "preload", store)
+  wait_ready(p, 20)
+  publish(store, "BenchStart", "{}", "bench-producer")
+  local pr = wait_result(p, math.max(5, (remaining() - 10) / 2))
+  check_stop(p)
+  -- 3. drain them with a consumer-only host
+  local c = start_host("consume", "consume", store)
+  local t_start = system.gettime()
+  wait_ready(c, 20)
+  local t_ready = system.gettime()
+  local r = wait_result(c, math.max(5, remaining() - 5))
+  check_stop(c)
+  r.hwm_kb, r.wchar, r.rchar = c.hwm_kb, c.wchar, c.rchar
+  r.preload = pr
+  r.t_start, r.t_ready = t_start, t_ready
+  return r
+end
+
+---------------------------------------------------------------------------- report
+local function mb(kb) return kb and ("%.1f MB"):format(kb / 1024) or "n/a" end
+
+-- Bytes the host moved through read/write syscalls (sqlite's WAL, checkpoints and page
+-- cache misses; the log is tiny), per event: the store's write amplification.
+local function io_line(r, n)
+  if not r.wchar then return "n/a" end
+  return ("%.1f KB written, %.1f KB read per event (host read/write syscalls, /proc/PID/io)")
+         :format(r.wchar / n / 1024, r.rchar / n / 1024)
+end
+
+local function main()
+  local ver = (sh(sh_quote(HOST) .. " --version 2>&1")):gsub("%s+$", "")
+  print(("nimbus-host throughput bench: %s"):format(ver))
+  print(("  N=%d events  sessions=%d  producer chunk=%d  consumer concurrency=%d  window=%d  payload pad=%d B")
+        :format(N, SESSIONS, CHUNK, CONC, WINDOW, env_int("BENCH_PAYLOAD", 64)))
+  print(("  store in %s (WAL, synchronous=NORMAL as the host sets it); audit + history on"):format(TMP))
+
+  local e = run_e2e()
+  local span = e.t_last - e.t_first_publish
+  local rate = e.count / span
+  print("")
+  print("end to end (publish + consume in one host, embedded transport):")
+  print(("  events          %d consumed; audit rows Completed %d of %d"):format(e.count, e.audit_completed, e.audit_total))
+  print(("  time            %.3f s (first publish to last handler)"):format(span))
+  print(("  throughput      %.0f events/s   (target %d: %s)"):format(rate, TARGET, rate >= TARGET and "met" or "NOT met"))
+  print(("  latency         p50 %.0f ms  p90 %.0f ms  p99 %.0f ms  max %.0f ms  mean %.1f ms (enqueue commit -> handler)")
+        :format(e.p50_ms, e.p90_ms, e.p99_ms, e.max_ms, e.mean_ms))
+  print(("  peak RSS        %s (VmHWM of the host)"):format(mb(e.hwm_kb)))
+  print(("  store I/O       %s"):format(io_line(e, e.count)))
+
+  local c
+  if os.getenv("BENCH_SKIP_CONSUME") ~= "1" then
+    c = run_consume()
+    local cspan = c.t_last - c.t_first
+    local pspan = c.preload.t_done - c.preload.t_first_publish
+    print("")
+    print("consume only (N pre-loaded, then a consumer-only host drains them):")
+    print(("  throughput      %.0f events/s   (%d events in %.3f s, first to last handler)"):format(c.count / cspan, c.count, cspan))
+    print(("  start-up        first handler %.3f s after the host was launched"):format(c.t_first - c.t_start))
+    print(("  peak RSS        %s"):format(mb(c.hwm_kb)))
+    print(("  store I/O       %s"):format(io_line(c, c.count)))
+    print(("publish only (the pre-load):  %.0f events/s   (%d events in %.3f s)"):format(c.preload.published / pspan,
+          c.preload.published, pspan))
+  end
+  print("")
+  print(("RESULT e2e_events_per_s=%.0f p50_ms=%.0f p99_ms=%.0f peak_rss_mb=%.1f%s"):format(rate, e.p50_ms, e.p99_ms,
+        (e.hwm_kb or 0) / 1024, c and (" consume_events_per_s=%.0f"):format(c.count / (c.t_last - c.t_first)) or ""))
+  if e.audit_completed ~= N then die(("audit: %d Completed rows for BenchConsumer, expected %d"):format(e.audit_completed, N)) end
+  if STRICT and rate < TARGET then
+    io.stderr:write(("bench: %.0f events/s is below the target %d\n"):format(rate, TARGET))
+    return 1
+  end
+  return 0
+end
+
+local ok, res = xpcall(main, function(err)
+  if type(err) == "table" and err.bench_failure then return err end
+  return debug.traceback(tostring(err), 2)
+end)
+cleanup()
+if not ok then
+  io.stderr:write("bench FAILED: " .. (type(res) == "table" and res.bench_failure or tostring(res)) .. "\n")
+  os.exit(1)
+end
+os.exit(res)
