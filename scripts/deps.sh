@@ -5,7 +5,7 @@ set -euo pipefail
 packages=(
   gcc make cmake pkg-config
   liblua5.4-dev lua5.4 lua-cjson lua-busted
-  libuv1-dev libsqlite3-dev sqlite3 libjansson-dev
+  libuv1-dev libsqlite3-dev sqlite3 libjansson-dev valgrind python3
 )
 
 missing=()
