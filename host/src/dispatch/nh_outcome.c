@@ -404,7 +404,14 @@ int nh_dispatch_apply(nh_dispatch_t *d, nh_job_t *job)
 
   if (job->src == NH_JOB_PARKED) {
     if (!rc) rc = nh_store_parked_delete(d->store, ep->name, m->session_id, job->park_seq);
-    if (!st.blocked_by) st.draining = nh_store_parked_count(d->store, ep->name, m->session_id) > 0;
+    if (!st.blocked_by) {
+      st.draining = nh_store_parked_count(d->store, ep->name, m->session_id) > 0;
+    } else if (!rc && is_blocker(&st, m->event_id)) {
+      /* re-blocked during the replay: the still-parked rows now wait for this event */
+      char text[512];
+      snprintf(text, sizeof text, "Session %s is blocked by %s", m->session_id, m->event_id);
+      rc = nh_store_audit_retext_deferred(d->store, ep->name, m->session_id, text);
+    }
   }
   if (!rc) rc = nh_store_session_put(d->store, ep->name, m->session_id, &st);
   if (!rc) rc = audit_write(d, job, &a, detail);

@@ -36,6 +36,8 @@ static const char *const stmt_sql[NH_SQL_COUNT] = {
   [NH_SQL_AUDIT_LIST] =
     "SELECT " NH_AUDIT_COLS " FROM audit WHERE (?1 IS NULL OR endpoint = ?1) AND (?2 IS NULL OR status = ?2"
     " COLLATE NOCASE) AND (?3 IS NULL OR session_id = ?3) ORDER BY created_at, rowid",
+  [NH_SQL_AUDIT_RETEXT] =
+    "UPDATE audit SET error_text = ?3 WHERE endpoint = ?1 AND session_id = ?2 AND status = 'Deferred'",
   [NH_SQL_HISTORY_ADD] =
     "INSERT INTO history(endpoint, event_id, message_id, message_type, status, detail, at)"
     " VALUES (?1,?2,?3,?4,?5,?6,?7)",

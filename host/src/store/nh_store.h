@@ -67,6 +67,8 @@ int nh_store_audit_get(nh_store_t *s, const char *endpoint, const char *event_id
 /* By event id (or a unique prefix of at least 8 characters) across endpoints. */
 int nh_store_audit_find(nh_store_t *s, const char *event_id, nh_audit_t *out, nh_error_t *err);
 void nh_audit_clear(nh_audit_t *a);
+/* Rewrites the reason on a session's Deferred rows (the blocker changed during a replay). */
+int nh_store_audit_retext_deferred(nh_store_t *s, const char *endpoint, const char *session, const char *text);
 typedef int (*nh_audit_cb)(void *data, const nh_audit_t *a);
 int nh_store_audit_list(nh_store_t *s, const char *endpoint, const char *status,
                         const char *session, nh_audit_cb cb, void *data);

@@ -138,6 +138,13 @@ int nh_store_audit_list(nh_store_t *s, const char *endpoint, const char *status,
   return bad ? NH_EFAIL : n;
 }
 
+int nh_store_audit_retext_deferred(nh_store_t *s, const char *endpoint, const char *session, const char *text)
+{
+  sqlite3_stmt *st = stmt(s, NH_SQL_AUDIT_RETEXT);
+  T(st, 1, endpoint); T(st, 2, session); T(st, 3, text);
+  return nh_sqlite_step_done(s->db, st, "audit retext");
+}
+
 /* ---- history ---- */
 
 int nh_store_history_add(nh_store_t *s, const char *endpoint, const char *event_id, const char *message_id,

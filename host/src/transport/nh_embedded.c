@@ -219,7 +219,9 @@ static int emb_renew_all(nh_transport_t *t, int64_t now)
 static int emb_settle(nh_transport_t *t, const nh_msg_t *m, nh_settle_t how, int64_t delay_ms, const char *reason)
 {
   embedded_t *e = (embedded_t *)t;
-  if (m->seq <= 0) return NH_OK;   /* not a queue message (retry or parked replay) */
+  /* Retries and parked replays are not queue rows: only a release (which holds the
+   * session) applies to them. */
+  if (m->seq <= 0 && how != NH_SETTLE_RELEASE) return NH_OK;
   switch (how) {
   case NH_SETTLE_COMPLETE:
     sqlite3_bind_int64(e->q[Q_DELETE], 1, m->seq);
