@@ -503,7 +503,7 @@ typedef struct {
   char ids[16][64];
 } sess_t;
 
-static int collect_session(void *data, const char *session, const nh_session_state_t *st)
+static int collect_session(void *data, const char *endpoint, const char *session, const nh_session_state_t *st)
 {
   sess_t *c = data;
   if (!st->exists) FAIL("session callback with exists = 0");
@@ -590,11 +590,11 @@ typedef struct {
   int blocked[16];
 } slist_t;
 
-static int collect_list(void *data, const char *key, const nh_session_state_t *st)
+static int collect_list(void *data, const char *endpoint, const char *session, const nh_session_state_t *st)
 {
   slist_t *c = data;
   if (c->n < 16) {
-    snprintf(c->keys[c->n], sizeof c->keys[0], "%s", key);
+    snprintf(c->keys[c->n], sizeof c->keys[0], "%s\t%s", endpoint, session);
     c->blocked[c->n] = st->blocked_by != NULL;
   }
   c->n++;

@@ -194,13 +194,9 @@ struct sess_ctx {
   int json, n;
 };
 
-static int print_session(void *data, const char *key, const nh_session_state_t *st)
+static int print_session(void *data, const char *endpoint, const char *session, const nh_session_state_t *st)
 {
   struct sess_ctx *c = data;
-  const char *tab = strchr(key, '\t');
-  char endpoint[512];
-  snprintf(endpoint, sizeof endpoint, "%.*s", (int)(tab - key), key);
-  const char *session = tab + 1;
   int parked = nh_store_parked_count(c->s, endpoint, session);
   if (c->json) {
     json_t *o = json_object();

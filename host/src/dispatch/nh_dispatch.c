@@ -176,10 +176,11 @@ struct due_ctx {
 };
 
 /* A session with a due retry or parked messages to replay. */
-static int on_due_session(void *data, const char *session, const nh_session_state_t *st)
+static int on_due_session(void *data, const char *endpoint, const char *session, const nh_session_state_t *st)
 {
   struct due_ctx *c = data;
   nh_dispatch_t *d = c->d;
+  (void)endpoint;   /* always c->ep->name: the query is per endpoint */
   if (c->failed || d->tr->vt->lock_session(d->tr, c->ep->name, session, c->now) != 1) return 0;
   nh_job_t *job;
   if (st->blocked_by) {

@@ -87,7 +87,7 @@ int nh_store_session_get(nh_store_t *s, const char *endpoint, const char *sessio
 int nh_store_session_put(nh_store_t *s, const char *endpoint, const char *session, const nh_session_state_t *st);
 void nh_session_state_clear(nh_session_state_t *st);
 /* Sessions with work that is not in the queue: a due retry or parked messages to replay. */
-typedef int (*nh_session_cb)(void *data, const char *session, const nh_session_state_t *st);
+typedef int (*nh_session_cb)(void *data, const char *endpoint, const char *session, const nh_session_state_t *st);
 int nh_store_sessions_due(nh_store_t *s, const char *endpoint, int64_t now, int limit, nh_session_cb cb,
                           void *data);
 int nh_store_sessions_list(nh_store_t *s, const char *endpoint, int blocked_only, nh_session_cb cb,

@@ -249,7 +249,7 @@ int nh_store_sessions_due(nh_store_t *s, const char *endpoint, int64_t now, int 
   }
   finish(st);
   for (int i = 0; i < n; i++) {
-    cb(data, ids[i], &sts[i]);
+    cb(data, endpoint, ids[i], &sts[i]);
     free(ids[i]);
     nh_session_state_clear(&sts[i]);
   }
@@ -267,11 +267,7 @@ int nh_store_sessions_list(nh_store_t *s, const char *endpoint, int blocked_only
   while (sqlite3_step(st) == SQLITE_ROW) {
     nh_session_state_t ss = {0};
     session_read(st, 1, &ss);
-    /* the endpoint travels in blocked_by's neighbour: callers get it via the session key */
-    char key[1024];
-    snprintf(key, sizeof key, "%s\t%s", (const char *)sqlite3_column_text(st, 5),
-             (const char *)sqlite3_column_text(st, 0));
-    int stop = cb(data, key, &ss);
+    int stop = cb(data, (const char *)sqlite3_column_text(st, 5), (const char *)sqlite3_column_text(st, 0), &ss);
     nh_session_state_clear(&ss);
     n++;
     if (stop) break;
