@@ -5,7 +5,8 @@ set -euo pipefail
 packages=(
   gcc make cmake pkg-config
   liblua5.4-dev lua5.4 lua-cjson lua-busted
-  libuv1-dev libsqlite3-dev sqlite3 libjansson-dev valgrind python3
+  libuv1-dev libsqlite3-dev sqlite3 libjansson-dev libcurl4-openssl-dev libmicrohttpd-dev
+  valgrind python3 wrk curl
 )
 
 missing=()

@@ -13,6 +13,11 @@ local task_ctx = setmetatable({}, { __mode = "k" })   -- coroutine -> ctx of the
 M.permanent = errors.permanent
 M.transient = errors.transient
 
+-- Waiting calls yield the running task to the loop; see DESIGN.md section 3.
+M.sleep = core.sleep     -- nimbus.sleep(seconds)
+M.spawn = core.spawn     -- nimbus.spawn(fn, ...): a detached task
+M.run = core.run         -- nimbus.run(fn, ...): drive the loop until fn ends (-l scripts, tests)
+
 ---------------------------------------------------------------------------- logging
 local function log_fields(fields)
   if type(fields) ~= "table" then return "" end

@@ -266,6 +266,7 @@ static void start_fresh(nh_dispatch_t *d)
       .correlation_id = m->correlation_id, .originating_message_id = m->originating_message_id,
       .kind = job->kind, .retry_count = m->retry_count, .delivery_count = m->delivery_count,
       .enqueued_at = m->enqueued_at, .data = job,
+      .deadline_s = job->ep->timeout_s, .cpu_budget_s = job->ep->cpu_budget_s,
     };
     d->running++;
     nh_error_t err = {0};

@@ -13,6 +13,7 @@ typedef struct nh_endpoint {
   int concurrency;               /* sessions in flight at once */
   int inbox;
   int64_t lock_ms, renew_max_ms;
+  double timeout_s, cpu_budget_s;  /* per handler task: wall-clock deadline, CPU between yields */
   nh_retry_config_t retry;
   char **types;                  /* handled event types (subscriptions) */
   int ntypes;

@@ -165,7 +165,7 @@ static int parse_retry(nh_endpoint_t *ep, lua_State *L, int t, nh_error_t *err)
 
 int nh_endpoint_parse(nh_endpoint_t *ep, lua_State *L, int opts, nh_error_t *err)
 {
-  static const char *const keys[] = { "concurrency", "lock", "retry", "inbox", NULL };
+  static const char *const keys[] = { "concurrency", "lock", "retry", "inbox", "timeout", "cpu_budget", NULL };
   static const char *const lock_keys[] = { "duration", "renew_max", NULL };
   opts = lua_absindex(L, opts);
   ep->concurrency = 100;
@@ -173,6 +173,11 @@ int nh_endpoint_parse(nh_endpoint_t *ep, lua_State *L, int opts, nh_error_t *err
   ep->renew_max_ms = 300000;
   if (check_keys(L, opts, "", keys, err)) return NH_EUSAGE;
   if (get_int(L, opts, "concurrency", &ep->concurrency, 1, 100000, err)) return NH_EUSAGE;
+  int64_t timeout_ms = 60000, cpu_ms = 1000;
+  if (get_seconds(L, opts, "timeout", &timeout_ms, 0.001, err) || get_seconds(L, opts, "cpu_budget", &cpu_ms, 0.001, err))
+    return NH_EUSAGE;
+  ep->timeout_s = (double)timeout_ms / 1000.0;
+  ep->cpu_budget_s = (double)cpu_ms / 1000.0;
   lua_getfield(L, opts, "inbox");
   ep->inbox = lua_toboolean(L, -1);
   lua_pop(L, 1);

@@ -1,7 +1,11 @@
 /* The C side of the `nimbus` module, preloaded as "nimbus.core". */
+#include "nh_task.h"
 #include "nh_vm_int.h"
 #include "core/nh_log.h"
 #include "core/nh_util.h"
+
+#include "nh_lasync.h"
+#include "nh_lmodules.h"
 
 #include <lauxlib.h>
 #include <string.h>
@@ -54,10 +58,12 @@ static int l_publish(lua_State *L)
   if (!vm->has_host || !vm->host.publish)
     return luaL_error(L, "nimbus.publish works inside a running host (nimbus-host ADAPTER.lua), "
                          "not in interpreter mode");
-  nh_task_t *t = nh_vm_current_task(L);
+  /* Only a handler's publishes wait for its outcome; others are sent at once. */
+  nh_task_t *t = nh_task_of(L);
+  if (t && strcmp(nh_task_kind(t), "handler") != 0) t = NULL;
   char mid[37];
   nh_error_t err = {0};
-  if (vm->host.publish(vm->host.data, t ? t->data : NULL, type, body, len, session, corr, to, mid, &err)) {
+  if (vm->host.publish(vm->host.data, t ? nh_task_data(t) : NULL, type, body, len, session, corr, to, mid, &err)) {
     lua_pushnil(L);
     lua_pushstring(L, err.msg);
     lua_pushstring(L, err.code == NH_EUSAGE ? "EINVAL" : "EIO");
@@ -76,17 +82,36 @@ static int open_core(lua_State *L)
   luaL_newlibtable(L, fns);
   lua_pushlightuserdata(L, lua_touserdata(L, lua_upvalueindex(1)));
   luaL_setfuncs(L, fns, 1);
+  nh_lasync_register(L);
   lua_pushliteral(L, NH_VERSION);
   lua_setfield(L, -2, "version");
   return 1;
 }
 
+nh_vm_t *nh_lua_vm(lua_State *L)
+{
+  lua_getfield(L, LUA_REGISTRYINDEX, "nimbus.vm");
+  nh_vm_t *vm = lua_touserdata(L, -1);
+  lua_pop(L, 1);
+  return vm;
+}
+
+uv_loop_t *nh_lua_loop(lua_State *L) { return nh_lua_vm(L)->loop; }
+
 void nh_lapi_open(nh_vm_t *vm)
 {
   lua_State *L = vm->L;
+  lua_pushlightuserdata(L, vm);
+  lua_setfield(L, LUA_REGISTRYINDEX, "nimbus.vm");
   luaL_getsubtable(L, LUA_REGISTRYINDEX, LUA_PRELOAD_TABLE);
   lua_pushlightuserdata(L, vm);
   lua_pushcclosure(L, open_core, 1);
   lua_setfield(L, -2, "nimbus.core");
+  lua_pushcfunction(L, nh_lsqlite_open);
+  lua_setfield(L, -2, "nimbus.sqlite.core");
+  lua_pushcfunction(L, nh_lhttpd_open);
+  lua_setfield(L, -2, "nimbus.httpd.core");
+  lua_pushcfunction(L, nh_lhttp_open);
+  lua_setfield(L, -2, "nimbus.http.core");
   lua_pop(L, 1);
 }

@@ -2,6 +2,7 @@
  * goes through nh_vm_pcall (traceback as message handler); tasks report errors through
  * lua_resume's status, with the traceback taken from the coroutine before it is reset. */
 #include "nh_vm.h"
+#include "nh_task.h"
 #include "nh_vm_int.h"
 #include "core/nh_log.h"
 #include "core/nh_util.h"
@@ -108,7 +109,53 @@ static void set_package_path(lua_State *L, const char *lua_dir, const char *adap
   lua_pop(L, 2);
 }
 
-static void idle_cb(uv_idle_t *h);
+/* Allocator with a per-VM limit. The limit only applies while a task runs, so a memory
+ * bomb fails inside lua_resume (protected: the handler fails) and the host's own
+ * unprotected API calls between tasks never hit it. */
+static void *vm_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
+{
+  nh_vm_t *vm = ud;
+  size_t old = ptr ? osize : 0;
+  if (nsize == 0) {
+    free(ptr);
+    vm->mem -= old;
+    return NULL;
+  }
+  if (nsize > old && vm->in_task && vm->mem + (nsize - old) > vm->mem_limit) return NULL;
+  void *p = realloc(ptr, nsize);
+  if (!p) return NULL;
+  vm->mem = vm->mem - old + nsize;
+  return p;
+}
+
+static size_t vm_mem_limit(void)
+{
+  const char *env = getenv("NIMBUS_MEMORY_LIMIT_MB");
+  long mb = env ? strtol(env, NULL, 10) : 0;
+  return (size_t)(mb > 0 ? mb : 1024) << 20;
+}
+
+static int vm_panic(lua_State *L)
+{
+  const char *msg = lua_tostring(L, -1);
+  nh_log_error("lua", "unprotected Lua error, aborting: %s", msg ? msg : "(not a string)");
+  abort();
+  return 0;
+}
+
+/* Lua warnings (for instance an error inside a __gc metamethod) go to the log. */
+static void vm_warn(void *ud, const char *msg, int tocont)
+{
+  nh_vm_t *vm = ud;
+  size_t n = strlen(msg);
+  if (n > sizeof vm->warn_buf - 1 - vm->warn_len) n = sizeof vm->warn_buf - 1 - vm->warn_len;
+  memcpy(vm->warn_buf + vm->warn_len, msg, n);
+  vm->warn_len += n;
+  vm->warn_buf[vm->warn_len] = '\0';
+  if (tocont) return;
+  if (vm->warn_buf[0] != '@') nh_log_warn("lua", "%s: warning: %s", vm->path, vm->warn_buf);
+  vm->warn_len = 0;
+}
 
 static nh_vm_t *vm_create(uv_loop_t *loop, const char *path, const char *lua_dir, const nh_vm_host_t *host)
 {
@@ -118,11 +165,14 @@ static nh_vm_t *vm_create(uv_loop_t *loop, const char *path, const char *lua_dir
   if (host) vm->host = *host;
   vm->has_host = host != NULL;
   vm->run_ref = LUA_NOREF;
-  vm->L = luaL_newstate();
+  vm->mem_limit = vm_mem_limit();
+  vm->L = lua_newstate(vm_alloc, vm);
   if (!vm->L) {
     fputs("nimbus-host: cannot create a Lua state (out of memory)\n", stderr);
     abort();
   }
+  lua_atpanic(vm->L, vm_panic);
+  lua_setwarnf(vm->L, vm_warn, vm);
   *(void **)lua_getextraspace(vm->L) = NULL;   /* main thread: not a task */
   luaL_openlibs(vm->L);
   char *adir = NULL;
@@ -134,6 +184,7 @@ static nh_vm_t *vm_create(uv_loop_t *loop, const char *path, const char *lua_dir
   }
   set_package_path(vm->L, lua_dir, adir);
   free(adir);
+  lua_warning(vm->L, "@on", 0);   /* errors in __gc metamethods are reported as warnings */
   nh_lapi_open(vm);
   uv_idle_init(loop, &vm->idle);
   vm->idle.data = vm;
@@ -234,15 +285,7 @@ int nh_vm_subscriptions(nh_vm_t *vm, nh_vm_sub_cb cb, void *data, nh_error_t *er
   return NH_OK;
 }
 
-/* ---------------------------------------------------------------- tasks */
-
-static void task_list_remove(nh_vm_t *vm, nh_task_t *t)
-{
-  if (t->prev) t->prev->next = t->next;
-  else vm->tasks = t->next;
-  if (t->next) t->next->prev = t->prev;
-  t->next = t->prev = NULL;
-}
+/* ---------------------------------------------------------------- handler tasks */
 
 static char *field_str(lua_State *co, int idx, const char *key)
 {
@@ -284,40 +327,16 @@ static void outcome_from_table(lua_State *co, int idx, nh_outcome_t *o)
   lua_pop(co, 1);
 }
 
-static void task_finish(nh_task_t *t, nh_outcome_t *o)
+/* A handler task ended: turn what the runner returned (or how it died) into an outcome. */
+static void handler_done(nh_task_t *t, nh_task_status_t status, int nres)
 {
   nh_vm_t *vm = t->vm;
-  task_list_remove(vm, t);
-  if (vm->L) {
-    lua_resetthread(t->co);   /* 5.4.4: closes pending to-be-closed variables */
-    luaL_unref(vm->L, LUA_REGISTRYINDEX, t->co_ref);
-  }
-  vm->live_tasks--;
-  void *data = t->data;
-  free(t);
-  if (vm->has_host && vm->host.task_done) vm->host.task_done(vm->host.data, data, o);
-  else nh_outcome_clear(o);
-}
-
-/* Resumes a task with `nargs` values already on its stack. */
-static void task_resume(nh_task_t *t, int nargs)
-{
-  int nres = 0;
   lua_State *co = t->co;
-  int rc = lua_resume(co, t->vm->L, nargs, &nres);
   nh_outcome_t o;
   memset(&o, 0, sizeof o);
   o.expected_by_s = -1;
-  if (rc == LUA_YIELD) {
-    lua_pop(co, nres);
-    if (!t->pending) {
-      /* A bare coroutine.yield(): run again on the next loop iteration. */
-      t->resume_next = 1;
-      if (!uv_is_active((uv_handle_t *)&t->vm->idle)) uv_idle_start(&t->vm->idle, idle_cb);
-    }
-    return;
-  }
-  if (rc == LUA_OK) {
+  switch (status) {
+  case NH_TASK_OK:
     if (nres >= 1 && lua_istable(co, -nres)) {
       outcome_from_table(co, lua_gettop(co) - nres + 1, &o);
     } else {
@@ -325,35 +344,36 @@ static void task_resume(nh_task_t *t, int nargs)
       o.error_text = nh_xstrdup("internal error: the nimbus runner returned no outcome");
       o.error_type = nh_xstrdup("HostError");
     }
-  } else {
-    /* An error the runner's xpcall did not catch (it raised itself, or out of memory). */
-    const char *msg = lua_tostring(co, -1);
-    luaL_traceback(co, co, msg ? msg : "(non-string error)", 0);
+    break;
+  case NH_TASK_ERROR: {
+    /* An error the runner's xpcall did not catch (out of memory, or the runner itself). */
+    const char *tb = lua_tostring(co, -1);
+    const char *nl = tb ? strchr(tb, '\n') : NULL;
     o.kind = NH_OUT_FAILED;
-    o.error_text = nh_xstrdup(msg ? msg : "(non-string error)");
-    o.error_type = nh_xstrdup(rc == LUA_ERRMEM ? "OutOfMemory" : "LuaError");
-    o.error_stack = nh_xstrdup(lua_tostring(co, -1));
+    o.error_text = tb ? nh_xstrndup(tb, nl ? (size_t)(nl - tb) : strlen(tb)) : nh_xstrdup("(unknown error)");
+    o.error_type = nh_xstrdup(strstr(o.error_text, "not enough memory") ? "MemoryLimit" : "LuaError");
+    o.error_stack = nh_xstrdup(tb);
+    break;
   }
-  task_finish(t, &o);
-}
-
-static void idle_cb(uv_idle_t *h)
-{
-  nh_vm_t *vm = h->data;
-  uv_idle_stop(h);
-  /* Collect first: resuming may start or finish other tasks. */
-  int n = 0;
-  for (nh_task_t *t = vm->tasks; t; t = t->next) n += t->resume_next;
-  if (!n) return;
-  nh_task_t **due = nh_xmalloc(sizeof *due * (size_t)n);
-  int i = 0;
-  for (nh_task_t *t = vm->tasks; t; t = t->next)
-    if (t->resume_next) {
-      t->resume_next = 0;
-      due[i++] = t;
-    }
-  for (i = 0; i < n; i++) task_resume(due[i], 0);
-  free(due);
+  case NH_TASK_KILLED: {
+    char buf[160];
+    const char *why = nh_task_kill_reason(t);
+    if (why && strcmp(why, "CPU budget exceeded") == 0)
+      snprintf(buf, sizeof buf, "CPU budget exceeded: the handler ran %.3g s without yielding",
+               (double)t->cpu_budget_ns / 1e9);
+    else
+      snprintf(buf, sizeof buf, "deadline exceeded: the handler ran longer than %.3g s", t->deadline_s);
+    o.kind = NH_OUT_FAILED;
+    o.error_text = nh_xstrdup(buf);
+    o.error_type = nh_xstrdup(why && why[0] == 'C' ? "CpuBudgetExceeded" : "DeadlineExceeded");
+    break;
+  }
+  case NH_TASK_CANCELLED:
+    o.kind = NH_OUT_CANCELLED;
+    break;
+  }
+  if (vm->has_host && vm->host.task_done) vm->host.task_done(vm->host.data, nh_task_data(t), &o);
+  else nh_outcome_clear(&o);
 }
 
 static void set_str(lua_State *L, const char *k, const char *v)
@@ -365,20 +385,11 @@ static void set_str(lua_State *L, const char *k, const char *v)
 
 int nh_vm_task_start(nh_vm_t *vm, const nh_task_args_t *a, nh_error_t *err)
 {
-  lua_State *L = vm->L;
-  if (!lua_checkstack(L, 8)) return nh_error_set(err, NH_EFAIL, "Lua stack exhausted");
-  nh_task_t *t = nh_xcalloc(1, sizeof *t);
-  t->vm = vm;
-  t->data = a->data;
-  t->co = lua_newthread(L);
-  *(void **)lua_getextraspace(t->co) = t;
-  t->co_ref = luaL_ref(L, LUA_REGISTRYINDEX);
-  t->next = vm->tasks;
-  if (vm->tasks) vm->tasks->prev = t;
-  vm->tasks = t;
-  vm->live_tasks++;
-
-  lua_State *co = t->co;
+  if (!lua_checkstack(vm->L, 8)) return nh_error_set(err, NH_EFAIL, "Lua stack exhausted");
+  nh_task_opts_t opts = { .kind = "handler", .deadline_s = a->deadline_s, .cpu_budget_s = a->cpu_budget_s,
+                          .on_done = handler_done, .data = a->data };
+  nh_task_t *t = nh_task_new(vm, &opts);
+  lua_State *co = nh_task_thread(t);
   lua_rawgeti(co, LUA_REGISTRYINDEX, vm->run_ref);
   lua_pushstring(co, a->endpoint);
   lua_pushstring(co, a->event_type);
@@ -399,22 +410,11 @@ int nh_vm_task_start(nh_vm_t *vm, const nh_task_args_t *a, nh_error_t *err)
   lua_setfield(co, -2, "delivery_count");
   lua_pushinteger(co, a->enqueued_at);   /* ctx.enqueued_at (ISO text) is built lazily in Lua */
   lua_setfield(co, -2, "enqueued_ms");
-  task_resume(t, 4);
+  nh_task_run(t, 4);
   return NH_OK;
 }
 
-void nh_vm_cancel_all(nh_vm_t *vm)
-{
-  while (vm->tasks) {
-    nh_outcome_t o;
-    memset(&o, 0, sizeof o);
-    o.kind = NH_OUT_CANCELLED;
-    o.expected_by_s = -1;
-    task_finish(vm->tasks, &o);
-  }
-}
-
-nh_task_t *nh_vm_current_task(lua_State *L) { return *(nh_task_t **)lua_getextraspace(L); }
+void nh_vm_cancel_all(nh_vm_t *vm) { nh_task_cancel_all(vm); }
 
 /* ---------------------------------------------------------------- interpreter mode */
 

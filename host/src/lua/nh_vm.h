@@ -53,6 +53,7 @@ typedef struct nh_task_args {
   const char *kind;              /* "event", "retry", "resubmit", "replay" */
   int retry_count, delivery_count;
   int64_t enqueued_at;
+  double deadline_s, cpu_budget_s;   /* <= 0: none / the default */
   void *data;                    /* handed back in task_done */
 } nh_task_args_t;
 

@@ -1,16 +1,26 @@
-/* VM internals shared by nh_vm.c and nh_lapi.c. */
+/* VM internals shared by the files of src/lua. */
 #ifndef NH_VM_INT_H
 #define NH_VM_INT_H
 
+#include "nh_task.h"
 #include "nh_vm.h"
 
 struct nh_task {
   nh_vm_t *vm;
   lua_State *co;
   int co_ref;
+  const char *kind;
   void *data;
-  int pending;        /* an async host operation owns the next resume (later issues) */
-  int resume_next;    /* bare yield: resume on the next loop iteration */
+  nh_task_done_cb on_done;
+  nh_op_t *pending;          /* the async operation that owns the next resume */
+  int resume_next;           /* bare yield: resume on the next loop iteration */
+  uint64_t resume_gen;
+  int start_nargs;
+  int killed, done;
+  const char *kill_reason;
+  uint64_t resume_ns, cpu_budget_ns;
+  double deadline_s;
+  uv_timer_t *deadline;
   nh_task_t *next, *prev;
 };
 
@@ -24,10 +34,15 @@ struct nh_vm {
   int live_tasks;
   nh_task_t *tasks;
   uv_idle_t idle;
+  uint64_t yield_gen;
+  int in_task;               /* > 0 while a task runs: the memory limit applies */
+  size_t mem, mem_limit;
+  char warn_buf[512];
+  size_t warn_len;
 };
 
 int nh_vm_pcall(lua_State *L, int nargs, int nres, nh_error_t *err);
 void nh_lapi_open(nh_vm_t *vm);
-nh_task_t *nh_vm_current_task(lua_State *L);
+nh_task_t *nh_task_running(void);
 
 #endif

@@ -1,0 +1,130 @@
+/* Waiting host calls that are not I/O: nimbus.sleep, nimbus.spawn, nimbus.run. */
+#include "nh_lasync.h"
+#include "nh_task.h"
+#include "nh_vm_int.h"
+#include "core/nh_log.h"
+#include "core/nh_util.h"
+
+#include <lauxlib.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---------------------------------------------------------------- sleep */
+
+typedef struct sleep_op {
+  nh_op_t op;
+  uv_timer_t timer;
+  nh_task_t *task;
+} sleep_op_t;
+
+static void sleep_closed(uv_handle_t *h) { free(h->data); }
+
+static void sleep_fired(uv_timer_t *h)
+{
+  sleep_op_t *s = h->data;
+  nh_task_t *t = s->task;
+  uv_close((uv_handle_t *)&s->timer, sleep_closed);
+  nh_task_complete(t, 0);
+}
+
+static void sleep_cancel(nh_op_t *op)
+{
+  sleep_op_t *s = (sleep_op_t *)op;
+  uv_timer_stop(&s->timer);
+  uv_close((uv_handle_t *)&s->timer, sleep_closed);
+}
+
+static int l_sleep(lua_State *L)
+{
+  double secs = luaL_checknumber(L, 1);
+  luaL_argcheck(L, secs >= 0 && secs < 1e9, 1, "seconds must be >= 0");
+  nh_task_t *t = nh_task_check(L, "nimbus.sleep");
+  sleep_op_t *s = nh_xcalloc(1, sizeof *s);
+  s->op.cancel = sleep_cancel;
+  s->task = t;
+  uv_timer_init(nh_lua_loop(L), &s->timer);
+  s->timer.data = s;
+  uv_timer_start(&s->timer, sleep_fired, (uint64_t)(secs * 1000.0 + 0.5), 0);
+  return nh_task_yield(L, t, &s->op);
+}
+
+/* ---------------------------------------------------------------- spawn */
+
+static void spawned_done(nh_task_t *t, nh_task_status_t status, int nres)
+{
+  (void)nres;
+  lua_State *co = nh_task_thread(t);
+  if (status == NH_TASK_ERROR)
+    nh_log_error("lua", "a nimbus.spawn task failed: %s", lua_tostring(co, -1));
+  else if (status == NH_TASK_KILLED)
+    nh_log_error("lua", "a nimbus.spawn task was stopped: %s", nh_task_kill_reason(t));
+}
+
+/* nimbus.spawn(fn, ...): runs fn(...) as a detached task, starting on the next loop
+ * iteration (never inside the caller's own resume). */
+static int l_spawn(lua_State *L)
+{
+  luaL_checktype(L, 1, LUA_TFUNCTION);
+  int n = lua_gettop(L);
+  nh_vm_t *vm = nh_lua_vm(L);
+  nh_task_opts_t opts = { .kind = "task", .on_done = spawned_done };
+  nh_task_t *t = nh_task_new(vm, &opts);
+  lua_State *co = nh_task_thread(t);
+  lua_xmove(L, co, n);
+  nh_task_start_later(t, n - 1);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* ---------------------------------------------------------------- run */
+
+typedef struct run_state {
+  int finished;
+  nh_task_status_t status;
+  lua_State *caller;
+  int nres;
+} run_state_t;
+
+static void run_done(nh_task_t *t, nh_task_status_t status, int nres)
+{
+  run_state_t *r = nh_task_data(t);
+  lua_State *co = nh_task_thread(t);
+  r->finished = 1;
+  r->status = status;
+  if (status == NH_TASK_OK) {
+    if (!lua_checkstack(r->caller, nres + 1)) nres = 0;
+    lua_xmove(co, r->caller, nres);
+    r->nres = nres;
+  } else if (status == NH_TASK_ERROR) {
+    lua_xmove(co, r->caller, 1);
+  } else {
+    lua_pushstring(r->caller, status == NH_TASK_KILLED ? nh_task_kill_reason(t) : "task cancelled");
+  }
+}
+
+/* nimbus.run(fn, ...): for plain scripts (nimbus-host -l): runs fn(...) as a task and
+ * drives the loop until it ends; returns its results or raises its error. */
+static int l_run(lua_State *L)
+{
+  luaL_checktype(L, 1, LUA_TFUNCTION);
+  if (nh_task_running() || nh_task_of(L))
+    return luaL_error(L, "nimbus.run drives the event loop and cannot be called from a task; "
+                         "call the function directly or use nimbus.spawn");
+  int n = lua_gettop(L);
+  nh_vm_t *vm = nh_lua_vm(L);
+  run_state_t r = { 0, NH_TASK_OK, L, 0 };
+  nh_task_opts_t opts = { .kind = "task", .on_done = run_done, .data = &r };
+  nh_task_t *t = nh_task_new(vm, &opts);
+  lua_xmove(L, nh_task_thread(t), n);
+  int base = lua_gettop(L);
+  nh_task_run(t, n - 1);
+  while (!r.finished) uv_run(vm->loop, UV_RUN_ONCE);
+  if (r.status != NH_TASK_OK) return lua_error(L);
+  return lua_gettop(L) - base;
+}
+
+void nh_lasync_register(lua_State *L)
+{
+  static const luaL_Reg fns[] = { { "sleep", l_sleep }, { "spawn", l_spawn }, { "run", l_run }, { NULL, NULL } };
+  luaL_setfuncs(L, fns, 0);
+}

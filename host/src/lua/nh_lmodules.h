@@ -1,0 +1,11 @@
+/* C modules preloaded into every VM (package.preload), each a luaopen-style function. */
+#ifndef NH_LMODULES_H
+#define NH_LMODULES_H
+
+#include <lua.h>
+
+int nh_lsqlite_open(lua_State *L);   /* require("nimbus.sqlite.core") */
+int nh_lhttpd_open(lua_State *L);    /* require("nimbus.httpd.core") */
+int nh_lhttp_open(lua_State *L);     /* require("nimbus.http.core"): the client */
+
+#endif

@@ -1,0 +1,223 @@
+#include "nh_task.h"
+#include "nh_vm_int.h"
+#include "core/nh_log.h"
+#include "core/nh_util.h"
+
+#include <lauxlib.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NH_DEFAULT_CPU_BUDGET_S 1.0
+#define NH_HOOK_COUNT 10000       /* instructions between budget checks */
+
+/* The task being resumed right now (one thread, so at most one). The hook uses it
+ * because coroutines created inside a task inherit the hook but not the task. */
+static nh_task_t *running_task;
+
+nh_task_t *nh_task_running(void) { return running_task; }
+
+static void task_unlink(nh_vm_t *vm, nh_task_t *t)
+{
+  if (t->prev) t->prev->next = t->next;
+  else vm->tasks = t->next;
+  if (t->next) t->next->prev = t->prev;
+  t->next = t->prev = NULL;
+}
+
+static void deadline_closed(uv_handle_t *h) { free(h); }
+
+static void task_free(nh_task_t *t)
+{
+  nh_vm_t *vm = t->vm;
+  task_unlink(vm, t);
+  if (t->deadline) {
+    uv_timer_stop(t->deadline);
+    uv_close((uv_handle_t *)t->deadline, deadline_closed);
+    t->deadline = NULL;
+  }
+  if (vm->L) {
+    lua_sethook(t->co, NULL, 0, 0);
+    lua_resetthread(t->co);   /* 5.4.4: closes pending to-be-closed variables */
+    luaL_unref(vm->L, LUA_REGISTRYINDEX, t->co_ref);
+  }
+  vm->live_tasks--;
+  free(t);
+}
+
+static void task_end(nh_task_t *t, nh_task_status_t status, int nres)
+{
+  if (t->pending) {
+    nh_op_t *op = t->pending;
+    t->pending = NULL;
+    op->cancel(op);
+  }
+  t->done = 1;
+  if (t->on_done) t->on_done(t, status, nres);
+  task_free(t);
+}
+
+static void budget_hook(lua_State *L, lua_Debug *ar)
+{
+  (void)ar;
+  nh_task_t *t = running_task;
+  if (!t) return;
+  if (!t->killed) {
+    if (uv_hrtime() - t->resume_ns <= t->cpu_budget_ns) return;
+    t->killed = 1;
+    t->kill_reason = "CPU budget exceeded";
+  }
+  /* Yielding from a hook cannot be caught by pcall. Where the running coroutine cannot
+   * yield (a nested coroutine, a C call boundary), raise instead and try again at the
+   * next check, once control is back in yieldable code of the task. */
+  if (L == t->co && lua_isyieldable(L)) {
+    lua_yield(L, 0);
+    return;
+  }
+  luaL_error(L, "%s (%.3g s of continuous running)", t->kill_reason, (double)t->cpu_budget_ns / 1e9);
+}
+
+static void deadline_cb(uv_timer_t *h)
+{
+  nh_task_t *t = h->data;
+  t->killed = 1;
+  t->kill_reason = "deadline exceeded";
+  nh_log_warn("lua", "%s task exceeded its %.3g s deadline; cancelling it", t->kind, t->deadline_s);
+  task_end(t, NH_TASK_KILLED, 0);
+}
+
+nh_task_t *nh_task_new(nh_vm_t *vm, const nh_task_opts_t *o)
+{
+  nh_task_t *t = nh_xcalloc(1, sizeof *t);
+  t->vm = vm;
+  t->kind = o->kind ? o->kind : "task";
+  t->data = o->data;
+  t->on_done = o->on_done;
+  t->cpu_budget_ns = (uint64_t)((o->cpu_budget_s > 0 ? o->cpu_budget_s : NH_DEFAULT_CPU_BUDGET_S) * 1e9);
+  t->deadline_s = o->deadline_s;
+  t->co = lua_newthread(vm->L);
+  *(void **)lua_getextraspace(t->co) = t;
+  t->co_ref = luaL_ref(vm->L, LUA_REGISTRYINDEX);
+  t->next = vm->tasks;
+  if (vm->tasks) vm->tasks->prev = t;
+  vm->tasks = t;
+  vm->live_tasks++;
+  if (o->deadline_s > 0) {
+    t->deadline = nh_xmalloc(sizeof *t->deadline);
+    uv_timer_init(vm->loop, t->deadline);
+    t->deadline->data = t;
+    uv_timer_start(t->deadline, deadline_cb, (uint64_t)(o->deadline_s * 1000.0), 0);
+  }
+  return t;
+}
+
+lua_State *nh_task_thread(nh_task_t *t) { return t->co; }
+void *nh_task_data(nh_task_t *t) { return t->data; }
+const char *nh_task_kind(nh_task_t *t) { return t->kind; }
+const char *nh_task_kill_reason(nh_task_t *t) { return t->kill_reason; }
+
+static void vm_idle_cb(uv_idle_t *h);
+
+static void task_resume(nh_task_t *t, int nargs)
+{
+  nh_vm_t *vm = t->vm;
+  lua_State *co = t->co;
+  int nres = 0;
+  nh_task_t *outer = running_task;   /* NULL: resumes only happen from loop callbacks */
+  running_task = t;
+  vm->in_task++;
+  t->resume_ns = uv_hrtime();
+  lua_sethook(co, budget_hook, LUA_MASKCOUNT, NH_HOOK_COUNT);
+  int rc = lua_resume(co, vm->L, nargs, &nres);
+  vm->in_task--;
+  running_task = outer;
+  if (rc == LUA_YIELD) {
+    lua_pop(co, nres);
+    if (t->killed) {
+      task_end(t, NH_TASK_KILLED, 0);
+    } else if (!t->pending) {
+      /* a bare coroutine.yield(): run again on the next loop iteration */
+      t->resume_next = 1;
+      t->resume_gen = vm->yield_gen;
+      if (!uv_is_active((uv_handle_t *)&vm->idle)) uv_idle_start(&vm->idle, vm_idle_cb);
+    }
+    return;
+  }
+  if (rc == LUA_OK) {
+    task_end(t, NH_TASK_OK, nres);
+    return;
+  }
+  if (t->killed) {   /* the budget error surfaced where the coroutine could not yield */
+    task_end(t, NH_TASK_KILLED, 0);
+    return;
+  }
+  const char *msg = lua_tostring(co, -1);
+  luaL_traceback(co, co, msg ? msg : "(error object is not a string)", 0);
+  task_end(t, NH_TASK_ERROR, 1);
+}
+
+void nh_task_run(nh_task_t *t, int nargs) { task_resume(t, nargs); }
+
+void nh_task_start_later(nh_task_t *t, int nargs)
+{
+  t->start_nargs = nargs;
+  t->resume_next = 1;
+  t->resume_gen = t->vm->yield_gen;
+  if (!uv_is_active((uv_handle_t *)&t->vm->idle)) uv_idle_start(&t->vm->idle, vm_idle_cb);
+}
+
+static void vm_idle_cb(uv_idle_t *h)
+{
+  nh_vm_t *vm = h->data;
+  uv_idle_stop(h);
+  /* Resume each task that yielded bare before this pass. Tasks that yield bare again
+   * while we run get the next generation and wait for the next pass. Scanning from the
+   * head after each resume stays correct even if a resume ends other tasks. */
+  uint64_t gen = ++vm->yield_gen;
+  for (;;) {
+    nh_task_t *t = vm->tasks;
+    while (t && !(t->resume_next && t->resume_gen < gen)) t = t->next;
+    if (!t) break;
+    t->resume_next = 0;
+    int nargs = t->start_nargs;
+    t->start_nargs = 0;
+    task_resume(t, nargs);
+  }
+}
+
+nh_task_t *nh_task_of(lua_State *L) { return *(nh_task_t **)lua_getextraspace(L); }
+
+nh_task_t *nh_task_check(lua_State *L, const char *what)
+{
+  nh_task_t *t = nh_task_of(L);
+  if (!t) {
+    luaL_error(L, "%s must be called from a task (a handler, middleware, status checker, HTTP route or "
+                  "nimbus.spawn function), not from %s",
+               what, running_task ? "a coroutine created inside one" : "the main chunk");
+    return NULL;
+  }
+  if (!lua_isyieldable(L)) {
+    luaL_error(L, "%s cannot wait here: it was called across a C boundary (a __gc or other metamethod, a "
+                  "table.sort comparator, a string.gsub callback...)", what);
+    return NULL;
+  }
+  return t;
+}
+
+int nh_task_yield(lua_State *L, nh_task_t *t, nh_op_t *op)
+{
+  t->pending = op;
+  return lua_yield(L, 0);
+}
+
+void nh_task_complete(nh_task_t *t, int nres)
+{
+  t->pending = NULL;
+  task_resume(t, nres);
+}
+
+void nh_task_cancel(nh_task_t *t) { task_end(t, NH_TASK_CANCELLED, 0); }
+
+void nh_task_cancel_all(nh_vm_t *vm)
+{
+  while (vm->tasks) task_end(vm->tasks, NH_TASK_CANCELLED, 0);
+}

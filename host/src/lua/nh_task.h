@@ -1,0 +1,70 @@
+/* Tasks: Lua coroutines driven by the loop. Every handler, status-checker run, served
+ * HTTP request and nimbus.spawn function runs as one. A host call that waits (sleep,
+ * HTTP) starts its operation, parks an nh_op_t on the task and yields; the operation's
+ * completion callback pushes its results and calls nh_task_complete, always from a
+ * loop callback, never from inside another resume.
+ *
+ * Budgets: a wall-clock deadline per task (uv_timer) and a CPU budget per resume (a
+ * count hook; past the budget the hook yields the coroutine away, which no pcall can
+ * catch, and the task ends as failed). */
+#ifndef NH_TASK_H
+#define NH_TASK_H
+
+#include <lua.h>
+#include <stdint.h>
+#include <uv.h>
+
+typedef struct nh_vm nh_vm_t;
+typedef struct nh_task nh_task_t;
+typedef struct nh_op nh_op_t;
+
+/* A pending asynchronous operation. cancel() must stop the operation and release it
+ * without resuming the task (the task is being torn down). */
+struct nh_op {
+  void (*cancel)(nh_op_t *op);
+};
+
+typedef enum {
+  NH_TASK_OK,          /* the function returned; results are on t->co */
+  NH_TASK_ERROR,       /* it raised; the message with traceback is at the top of t->co */
+  NH_TASK_KILLED,      /* budget or deadline exceeded: t->kill_reason says which */
+  NH_TASK_CANCELLED,   /* the host tore it down (shutdown, VM closed) */
+} nh_task_status_t;
+
+typedef void (*nh_task_done_cb)(nh_task_t *t, nh_task_status_t status, int nres);
+
+typedef struct nh_task_opts {
+  const char *kind;          /* "handler", "checker", "route", "task": for messages */
+  double deadline_s;         /* <= 0: none */
+  double cpu_budget_s;       /* <= 0: default (1 s) */
+  nh_task_done_cb on_done;
+  void *data;
+} nh_task_opts_t;
+
+/* Creates a task whose function and `nargs` arguments the caller pushes on the returned
+ * coroutine (nh_task_thread) before calling nh_task_run. */
+nh_task_t *nh_task_new(nh_vm_t *vm, const nh_task_opts_t *opts);
+lua_State *nh_task_thread(nh_task_t *t);
+void *nh_task_data(nh_task_t *t);
+const char *nh_task_kind(nh_task_t *t);
+const char *nh_task_kill_reason(nh_task_t *t);
+void nh_task_run(nh_task_t *t, int nargs);
+/* Like nh_task_run, but on the next loop iteration. */
+void nh_task_start_later(nh_task_t *t, int nargs);
+
+/* For yielding C primitives: the task running in L, or raises a clear error naming
+ * `what` when L is not a task (a plain coroutine, the main chunk, a __gc metamethod,
+ * a table.sort comparator...). */
+nh_task_t *nh_task_check(lua_State *L, const char *what);
+/* Task of L or NULL, without raising. */
+nh_task_t *nh_task_of(lua_State *L);
+/* Parks op on the task and yields; use as `return nh_task_yield(L, t, op);`. */
+int nh_task_yield(lua_State *L, nh_task_t *t, nh_op_t *op);
+/* Completion: the op pushed nres values on nh_task_thread(t); resumes the task. */
+void nh_task_complete(nh_task_t *t, int nres);
+
+/* Ends every task of the VM (NH_TASK_CANCELLED). */
+void nh_task_cancel_all(nh_vm_t *vm);
+void nh_task_cancel(nh_task_t *t);
+
+#endif
