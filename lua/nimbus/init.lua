@@ -235,4 +235,6 @@ function M._run(epname, event_type, body, ctx)
 end
 
 M._endpoints = endpoints
+M.http = M.http or {}
+M.http.request = require("nimbus.http").request
 return M

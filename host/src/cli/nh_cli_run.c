@@ -4,6 +4,7 @@
 #include "core/nh_util.h"
 #include "dispatch/nh_dispatch.h"
 #include "lua/nh_vm.h"
+#include "net/nh_http_client.h"
 #include "store/nh_store.h"
 #include "transport/nh_embedded.h"
 
@@ -132,6 +133,7 @@ int nh_cmd_run(int argc, char **argv, int first)
     nh_log_info("host", "stopped");
   }
   nh_dispatch_free(h.d);
+  nh_http_client_close();
   uv_run(&loop, UV_RUN_DEFAULT);   /* close callbacks */
   tr->vt->close(tr);
   nh_store_close(store);

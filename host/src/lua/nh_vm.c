@@ -6,6 +6,7 @@
 #include "nh_vm_int.h"
 #include "core/nh_log.h"
 #include "core/nh_util.h"
+#include "net/nh_http_client.h"
 
 #include <lauxlib.h>
 #include <lualib.h>
@@ -446,6 +447,7 @@ int nh_vm_run_script(uv_loop_t *loop, const char *script, int argc, char **argv,
   }
   uv_run(loop, UV_RUN_DEFAULT);
   nh_vm_close(vm);
+  nh_http_client_close();
   uv_run(loop, UV_RUN_DEFAULT);
   return status;
 }
