@@ -560,10 +560,6 @@ TEST(sessions_due_retry_and_draining)
   /* limit */
   memset(&c, 0, sizeof c);
   ASSERT_EQ_INT(nh_store_sessions_due(s, "Ep", now, 2, collect_session, &c), 2);
-
-  /* the earliest retry due on the endpoint */
-  ASSERT_EQ_INT(nh_store_next_retry_due(s, "Ep"), now - 1);
-  ASSERT_EQ_INT(nh_store_next_retry_due(s, "Nobody"), 0);
   nh_store_close(s);
 }
 
@@ -741,6 +737,24 @@ TEST(oplog_add)
   ASSERT_EQ_STR(q1(db, "SELECT action FROM operator_log ORDER BY id DESC LIMIT 1"), "resubmit");
   ASSERT_CMP_INT(q1i(db, "SELECT min(at) FROM operator_log"), >, 0);
   ASSERT_NE_STR(q1(db, "SELECT actor FROM operator_log LIMIT 1"), "");
+  nh_store_close(s);
+}
+
+TEST(operator_pending_one_request_per_event)
+{
+  nh_store_t *s = open_store("nimbus.db");
+  ASSERT_EQ_INT(nh_store_oppending_has(s, "Ep", "e1"), 0);
+  ASSERT_EQ_INT(nh_store_oppending_add(s, "ctl-1", "Ep", "e1", "skip", NH_ST_FAILED), NH_OK);
+  ASSERT_EQ_INT(nh_store_oppending_has(s, "Ep", "e1"), 1);
+  ASSERT_EQ_INT(nh_store_oppending_has(s, "Other", "e1"), 0);
+  ASSERT_EQ_INT(nh_store_oppending_has(s, "Ep", "e2"), 0);
+  char *expected = NULL;
+  ASSERT_EQ_INT(nh_store_oppending_take(s, "ctl-1", &expected), 1);   /* applied by the host */
+  ASSERT_EQ_STR(expected, NH_ST_FAILED);
+  free(expected);
+  ASSERT_EQ_INT(nh_store_oppending_has(s, "Ep", "e1"), 0);
+  ASSERT_EQ_INT(nh_store_oppending_take(s, "unknown", &expected), 0);
+  ASSERT_TRUE(expected == NULL);
   nh_store_close(s);
 }
 

@@ -4,6 +4,7 @@
  * the endpoint applies them in order with the session's other work. */
 #include "nh_cli.h"
 #include "core/nh_util.h"
+#include "dispatch/nh_operator.h"
 #include "store/nh_store.h"
 #include "transport/nh_embedded.h"
 
@@ -109,66 +110,24 @@ int nh_cmd_publish(int argc, char **argv)
   return rc;
 }
 
-static int is_status(const nh_audit_t *a, const char *status) { return a->status && strcmp(a->status, status) == 0; }
-static int is_handoff(const nh_audit_t *a)
+/* Runs one operator request and reports it the CLI way. */
+static int submit(const char *cmd, const char *store, const nh_op_req_t *req)
 {
-  return is_status(a, NH_ST_PENDING) && a->sub_status && strcmp(a->sub_status, "Handoff") == 0;
-}
-
-/* Loads the event for an operator command; prints the reason on failure. */
-static int load_event(cli_ctx_t *c, const char *cmd, const char *event_id, nh_audit_t *ev)
-{
+  cli_ctx_t c;
+  int rc = open_ctx(&c, cmd, store, 0);
+  if (rc) return rc;
   nh_error_t err = {0};
-  memset(ev, 0, sizeof *ev);
-  if (nh_store_audit_find(c->store, event_id, ev, &err)) {
+  nh_audit_t ev;
+  rc = nh_operator_submit(c.store, c.tr, req, &ev, &err);
+  if (rc) {
     fprintf(stderr, "nimbus-host %s: %s\n", cmd, err.msg);
-    return NH_EXIT_USAGE;
+    close_ctx(&c);
+    return rc == NH_EFAIL ? NH_EXIT_FAIL : NH_EXIT_USAGE;
   }
-  if (nh_embedded_control_pending(c->tr, ev->endpoint, ev->event_id)) {
-    fprintf(stderr,
-            "nimbus-host %s: an operator action for event %s is already queued and not yet applied by the host; "
-            "wait for it (nimbus-host show %s)\n",
-            cmd, ev->event_id, ev->event_id);
-    nh_audit_clear(ev);
-    return NH_EXIT_USAGE;
-  }
-  return NH_EXIT_OK;
-}
-
-static int send_control(cli_ctx_t *c, const char *cmd, const nh_audit_t *ev, nh_msg_type_t type, const char *body,
-                        const char *error_text, const char *error_type, const char *detail)
-{
-  char mid[37];
-  nh_uuid_v7(mid);
-  nh_msg_t m;
-  memset(&m, 0, sizeof m);
-  m.session_id = ev->session_id;
-  m.message_id = mid;
-  m.event_id = ev->event_id;
-  m.event_type = ev->event_type;
-  m.type = type;
-  m.correlation_id = ev->correlation_id;
-  m.originating_message_id = ev->originating_message_id ? ev->originating_message_id : ev->message_id;
-  m.parent_message_id = ev->message_id;
-  m.from = "Manager";
-  m.body = (char *)body;
-  m.body_len = body ? strlen(body) : 0;
-  m.error_text = (char *)error_text;
-  m.error_type = (char *)error_type;
-  m.retry_count = 0;
-  m.enqueued_at = nh_time_now_ms();
-  nh_error_t err = {0};
-  int copies = 0;
-  if (nh_store_begin(c->store) || c->tr->vt->send(c->tr, &m, ev->endpoint, &copies, &err) ||
-      nh_store_oplog_add(c->store, cmd, ev->endpoint, ev->event_id, ev->session_id, detail) ||
-      nh_store_history_add(c->store, ev->endpoint, ev->event_id, mid, nh_msg_type_name(type), "Requested", detail) ||
-      nh_store_commit(c->store)) {
-    nh_store_rollback(c->store);
-    fprintf(stderr, "nimbus-host %s: %s\n", cmd, err.msg[0] ? err.msg : nh_store_errmsg(c->store));
-    return NH_EXIT_FAIL;
-  }
-  printf("%s of event %s queued (endpoint %s, session %s); the host owning %s applies it\n", cmd, ev->event_id,
-         ev->endpoint, ev->session_id, ev->endpoint);
+  printf("%s of event %s queued (endpoint %s, session %s); the host owning %s applies it\n", cmd, ev.event_id,
+         ev.endpoint, ev.session_id, ev.endpoint);
+  nh_audit_clear(&ev);
+  close_ctx(&c);
   return NH_EXIT_OK;
 }
 
@@ -182,33 +141,9 @@ int nh_cmd_resubmit(int argc, char **argv)
   char *body = NULL;
   if (nh_args_has(&a, "--body") && !(body = nh_cli_json_arg("resubmit", "--body", nh_args_get(&a, "--body"))))
     return NH_EXIT_USAGE;
-  cli_ctx_t c;
-  if ((rc = open_ctx(&c, "resubmit", a.store, 0))) {
-    free(body);
-    return rc;
-  }
-  nh_audit_t ev;
-  if ((rc = load_event(&c, "resubmit", a.pos[0], &ev))) goto out;
-  if (is_status(&ev, NH_ST_DEFERRED)) {
-    nh_session_state_t st;
-    nh_store_session_get(c.store, ev.endpoint, ev.session_id, &st);
-    fprintf(stderr,
-            "nimbus-host resubmit: event %s is parked (Deferred) behind %s in session %s and will replay in order; "
-            "resubmit or skip the blocking event instead\n",
-            ev.event_id, st.blocked_by ? st.blocked_by : "earlier work", ev.session_id);
-    nh_session_state_clear(&st);
-    rc = NH_EXIT_USAGE;
-  } else if (!body && !ev.payload) {
-    fprintf(stderr, "nimbus-host resubmit: event %s has no stored payload; pass --body JSON\n", ev.event_id);
-    rc = NH_EXIT_USAGE;
-  } else {
-    rc = send_control(&c, "resubmit", &ev, NH_MT_RESUBMIT, body ? body : ev.payload, NULL, NULL,
-                      body ? "resubmit with a new body" : "resubmit");
-  }
-  nh_audit_clear(&ev);
-out:
+  nh_op_req_t req = { .kind = NH_OP_RESUBMIT, .event_id = a.pos[0], .body = body, .actor = "cli" };
+  rc = submit("resubmit", a.store, &req);
   free(body);
-  close_ctx(&c);
   return rc;
 }
 
@@ -218,20 +153,8 @@ int nh_cmd_skip(int argc, char **argv)
   int rc = nh_args_parse(&a, "skip", argc, argv, 2, NULL);
   if (rc) return rc;
   if (a.npos != 1) return nh_usage_error("skip", "expected one EVENT_ID");
-  cli_ctx_t c;
-  if ((rc = open_ctx(&c, "skip", a.store, 0))) return rc;
-  nh_audit_t ev;
-  if ((rc = load_event(&c, "skip", a.pos[0], &ev)) == NH_EXIT_OK) {
-    if (is_status(&ev, NH_ST_COMPLETED) || is_status(&ev, NH_ST_SKIPPED)) {
-      fprintf(stderr, "nimbus-host skip: event %s is already %s; there is nothing to skip\n", ev.event_id, ev.status);
-      rc = NH_EXIT_USAGE;
-    } else {
-      rc = send_control(&c, "skip", &ev, NH_MT_SKIP, NULL, NULL, NULL, "skip");
-    }
-    nh_audit_clear(&ev);
-  }
-  close_ctx(&c);
-  return rc;
+  nh_op_req_t req = { .kind = NH_OP_SKIP, .event_id = a.pos[0], .actor = "cli" };
+  return submit("skip", a.store, &req);
 }
 
 int nh_cmd_handoff(int argc, char **argv)
@@ -251,26 +174,9 @@ int nh_cmd_handoff(int argc, char **argv)
   char *result = NULL;
   if (nh_args_has(&a, "--result") && !(result = nh_cli_json_arg("handoff", "--result", nh_args_get(&a, "--result"))))
     return NH_EXIT_USAGE;
-  cli_ctx_t c;
-  if ((rc = open_ctx(&c, "handoff", a.store, 0))) {
-    free(result);
-    return rc;
-  }
-  nh_audit_t ev;
-  if ((rc = load_event(&c, "handoff", a.pos[1], &ev)) == NH_EXIT_OK) {
-    if (!is_handoff(&ev)) {
-      fprintf(stderr, "nimbus-host handoff %s: event %s is %s%s%s, not Pending+Handoff; nothing changed\n", a.pos[0],
-              ev.event_id, ev.status, ev.sub_status ? "+" : "", ev.sub_status ? ev.sub_status : "");
-      rc = NH_EXIT_USAGE;
-    } else if (complete) {
-      rc = send_control(&c, "handoff complete", &ev, NH_MT_HANDOFF_COMPLETE, result, NULL, NULL, "hand-off complete");
-    } else {
-      rc = send_control(&c, "handoff fail", &ev, NH_MT_HANDOFF_FAIL, NULL, etext, nh_args_get(&a, "--type"),
-                        "hand-off fail");
-    }
-    nh_audit_clear(&ev);
-  }
+  nh_op_req_t req = { .kind = complete ? NH_OP_HANDOFF_COMPLETE : NH_OP_HANDOFF_FAIL, .event_id = a.pos[1],
+                      .body = result, .error_text = etext, .error_type = nh_args_get(&a, "--type"), .actor = "cli" };
+  rc = submit(complete ? "handoff complete" : "handoff fail", a.store, &req);
   free(result);
-  close_ctx(&c);
   return rc;
 }

@@ -175,7 +175,8 @@ int nh_cmd_show(int argc, char **argv)
            ev.session_id, ev.event_type ? ev.event_type : "-", ev.status, ev.sub_status ? "+" : "",
            ev.sub_status ? ev.sub_status : "");
     printf("message    %s\nretries    %d\n", ev.message_id ? ev.message_id : "-", ev.retry_count);
-    if (ev.error_text) printf("error      %s%s%s%s\n", ev.error_type ? ev.error_type : "", ev.error_type ? ": " : "", "", ev.error_text);
+    if (ev.error_text)
+      printf("error      %s%s%s\n", ev.error_type ? ev.error_type : "", ev.error_type ? ": " : "", ev.error_text);
     if (ev.handoff_reason) printf("hand-off   %s (job %s, expected by %s)\n", ev.handoff_reason,
                                   ev.external_job_id ? ev.external_job_id : "-", exp);
     if (ev.result) printf("result     %s\n", ev.result);
@@ -184,9 +185,10 @@ int nh_cmd_show(int argc, char **argv)
     printf("history\n");
     nh_store_history_list(s, ev.endpoint, ev.event_id, print_history, &c);
   }
+  int failed = nh_store_failed(s);
   nh_audit_clear(&ev);
   nh_store_close(s);
-  return NH_EXIT_OK;
+  return failed ? NH_EXIT_FAIL : NH_EXIT_OK;
 }
 
 struct sess_ctx {
@@ -229,7 +231,8 @@ int nh_cmd_sessions(int argc, char **argv)
   if ((rc = open_store(&s, "sessions", a.store))) return rc;
   struct sess_ctx c = { s, nh_args_has(&a, "--json"), 0 };
   nh_store_sessions_list(s, nh_args_get(&a, "--endpoint"), nh_args_has(&a, "--blocked"), print_session, &c);
-  if (!c.json && c.n == 0) printf("no blocked or draining sessions\n");
+  int failed = nh_store_failed(s);
+  if (!c.json && c.n == 0 && !failed) printf("no blocked or draining sessions\n");
   nh_store_close(s);
-  return NH_EXIT_OK;
+  return failed ? NH_EXIT_FAIL : NH_EXIT_OK;
 }

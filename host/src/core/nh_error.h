@@ -11,7 +11,6 @@ enum {
   NH_EUSAGE = -2,    /* bad input from the user */
   NH_ENOTFOUND = -3,
   NH_ESTATE = -4,    /* valid request, wrong state */
-  NH_EBUSY = -5,
 };
 
 typedef struct nh_error {

@@ -38,20 +38,3 @@ void nh_msg_clear(nh_msg_t *m)
   free(m->error_type);
   memset(m, 0, sizeof *m);
 }
-
-void nh_msg_copy(nh_msg_t *dst, const nh_msg_t *src)
-{
-  *dst = *src;
-  dst->endpoint = nh_xstrdup(src->endpoint);
-  dst->session_id = nh_xstrdup(src->session_id);
-  dst->message_id = nh_xstrdup(src->message_id);
-  dst->event_id = nh_xstrdup(src->event_id);
-  dst->event_type = nh_xstrdup(src->event_type);
-  dst->correlation_id = nh_xstrdup(src->correlation_id);
-  dst->originating_message_id = nh_xstrdup(src->originating_message_id);
-  dst->parent_message_id = nh_xstrdup(src->parent_message_id);
-  dst->from = nh_xstrdup(src->from);
-  dst->body = src->body ? nh_xstrndup(src->body, src->body_len) : NULL;
-  dst->error_text = nh_xstrdup(src->error_text);
-  dst->error_type = nh_xstrdup(src->error_type);
-}

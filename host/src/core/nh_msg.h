@@ -32,6 +32,7 @@ typedef struct nh_msg {
   char *from;
   int retry_count;
   int delivery_count;
+  int release_count;      /* transient releases so far (backoff), not failed deliveries */
   int64_t enqueued_at;    /* ms since epoch */
   char *body;             /* JSON payload (event) or operator arguments (control messages) */
   size_t body_len;
@@ -43,6 +44,5 @@ typedef struct nh_msg {
 const char *nh_msg_type_name(nh_msg_type_t t);
 nh_msg_type_t nh_msg_type_parse(const char *s);
 void nh_msg_clear(nh_msg_t *m);   /* frees owned strings, zeroes the struct */
-void nh_msg_copy(nh_msg_t *dst, const nh_msg_t *src);
 
 #endif

@@ -15,6 +15,7 @@
 #define NH_POLL_MAX_MS 50
 
 static void pump(nh_dispatch_t *d);
+static void maybe_stopped(nh_dispatch_t *d);
 
 static void idle_cb(uv_idle_t *h)
 {
@@ -131,32 +132,42 @@ static nh_job_t *job_new(nh_dispatch_t *d, nh_endpoint_t *ep, nh_job_src_t src)
   return job;
 }
 
-/* Routes a fetched job inside the open transaction: settled here, or queued to run. */
-static int accept_job(nh_dispatch_t *d, nh_job_t *job)
+/* Routes a fetched job inside the open transaction, in its own savepoint: settled here,
+ * or queued to run. A job whose routing fails is undone alone and its session released,
+ * so one bad message cannot hold back the batch; it is delivered again later. */
+static void accept_job(nh_dispatch_t *d, nh_job_t *job)
 {
-  int r = nh_dispatch_route(d, job);
+  int r = nh_store_savepoint(d->store) ? NH_EFAIL : nh_dispatch_route(d, job);
+  if (r >= 0 && nh_store_savepoint_end(d->store)) r = NH_EFAIL;
+  else if (r < 0) nh_store_savepoint_rollback(d->store);
   if (r < 0) {
+    if (r != NH_ESTATE) {
+      nh_log_error("dispatch", "%s: could not route message %s (session %s); it stays queued", job->ep->name,
+                   job->msg.message_id, job->msg.session_id);
+      d->tr->vt->unlock_session(d->tr, job->ep->name, job->msg.session_id);
+    }
     nh_job_free(job);
-    return NH_EFAIL;
+    return;
   }
   if (r == 0) {
     nh_job_free(job);
-    return NH_OK;
+    return;
   }
   job->ep->in_flight++;
   *d->fresh_tail = job;
   d->fresh_tail = &job->next;
-  return NH_OK;
 }
-
-static nh_endpoint_t *receiving_ep;   /* the endpoint whose receive() is running */
-static int receive_failed;
 
 static void on_message(void *data, nh_msg_t *msg)
 {
   nh_dispatch_t *d = data;
-  nh_endpoint_t *ep = receiving_ep;
+  nh_endpoint_t *ep = d->receiving_ep;
   if (!ep || strcmp(ep->name, msg->endpoint) != 0) ep = find_endpoint(d, msg->endpoint);
+  if (!ep) {   /* not one of ours (cannot happen with the embedded transport) */
+    nh_msg_clear(msg);
+    free(msg);
+    return;
+  }
   nh_job_t *job = job_new(d, ep, NH_JOB_QUEUE);
   job->msg = *msg;
   free(msg);
@@ -164,7 +175,7 @@ static void on_message(void *data, nh_msg_t *msg)
   case NH_MT_RESUBMIT: job->kind = "resubmit"; break;
   default: job->kind = "event"; break;
   }
-  if (accept_job(d, job)) receive_failed = 1;
+  accept_job(d, job);
 }
 
 struct due_ctx {
@@ -186,10 +197,12 @@ static int on_due_session(void *data, const char *endpoint, const char *session,
   if (st->blocked_by) {
     nh_audit_t a;
     if (nh_store_audit_get(d->store, c->ep->name, st->blocked_by, &a) != 1) {
-      nh_log_warn("dispatch", "%s: session %s is blocked by %s, which has no audit row; clearing the retry",
-                  c->ep->name, session, st->blocked_by);
+      nh_log_error("dispatch", "%s: session %s is blocked by %s, which has no audit row; unblocking the session",
+                   c->ep->name, session, st->blocked_by);
       nh_session_state_t copy = *st;
       copy.retry_due = 0;
+      copy.blocked_by = NULL;
+      copy.draining = nh_store_parked_count(d->store, c->ep->name, session) > 0;
       if (nh_store_session_put(d->store, c->ep->name, session, &copy)) c->failed = 1;
       d->tr->vt->unlock_session(d->tr, c->ep->name, session);
       return 0;
@@ -213,7 +226,14 @@ static int on_due_session(void *data, const char *endpoint, const char *session,
   } else {
     job = job_new(d, c->ep, NH_JOB_PARKED);
     job->kind = "replay";
-    if (nh_store_parked_head(d->store, c->ep->name, session, &job->msg, &job->park_seq) != 1) {
+    int head = nh_store_parked_head(d->store, c->ep->name, session, &job->msg, &job->park_seq);
+    if (head < 0 || nh_store_failed(d->store)) {
+      c->failed = 1;
+      nh_job_free(job);
+      d->tr->vt->unlock_session(d->tr, c->ep->name, session);
+      return 0;
+    }
+    if (head != 1) {
       /* Drained: the session is free again. */
       nh_session_state_t copy = *st;
       copy.draining = 0;
@@ -224,7 +244,7 @@ static int on_due_session(void *data, const char *endpoint, const char *session,
     }
   }
   c->taken++;
-  if (accept_job(d, job)) c->failed = 1;
+  accept_job(d, job);
   return 0;
 }
 
@@ -236,16 +256,15 @@ static int fetch(nh_dispatch_t *d, int64_t now, int *fetched)
     if (cap <= 0) continue;
     struct due_ctx c = { d, ep, now, 0, 0 };
     /* in-flight sessions may still look due; ask for enough rows to see past them */
-    nh_store_sessions_due(d->store, ep->name, now, cap + ep->in_flight, on_due_session, &c);
-    if (c.failed) return NH_EFAIL;
+    if (nh_store_sessions_due(d->store, ep->name, now, cap + ep->in_flight, on_due_session, &c) < 0 || c.failed)
+      return NH_EFAIL;
     *fetched += c.taken;
     cap = ep->concurrency - ep->in_flight;
     if (cap <= 0) continue;
-    receiving_ep = ep;
-    receive_failed = 0;
+    d->receiving_ep = ep;
     int n = d->tr->vt->receive(d->tr, ep->name, cap, now);
-    receiving_ep = NULL;
-    if (n < 0 || receive_failed) return NH_EFAIL;
+    d->receiving_ep = NULL;
+    if (n < 0) return NH_EFAIL;
     *fetched += n;
   }
   return NH_OK;
@@ -294,50 +313,102 @@ static void discard_fresh(nh_dispatch_t *d)
 
 static void maybe_stopped(nh_dispatch_t *d);
 
+#define NH_APPLY_ATTEMPTS 3
+
+/* Writes each finished job's effects in its own savepoint. Returns the jobs to keep
+ * for another attempt (their writes failed); drops jobs whose lock was lost or that
+ * failed too often (their messages are delivered again: nothing was recorded). */
+static void apply_done(nh_dispatch_t *d, nh_job_t **applied, nh_job_t **retry)
+{
+  nh_job_t *job = d->done;
+  d->done = NULL;
+  d->done_tail = &d->done;
+  while (job) {
+    nh_job_t *next = job->next;
+    int rc = nh_store_savepoint(d->store) ? NH_EFAIL : nh_dispatch_apply(d, job);
+    if (rc == NH_OK && nh_store_savepoint_end(d->store)) rc = NH_EFAIL;
+    else if (rc != NH_OK) nh_store_savepoint_rollback(d->store);
+    if (rc == NH_OK || rc == NH_ESTATE || ++job->apply_failures >= NH_APPLY_ATTEMPTS || d->force_stop) {
+      if (rc != NH_OK && rc != NH_ESTATE) {
+        nh_log_error("dispatch", "%s: giving up recording the outcome of %s (session %s) after %d attempts; the "
+                     "message will be delivered again", job->ep->name, job->msg.event_id, job->msg.session_id,
+                     job->apply_failures);
+        d->tr->vt->unlock_session(d->tr, job->ep->name, job->msg.session_id);
+      }
+      job->next = *applied;
+      *applied = job;
+    } else {
+      job->next = *retry;
+      *retry = job;
+    }
+    job = next;
+  }
+}
+
+static void free_jobs(nh_job_t *job)
+{
+  while (job) {
+    nh_job_t *next = job->next;
+    job->ep->in_flight--;
+    nh_job_free(job);
+    job = next;
+  }
+}
+
+static void requeue_done(nh_dispatch_t *d, nh_job_t *jobs)
+{
+  while (jobs) {
+    nh_job_t *next = jobs->next;
+    jobs->next = NULL;
+    *d->done_tail = jobs;
+    d->done_tail = &jobs->next;
+    jobs = next;
+  }
+}
+
 static void pump(nh_dispatch_t *d)
 {
   if (d->pumping) return;
   d->pumping = 1;
   int64_t now = nh_time_now_ms();
   int fetched = 0, had_done = d->done != NULL, ok = 0;
+  nh_job_t *applied = NULL, *retry = NULL;
   if (nh_store_begin(d->store) == NH_OK) {
+    apply_done(d, &applied, &retry);
     ok = 1;
-    for (nh_job_t *job = d->done; job && ok; job = job->next)
-      if (nh_dispatch_apply(d, job)) ok = 0;
-    int64_t renew_every = d->tr->lock_ms / 3;
-    if (ok && now - d->last_renew >= renew_every) {
-      if (d->tr->vt->renew_all(d->tr, now) < 0) ok = 0;
-      else d->last_renew = now;
-    }
-    if (ok && !d->stopping && fetch(d, now, &fetched)) ok = 0;
+    if (!d->stopping && fetch(d, now, &fetched)) ok = 0;
     if (ok && nh_store_commit(d->store)) ok = 0;
     if (!ok) nh_store_rollback(d->store);
   }
   if (ok) {
-    nh_job_t *job = d->done;
-    while (job) {
-      nh_job_t *next = job->next;
-      job->ep->in_flight--;
-      nh_job_free(job);
-      job = next;
-    }
-    d->done = NULL;
-    d->done_tail = &d->done;
+    free_jobs(applied);
+    requeue_done(d, retry);
     start_fresh(d);
   } else {
-    /* Nothing of this batch happened; finished jobs stay queued and are applied again. */
+    /* Nothing of this batch happened (a full disk, say): every finished job stays queued
+     * and is applied again; fetched messages are fetched again later. */
+    requeue_done(d, applied);
+    requeue_done(d, retry);
     discard_fresh(d);
-    nh_log_error("dispatch", "store transaction failed (%s); retrying in 1 s", nh_store_errmsg(d->store));
+    nh_log_error("dispatch", "store transaction failed; retrying in 1 s");
+    if (d->force_stop) {
+      free_jobs(d->done);
+      d->done = NULL;
+      d->done_tail = &d->done;
+    }
   }
   d->pumping = 0;
 
-  if (!ok) {
-    uv_timer_start(&d->timer, timer_cb, 1000, 0);
-    return;
-  }
   if (d->stopping) {
     maybe_stopped(d);
-    if (d->done) kick(d);
+    if (d->done) {
+      if (ok) kick(d);
+      else uv_timer_start(&d->timer, timer_cb, 1000, 0);
+    }
+    return;
+  }
+  if (!ok) {
+    uv_timer_start(&d->timer, timer_cb, 1000, 0);
     return;
   }
   if (fetched > 0 || had_done || d->done) {
@@ -349,6 +420,17 @@ static void pump(nh_dispatch_t *d)
     d->poll_ms = d->poll_ms * 2 > NH_POLL_MAX_MS ? NH_POLL_MAX_MS : d->poll_ms * 2;
     uv_timer_start(&d->timer, timer_cb, (uint64_t)d->poll_ms, 0);
   }
+}
+
+/* Session locks are renewed on their own timer, so they stay ours however long the
+ * handlers take and also while the host drains at shutdown. */
+static void renew_cb(uv_timer_t *h)
+{
+  nh_dispatch_t *d = h->data;
+  if (d->pumping) return;
+  if (nh_store_begin(d->store)) return;
+  int n = d->tr->vt->renew_all(d->tr, nh_time_now_ms());
+  if (n < 0 || nh_store_commit(d->store)) nh_store_rollback(d->store);
 }
 
 /* ---------------------------------------------------------------- lifecycle */
@@ -371,6 +453,8 @@ nh_dispatch_t *nh_dispatch_new(uv_loop_t *loop, nh_store_t *store, nh_transport_
   d->timer.data = d;
   uv_timer_init(loop, &d->drain_timer);
   d->drain_timer.data = d;
+  uv_timer_init(loop, &d->renew_timer);
+  d->renew_timer.data = d;
   return d;
 }
 
@@ -427,6 +511,8 @@ int nh_dispatch_start(nh_dispatch_t *d, nh_error_t *err)
   }
   if (nh_store_commit(d->store)) return nh_error_set(err, NH_EFAIL, "store: cannot commit subscriptions");
   d->started = 1;
+  uint64_t every = (uint64_t)(d->tr->lock_ms / 3 > 0 ? d->tr->lock_ms / 3 : 1);
+  uv_timer_start(&d->renew_timer, renew_cb, every, every);
   kick(d);
   return NH_OK;
 }
@@ -438,6 +524,7 @@ static void maybe_stopped(nh_dispatch_t *d)
   d->on_stopped = NULL;
   uv_timer_stop(&d->drain_timer);
   uv_timer_stop(&d->timer);
+  uv_timer_stop(&d->renew_timer);
   uv_idle_stop(&d->idle);
   cb(d->stopped_data);
 }
@@ -449,6 +536,7 @@ static void drain_timeout_cb(uv_timer_t *h)
     nh_log_warn("dispatch", "drain deadline reached; cancelling %d running task(s) without settling", d->running);
     for (int i = 0; i < d->nvms; i++) nh_vm_cancel_all(d->vms[i]);
   }
+  d->force_stop = 1;   /* past the deadline: stop even if outcomes cannot be written */
   pump(d);
 }
 
@@ -491,7 +579,8 @@ void nh_dispatch_free(nh_dispatch_t *d)
   }
   free(d->lua_dir);
   d->lua_dir = NULL;
-  d->closing = 3;
+  d->closing = 4;
+  uv_close((uv_handle_t *)&d->renew_timer, on_handle_closed);
   uv_close((uv_handle_t *)&d->idle, on_handle_closed);
   uv_close((uv_handle_t *)&d->timer, on_handle_closed);
   uv_close((uv_handle_t *)&d->drain_timer, on_handle_closed);

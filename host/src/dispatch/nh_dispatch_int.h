@@ -39,6 +39,7 @@ typedef struct nh_job {
   nh_session_state_t st;         /* read by route; valid while we hold the session lock */
   const char *kind;              /* passed to Lua as ctx.kind */
   nh_outcome_t out;
+  int apply_failures;
   nh_pub_t *pubs, **pubs_tail;   /* publishes buffered until the outcome commits */
   struct nh_job *next;
 } nh_job_t;
@@ -55,15 +56,16 @@ struct nh_dispatch {
   nh_job_t *fresh, **fresh_tail; /* fetched in the open transaction, not started */
   nh_job_t *done, **done_tail;   /* finished, effects not yet committed */
   int running;
-  int pumping, stopping, started, closing;
+  int pumping, stopping, started, closing, force_stop;
+  nh_endpoint_t *receiving_ep;   /* the endpoint whose receive() is running */
   int64_t poll_ms;               /* adaptive idle poll interval */
-  int64_t last_renew;
   int64_t drain_deadline;
   void (*on_stopped)(void *);
   void *stopped_data;
   uv_idle_t idle;
   uv_timer_t timer;
   uv_timer_t drain_timer;
+  uv_timer_t renew_timer;
 };
 
 /* nh_outcome.c: the state machine */

@@ -99,6 +99,7 @@ static int parse_retry(nh_endpoint_t *ep, lua_State *L, int t, nh_error_t *err)
 {
   static const char *const keys[] = { POLICY_KEYS, "rules", "types", NULL };
   static const char *const rule_keys[] = { POLICY_KEYS, "match", "types", NULL };
+  static const char *const type_keys[] = { POLICY_KEYS, NULL };
   if (check_keys(L, t, "retry", keys, err)) return NH_EUSAGE;
   nh_retry_config_t *c = &ep->retry;
   nh_retry_policy_init(&c->def);
@@ -115,7 +116,7 @@ static int parse_retry(nh_endpoint_t *ep, lua_State *L, int t, nh_error_t *err)
     while (lua_next(L, tt)) {
       if (lua_type(L, -2) != LUA_TSTRING || !lua_istable(L, -1))
         return nh_error_set(err, NH_EUSAGE, "retry.types entries must be EventType = { max_retries = ... }");
-      if (check_keys(L, lua_gettop(L), "retry.types", rule_keys + 0, err)) return NH_EUSAGE;
+      if (check_keys(L, lua_gettop(L), "retry.types", type_keys, err)) return NH_EUSAGE;
       c->per_type = nh_xrealloc(c->per_type, sizeof *c->per_type * (size_t)(c->ntypes + 1));
       nh_retry_type_policy_t *tp = &c->per_type[c->ntypes++];
       tp->event_type = nh_xstrdup(lua_tostring(L, -2));

@@ -72,9 +72,20 @@ static int settle(nh_dispatch_t *d, nh_job_t *job, nh_settle_t how, int64_t dela
   return rc;
 }
 
+/* Ends our hold on the session. If the lock is no longer ours (it expired and another
+ * process took the session), everything this job wrote must be undone: NH_ESTATE tells
+ * the pump to roll the job's savepoint back. */
 static int unlock(nh_dispatch_t *d, nh_job_t *job)
 {
-  return d->tr->vt->unlock_session(d->tr, job->ep->name, job->msg.session_id);
+  int held = d->tr->vt->unlock_session(d->tr, job->ep->name, job->msg.session_id);
+  if (held < 0) return NH_EFAIL;
+  if (held == 0) {
+    nh_log_warn("dispatch", "%s: lost the lock on session %s while handling %s; its outcome is discarded and "
+                "the message will be delivered again", job->ep->name, job->msg.session_id,
+                job->msg.event_id ? job->msg.event_id : job->msg.message_id);
+    return NH_ESTATE;
+  }
+  return NH_OK;
 }
 
 /* Clears the block and, if anything is parked, starts draining. */
@@ -176,6 +187,27 @@ static int route_dead_letter(nh_dispatch_t *d, nh_job_t *job, const char *reason
   return settle(d, job, NH_SETTLE_DEAD_LETTER, 0, reason);
 }
 
+/* An operator request made when the event had `expected` status, arriving after the
+ * event moved on (a retry completed it, a hand-off was settled): applying it now would
+ * act on a state the operator never saw, so it is rejected and recorded. */
+static int stale_request(nh_dispatch_t *d, nh_job_t *job, const char *expected)
+{
+  nh_audit_t a;
+  memset(&a, 0, sizeof a);
+  if (nh_store_audit_get(d->store, job->ep->name, job->msg.event_id, &a) != 1) return 0;
+  int stale = a.status && strcmp(a.status, expected) != 0;
+  if (stale) {
+    char detail[256];
+    snprintf(detail, sizeof detail, "%s rejected: the event changed from %s to %s after the request was made",
+             nh_msg_type_name(job->msg.type), expected, a.status);
+    nh_log_warn("dispatch", "%s %s: %s", job->ep->name, job->msg.event_id, detail);
+    nh_store_history_add(d->store, job->ep->name, job->msg.event_id, job->msg.message_id,
+                         nh_msg_type_name(job->msg.type), "Rejected", detail);
+  }
+  nh_audit_clear(&a);
+  return stale;
+}
+
 /* A parked message settled without its handler: drop it and keep draining. */
 static int parked_done(nh_dispatch_t *d, nh_job_t *job, nh_session_state_t *st)
 {
@@ -205,6 +237,20 @@ int nh_dispatch_route(nh_dispatch_t *d, nh_job_t *job)
              m->delivery_count - 1);
     rc = route_dead_letter(d, job, reason);
     goto out_unlock;
+  }
+  if (m->type != NH_MT_EVENT && m->message_id) {
+    char *expected = NULL;
+    int had = nh_store_oppending_take(d->store, m->message_id, &expected);
+    int stale = had == 1 && expected && stale_request(d, job, expected);
+    free(expected);
+    if (had < 0) {
+      nh_session_state_clear(&st);
+      return NH_EFAIL;
+    }
+    if (stale) {
+      rc = settle(d, job, NH_SETTLE_COMPLETE, 0, NULL);
+      goto out_unlock;
+    }
   }
   if (!m->event_id || !*m->event_id || m->type == NH_MT_UNKNOWN) {
     rc = route_dead_letter(d, job, m->type == NH_MT_UNKNOWN ? "unknown message type" : "message has no EventId");
@@ -268,7 +314,7 @@ out_unlock:
   nh_session_state_clear(&st);
 out_unlock_nostate:
   if (!rc) rc = unlock(d, job);
-  return rc ? NH_EFAIL : 0;
+  return rc ? rc : 0;
 }
 
 /* ---------------------------------------------------------------- outcomes */
@@ -320,19 +366,21 @@ int nh_dispatch_apply(nh_dispatch_t *d, nh_job_t *job)
     return job->src == NH_JOB_QUEUE ? settle(d, job, NH_SETTLE_RELEASE, 0, NULL) : unlock(d, job);
   }
   if (o->kind == NH_OUT_TRANSIENT) {
-    int64_t delay = transient_delay(m->delivery_count > 0 ? m->delivery_count : 1);
+    int64_t delay = transient_delay(m->release_count + 1);
     nh_log_info("dispatch", "%s %s: transient failure, redelivering in %lld ms: %s", ep->name, m->event_id,
                 (long long)delay, o->error_text ? o->error_text : "");
     if (job->src == NH_JOB_RETRY) {
-      job->st.retry_due = nh_time_now_ms() + delay;
-      int rc = nh_store_session_put(d->store, ep->name, m->session_id, &job->st);
+      nh_session_state_t st = job->st;
+      st.retry_due = nh_time_now_ms() + delay;
+      int rc = nh_store_session_put(d->store, ep->name, m->session_id, &st);
       return rc ? rc : unlock(d, job);
     }
     return settle(d, job, NH_SETTLE_RELEASE, delay, NULL);
   }
 
+  /* A copy: if this batch rolls back, the job is applied again from the same state. */
   nh_session_state_t st = job->st;
-  memset(&job->st, 0, sizeof job->st);
+  st.blocked_by = nh_xstrdup(job->st.blocked_by);
   nh_audit_t a;
   audit_load(d, job, &a);
   a.retry_count = m->retry_count;

@@ -59,7 +59,8 @@ static int l_publish(lua_State *L)
     return luaL_error(L, "nimbus.publish works inside a running host (nimbus-host ADAPTER.lua), "
                          "not in interpreter mode");
   /* Only a handler's publishes wait for its outcome; others are sent at once. */
-  nh_task_t *t = nh_task_of(L);
+  /* The running task, not L's: a coroutine created inside a handler publishes for it. */
+  nh_task_t *t = nh_task_running();
   if (t && strcmp(nh_task_kind(t), "handler") != 0) t = NULL;
   char mid[37];
   nh_error_t err = {0};

@@ -57,8 +57,6 @@ static const char *const stmt_sql[NH_SQL_COUNT] = {
   [NH_SQL_SESSIONS_LIST] =
     "SELECT session_id, blocked_by, draining, retry_due, next_park_seq, endpoint FROM sessions"
     " WHERE (?1 IS NULL OR endpoint = ?1) AND (?2 = 0 OR blocked_by IS NOT NULL) ORDER BY endpoint, session_id",
-  [NH_SQL_NEXT_RETRY] =
-    "SELECT min(retry_due) FROM sessions WHERE endpoint = ?1 AND blocked_by IS NOT NULL AND retry_due IS NOT NULL",
   [NH_SQL_PARK] =
     "INSERT INTO parked(endpoint, session_id, park_seq, message_id, event_id, event_type, message_type,"
     " correlation_id, originating_message_id, parent_message_id, from_, retry_count, enqueued_at, body,"
@@ -75,6 +73,12 @@ static const char *const stmt_sql[NH_SQL_COUNT] = {
   [NH_SQL_PROCESSED_HAS] = "SELECT 1 FROM processed WHERE endpoint = ?1 AND message_id = ?2 AND event_id = ?3",
   [NH_SQL_PROCESSED_ADD] =
     "INSERT OR IGNORE INTO processed(endpoint, message_id, event_id, at) VALUES (?1,?2,?3,?4)",
+  [NH_SQL_OPPENDING_ADD] =
+    "INSERT OR REPLACE INTO operator_pending(message_id, endpoint, event_id, action, expected_status, at)"
+    " VALUES (?1,?2,?3,?4,?5,?6)",
+  [NH_SQL_OPPENDING_GET] = "SELECT expected_status FROM operator_pending WHERE message_id = ?1",
+  [NH_SQL_OPPENDING_HAS] = "SELECT 1 FROM operator_pending WHERE event_id = ?2 AND endpoint = ?1 LIMIT 1",
+  [NH_SQL_OPPENDING_DONE] = "DELETE FROM operator_pending WHERE message_id = ?1",
   [NH_SQL_OPLOG_ADD] =
     "INSERT INTO operator_log(at, actor, action, endpoint, event_id, session_id, detail)"
     " VALUES (?1,?2,?3,?4,?5,?6,?7)",
@@ -204,11 +208,51 @@ int nh_store_begin(nh_store_t *s)
     return NH_EFAIL;
   }
   s->in_tx = 1;
+  s->failed = s->outer_failed = 0;
+  return NH_OK;
+}
+
+int nh_store_failed(nh_store_t *s) { return s->failed || s->outer_failed; }
+
+int nh_store_savepoint(nh_store_t *s)
+{
+  s->outer_failed |= s->failed;   /* a failure before the savepoint still blocks the commit */
+  if (sqlite3_exec(s->db, "SAVEPOINT job", NULL, NULL, NULL) != SQLITE_OK) {
+    nh_log_error("store", "savepoint: %s", sqlite3_errmsg(s->db));
+    s->failed = 1;
+    return NH_EFAIL;
+  }
+  s->failed = 0;
+  return NH_OK;
+}
+
+void nh_store_savepoint_rollback(nh_store_t *s)
+{
+  sqlite3_exec(s->db, "ROLLBACK TO job; RELEASE job", NULL, NULL, NULL);
+  s->failed = 0;
+}
+
+int nh_store_savepoint_end(nh_store_t *s)
+{
+  if (s->failed) {
+    nh_store_savepoint_rollback(s);
+    return NH_EFAIL;
+  }
+  if (sqlite3_exec(s->db, "RELEASE job", NULL, NULL, NULL) != SQLITE_OK) {
+    nh_log_error("store", "release savepoint: %s", sqlite3_errmsg(s->db));
+    nh_store_savepoint_rollback(s);
+    return NH_EFAIL;
+  }
   return NH_OK;
 }
 
 int nh_store_commit(nh_store_t *s)
 {
+  if (s->failed || s->outer_failed) {
+    nh_log_error("store", "not committing: a statement in this transaction failed; rolled back");
+    nh_store_rollback(s);
+    return NH_EFAIL;
+  }
   if (sqlite3_exec(s->db, "COMMIT", NULL, NULL, NULL) != SQLITE_OK) {
     nh_log_error("store", "commit: %s (disk full or store unwritable? the batch is rolled back and retried)",
                  sqlite3_errmsg(s->db));
@@ -229,4 +273,5 @@ void nh_store_rollback(nh_store_t *s)
 {
   if (sqlite3_get_autocommit(s->db) == 0) sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
   s->in_tx = 0;
+  s->failed = s->outer_failed = 0;
 }

@@ -54,8 +54,16 @@ const char *nh_store_path(nh_store_t *s);
 /* BEGIN IMMEDIATE: take the write lock up front so a busy peer is waited for here
  * (busy timeout) rather than failing half-way through a batch. */
 int nh_store_begin(nh_store_t *s);
+/* Refuses (rolls back, returns NH_EFAIL) if any statement failed in the transaction. */
 int nh_store_commit(nh_store_t *s);
 void nh_store_rollback(nh_store_t *s);
+/* Per-job savepoints inside a batch: one job's failure undoes only that job. */
+int nh_store_savepoint(nh_store_t *s);
+/* Releases the savepoint, or rolls back to it if a statement failed since; returns
+ * NH_EFAIL in that case (the job's effects are gone). */
+int nh_store_savepoint_end(nh_store_t *s);
+void nh_store_savepoint_rollback(nh_store_t *s);
+int nh_store_failed(nh_store_t *s);
 const char *nh_store_errmsg(nh_store_t *s);
 /* Copies WAL frames back into the database without waiting for readers. Called when
  * the host goes idle so the automatic checkpoint rarely lands inside a busy batch. */
@@ -92,8 +100,6 @@ int nh_store_sessions_due(nh_store_t *s, const char *endpoint, int64_t now, int 
                           void *data);
 int nh_store_sessions_list(nh_store_t *s, const char *endpoint, int blocked_only, nh_session_cb cb,
                            void *data);
-/* The earliest retry due time on this endpoint (0 if none); lets the poll timer sleep exactly. */
-int64_t nh_store_next_retry_due(nh_store_t *s, const char *endpoint);
 
 /* parked messages (per session FIFO by park_seq) */
 int nh_store_park(nh_store_t *s, const nh_msg_t *m, int64_t park_seq);
@@ -111,6 +117,15 @@ int nh_store_inbox_add(nh_store_t *s, const char *endpoint, const char *message_
  * recognise a redelivery whose outcome was already committed. */
 int nh_store_processed_has(nh_store_t *s, const char *endpoint, const char *message_id, const char *event_id);
 int nh_store_processed_add(nh_store_t *s, const char *endpoint, const char *message_id, const char *event_id);
+
+/* operator requests queued and not yet applied: one at a time per event */
+/* expected_status: the event's status when the request was made; the host rejects the
+ * request if the event has moved on since (a retry completed it meanwhile, say). */
+int nh_store_oppending_add(nh_store_t *s, const char *message_id, const char *endpoint, const char *event_id,
+                           const char *action, const char *expected_status);
+int nh_store_oppending_has(nh_store_t *s, const char *endpoint, const char *event_id);
+/* Removes the request; 1 and *expected_status (caller frees) if it was there, 0 if not. */
+int nh_store_oppending_take(nh_store_t *s, const char *message_id, char **expected_status);
 
 /* operator action log */
 int nh_store_oplog_add(nh_store_t *s, const char *action, const char *endpoint, const char *event_id,

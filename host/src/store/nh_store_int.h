@@ -18,7 +18,6 @@ enum {
   NH_SQL_SESSION_DEL,
   NH_SQL_SESSIONS_DUE,
   NH_SQL_SESSIONS_LIST,
-  NH_SQL_NEXT_RETRY,
   NH_SQL_PARK,
   NH_SQL_PARKED_HEAD,
   NH_SQL_PARKED_DEL,
@@ -29,6 +28,10 @@ enum {
   NH_SQL_PROCESSED_HAS,
   NH_SQL_PROCESSED_ADD,
   NH_SQL_OPLOG_ADD,
+  NH_SQL_OPPENDING_ADD,
+  NH_SQL_OPPENDING_HAS,
+  NH_SQL_OPPENDING_DONE,
+  NH_SQL_OPPENDING_GET,
   NH_SQL_COUNT
 };
 
@@ -41,6 +44,8 @@ struct nh_store {
   sqlite3 *db;
   char *path;
   int in_tx;
+  int failed;        /* a statement failed since the last begin/savepoint: do not commit */
+  int outer_failed;  /* ... before the current savepoint */
   sqlite3_stmt *stmt[NH_SQL_COUNT];
 };
 

@@ -14,6 +14,25 @@
 
 static sqlite3_stmt *stmt(nh_store_t *s, int id) { return s->stmt[id]; }
 
+/* Every step goes through here: a failed read must never pass for "no row", so any
+ * error marks the store failed and the open transaction (or savepoint) cannot commit. */
+static int sstep(nh_store_t *s, sqlite3_stmt *st)
+{
+  int rc = sqlite3_step(st);
+  if (rc != SQLITE_ROW && rc != SQLITE_DONE) {
+    if (!s->failed) nh_log_error("store", "%s", sqlite3_errmsg(s->db));
+    s->failed = 1;
+  }
+  return rc;
+}
+
+static int done(nh_store_t *s, sqlite3_stmt *st, const char *what)
+{
+  int rc = nh_sqlite_step_done(s->db, st, what);
+  if (rc) s->failed = 1;
+  return rc;
+}
+
 static void finish(sqlite3_stmt *st)
 {
   sqlite3_reset(st);
@@ -43,7 +62,7 @@ int nh_store_audit_put(nh_store_t *s, const nh_audit_t *a)
   T(st, 16, a->payload); T(st, 17, a->result);
   sqlite3_bind_int64(st, 18, a->updated_at ? a->updated_at : nh_time_now_ms());
   T(st, 19, a->error_stack);
-  return nh_sqlite_step_done(s->db, st, "audit put");
+  return done(s, st, "audit put");
 }
 
 static void audit_read(sqlite3_stmt *st, nh_audit_t *a)
@@ -74,7 +93,7 @@ int nh_store_audit_get(nh_store_t *s, const char *endpoint, const char *event_id
 {
   sqlite3_stmt *st = stmt(s, NH_SQL_AUDIT_GET);
   T(st, 1, endpoint); T(st, 2, event_id);
-  int rc = sqlite3_step(st);
+  int rc = sstep(s, st);
   int found = 0;
   if (rc == SQLITE_ROW) {
     audit_read(st, out);
@@ -91,7 +110,7 @@ int nh_store_audit_find(nh_store_t *s, const char *event_id, nh_audit_t *out, nh
 {
   sqlite3_stmt *st = stmt(s, NH_SQL_AUDIT_FIND);
   T(st, 1, event_id);
-  int rc = sqlite3_step(st);
+  int rc = sstep(s, st);
   if (rc == SQLITE_ROW) {
     audit_read(st, out);
     finish(st);
@@ -104,7 +123,7 @@ int nh_store_audit_find(nh_store_t *s, const char *event_id, nh_audit_t *out, nh
   st = stmt(s, NH_SQL_AUDIT_FIND_PREFIX);
   T(st, 1, event_id);
   int n = 0;
-  while (sqlite3_step(st) == SQLITE_ROW) {
+  while (sstep(s, st) == SQLITE_ROW) {
     if (n == 0) audit_read(st, out);
     n++;
   }
@@ -124,7 +143,7 @@ int nh_store_audit_list(nh_store_t *s, const char *endpoint, const char *status,
   sqlite3_stmt *st = stmt(s, NH_SQL_AUDIT_LIST);
   T(st, 1, endpoint); T(st, 2, status); T(st, 3, session);
   int rc, n = 0;
-  while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+  while ((rc = sstep(s, st)) == SQLITE_ROW) {
     nh_audit_t a = {0};
     audit_read(st, &a);
     int stop = cb(data, &a);
@@ -142,7 +161,7 @@ int nh_store_audit_retext_deferred(nh_store_t *s, const char *endpoint, const ch
 {
   sqlite3_stmt *st = stmt(s, NH_SQL_AUDIT_RETEXT);
   T(st, 1, endpoint); T(st, 2, session); T(st, 3, text);
-  return nh_sqlite_step_done(s->db, st, "audit retext");
+  return done(s, st, "audit retext");
 }
 
 /* ---- history ---- */
@@ -154,7 +173,7 @@ int nh_store_history_add(nh_store_t *s, const char *endpoint, const char *event_
   T(st, 1, endpoint); T(st, 2, event_id); T(st, 3, message_id); T(st, 4, message_type);
   T(st, 5, status); T(st, 6, detail);
   sqlite3_bind_int64(st, 7, nh_time_now_ms());
-  return nh_sqlite_step_done(s->db, st, "history add");
+  return done(s, st, "history add");
 }
 
 int nh_store_history_list(nh_store_t *s, const char *endpoint, const char *event_id, nh_history_cb cb,
@@ -163,7 +182,7 @@ int nh_store_history_list(nh_store_t *s, const char *endpoint, const char *event
   sqlite3_stmt *st = stmt(s, NH_SQL_HISTORY_LIST);
   T(st, 1, endpoint); T(st, 2, event_id);
   int n = 0;
-  while (sqlite3_step(st) == SQLITE_ROW) {
+  while (sstep(s, st) == SQLITE_ROW) {
     n++;
     if (cb(data, sqlite3_column_int64(st, 0), (const char *)sqlite3_column_text(st, 1),
            (const char *)sqlite3_column_text(st, 2), (const char *)sqlite3_column_text(st, 3),
@@ -197,7 +216,7 @@ int nh_store_session_get(nh_store_t *s, const char *endpoint, const char *sessio
   out->next_park_seq = 1;
   sqlite3_stmt *st = stmt(s, NH_SQL_SESSION_GET);
   T(st, 1, endpoint); T(st, 2, session);
-  int rc = sqlite3_step(st);
+  int rc = sstep(s, st);
   if (rc == SQLITE_ROW) session_read(st, 0, out);
   finish(st);
   if (rc != SQLITE_ROW && rc != SQLITE_DONE) {
@@ -212,17 +231,16 @@ int nh_store_session_put(nh_store_t *s, const char *endpoint, const char *sessio
   /* A free session with nothing parked needs no row: keeps the table the size of the
    * trouble, not of the traffic. park_seq restarting at 1 is safe because nothing is parked. */
   if (!in->blocked_by && !in->draining && !in->retry_due) {
-    if (!in->exists) return NH_OK;
     sqlite3_stmt *st = stmt(s, NH_SQL_SESSION_DEL);
     T(st, 1, endpoint); T(st, 2, session);
-    return nh_sqlite_step_done(s->db, st, "session delete");
+    return done(s, st, "session delete");
   }
   sqlite3_stmt *st = stmt(s, NH_SQL_SESSION_PUT);
   T(st, 1, endpoint); T(st, 2, session); T(st, 3, in->blocked_by);
   sqlite3_bind_int(st, 4, in->draining);
   if (in->retry_due) sqlite3_bind_int64(st, 5, in->retry_due); else sqlite3_bind_null(st, 5);
   sqlite3_bind_int64(st, 6, in->next_park_seq > 0 ? in->next_park_seq : 1);
-  return nh_sqlite_step_done(s->db, st, "session put");
+  return done(s, st, "session put");
 }
 
 int nh_store_sessions_due(nh_store_t *s, const char *endpoint, int64_t now, int limit, nh_session_cb cb, void *data)
@@ -236,7 +254,7 @@ int nh_store_sessions_due(nh_store_t *s, const char *endpoint, int64_t now, int 
   int cap = 16, n = 0;
   char **ids = nh_xmalloc(sizeof *ids * (size_t)cap);
   nh_session_state_t *sts = nh_xmalloc(sizeof *sts * (size_t)cap);
-  while (sqlite3_step(st) == SQLITE_ROW) {
+  while (sstep(s, st) == SQLITE_ROW) {
     if (n == cap) {
       cap *= 2;
       ids = nh_xrealloc(ids, sizeof *ids * (size_t)cap);
@@ -264,7 +282,7 @@ int nh_store_sessions_list(nh_store_t *s, const char *endpoint, int blocked_only
   T(st, 1, endpoint);
   sqlite3_bind_int(st, 2, blocked_only);
   int n = 0;
-  while (sqlite3_step(st) == SQLITE_ROW) {
+  while (sstep(s, st) == SQLITE_ROW) {
     nh_session_state_t ss = {0};
     session_read(st, 1, &ss);
     int stop = cb(data, (const char *)sqlite3_column_text(st, 5), (const char *)sqlite3_column_text(st, 0), &ss);
@@ -274,16 +292,6 @@ int nh_store_sessions_list(nh_store_t *s, const char *endpoint, int blocked_only
   }
   finish(st);
   return n;
-}
-
-int64_t nh_store_next_retry_due(nh_store_t *s, const char *endpoint)
-{
-  sqlite3_stmt *st = stmt(s, NH_SQL_NEXT_RETRY);
-  T(st, 1, endpoint);
-  int64_t due = 0;
-  if (sqlite3_step(st) == SQLITE_ROW) due = sqlite3_column_int64(st, 0);
-  finish(st);
-  return due;
 }
 
 /* ---- parked ---- */
@@ -301,7 +309,7 @@ int nh_store_park(nh_store_t *s, const nh_msg_t *m, int64_t park_seq)
   if (m->body) sqlite3_bind_text(st, 14, m->body, (int)m->body_len, SQLITE_TRANSIENT);
   else sqlite3_bind_null(st, 14);
   T(st, 15, m->error_text); T(st, 16, m->error_type);
-  return nh_sqlite_step_done(s->db, st, "park");
+  return done(s, st, "park");
 }
 
 int nh_store_parked_head(nh_store_t *s, const char *endpoint, const char *session, nh_msg_t *m, int64_t *park_seq)
@@ -309,7 +317,7 @@ int nh_store_parked_head(nh_store_t *s, const char *endpoint, const char *sessio
   sqlite3_stmt *st = stmt(s, NH_SQL_PARKED_HEAD);
   T(st, 1, endpoint); T(st, 2, session);
   int found = 0;
-  if (sqlite3_step(st) == SQLITE_ROW) {
+  if (sstep(s, st) == SQLITE_ROW) {
     memset(m, 0, sizeof *m);
     *park_seq = sqlite3_column_int64(st, 0);
     m->endpoint = nh_xstrdup(endpoint);
@@ -339,14 +347,14 @@ int nh_store_parked_delete(nh_store_t *s, const char *endpoint, const char *sess
   sqlite3_stmt *st = stmt(s, NH_SQL_PARKED_DEL);
   T(st, 1, endpoint); T(st, 2, session);
   sqlite3_bind_int64(st, 3, park_seq);
-  return nh_sqlite_step_done(s->db, st, "parked delete");
+  return done(s, st, "parked delete");
 }
 
 int nh_store_parked_delete_event(nh_store_t *s, const char *endpoint, const char *event_id)
 {
   sqlite3_stmt *st = stmt(s, NH_SQL_PARKED_DEL_EVENT);
   T(st, 1, endpoint); T(st, 2, event_id);
-  if (nh_sqlite_step_done(s->db, st, "parked delete event")) return NH_EFAIL;
+  if (done(s, st, "parked delete event")) return NH_EFAIL;
   return sqlite3_changes(s->db);
 }
 
@@ -355,7 +363,7 @@ int nh_store_parked_count(nh_store_t *s, const char *endpoint, const char *sessi
   sqlite3_stmt *st = stmt(s, NH_SQL_PARKED_COUNT);
   T(st, 1, endpoint); T(st, 2, session);
   int n = 0;
-  if (sqlite3_step(st) == SQLITE_ROW) n = sqlite3_column_int(st, 0);
+  if (sstep(s, st) == SQLITE_ROW) n = sqlite3_column_int(st, 0);
   finish(st);
   return n;
 }
@@ -367,7 +375,7 @@ static int exists2(nh_store_t *s, int id, const char *a, const char *b, const ch
   sqlite3_stmt *st = stmt(s, id);
   T(st, 1, a); T(st, 2, b);
   if (c) T(st, 3, c);
-  int found = sqlite3_step(st) == SQLITE_ROW;
+  int found = sstep(s, st) == SQLITE_ROW;
   finish(st);
   return found;
 }
@@ -382,7 +390,7 @@ int nh_store_inbox_add(nh_store_t *s, const char *endpoint, const char *message_
   sqlite3_stmt *st = stmt(s, NH_SQL_INBOX_ADD);
   T(st, 1, endpoint); T(st, 2, message_id);
   sqlite3_bind_int64(st, 3, nh_time_now_ms());
-  return nh_sqlite_step_done(s->db, st, "inbox add");
+  return done(s, st, "inbox add");
 }
 
 int nh_store_processed_has(nh_store_t *s, const char *endpoint, const char *message_id, const char *event_id)
@@ -395,7 +403,35 @@ int nh_store_processed_add(nh_store_t *s, const char *endpoint, const char *mess
   sqlite3_stmt *st = stmt(s, NH_SQL_PROCESSED_ADD);
   T(st, 1, endpoint); T(st, 2, message_id); T(st, 3, event_id);
   sqlite3_bind_int64(st, 4, nh_time_now_ms());
-  return nh_sqlite_step_done(s->db, st, "processed add");
+  return done(s, st, "processed add");
+}
+
+int nh_store_oppending_add(nh_store_t *s, const char *message_id, const char *endpoint, const char *event_id,
+                           const char *action, const char *expected_status)
+{
+  sqlite3_stmt *st = stmt(s, NH_SQL_OPPENDING_ADD);
+  T(st, 1, message_id); T(st, 2, endpoint); T(st, 3, event_id); T(st, 4, action); T(st, 5, expected_status);
+  sqlite3_bind_int64(st, 6, nh_time_now_ms());
+  return done(s, st, "operator pending add");
+}
+
+int nh_store_oppending_has(nh_store_t *s, const char *endpoint, const char *event_id)
+{
+  return exists2(s, NH_SQL_OPPENDING_HAS, endpoint, event_id, NULL);
+}
+
+int nh_store_oppending_take(nh_store_t *s, const char *message_id, char **expected_status)
+{
+  *expected_status = NULL;
+  sqlite3_stmt *st = stmt(s, NH_SQL_OPPENDING_GET);
+  T(st, 1, message_id);
+  int found = sstep(s, st) == SQLITE_ROW;
+  if (found) *expected_status = nh_sqlite_col_strdup(st, 0);
+  finish(st);
+  if (!found) return 0;
+  st = stmt(s, NH_SQL_OPPENDING_DONE);
+  T(st, 1, message_id);
+  return done(s, st, "operator pending done") ? NH_EFAIL : 1;
 }
 
 int nh_store_oplog_add(nh_store_t *s, const char *action, const char *endpoint, const char *event_id,
@@ -406,5 +442,5 @@ int nh_store_oplog_add(nh_store_t *s, const char *action, const char *endpoint, 
   const char *actor = getenv("USER");
   T(st, 2, actor ? actor : "operator");
   T(st, 3, action); T(st, 4, endpoint); T(st, 5, event_id); T(st, 6, session); T(st, 7, detail);
-  return nh_sqlite_step_done(s->db, st, "operator log add");
+  return done(s, st, "operator log add");
 }

@@ -35,6 +35,11 @@ static const char *const nh_store_migrations[] = {
   "CREATE TABLE processed ("
   "  endpoint TEXT NOT NULL, message_id TEXT NOT NULL, event_id TEXT NOT NULL, at INTEGER NOT NULL,"
   "  PRIMARY KEY (endpoint, message_id, event_id)) WITHOUT ROWID;"
+  "CREATE TABLE operator_pending ("
+  "  message_id TEXT PRIMARY KEY, endpoint TEXT NOT NULL, event_id TEXT NOT NULL, action TEXT,"
+  "  expected_status TEXT, at INTEGER NOT NULL)"
+  "  WITHOUT ROWID;"
+  "CREATE INDEX operator_pending_event ON operator_pending(event_id);"
   "CREATE TABLE operator_log ("
   "  id INTEGER PRIMARY KEY, at INTEGER NOT NULL, actor TEXT, action TEXT NOT NULL,"
   "  endpoint TEXT, event_id TEXT, session_id TEXT, detail TEXT);",

@@ -20,6 +20,7 @@ static const char *const embedded_migrations[] = {
   "  message_id TEXT NOT NULL, event_id TEXT, event_type TEXT, message_type TEXT NOT NULL,"
   "  correlation_id TEXT, originating_message_id TEXT, parent_message_id TEXT, from_ TEXT,"
   "  retry_count INTEGER NOT NULL DEFAULT 0, delivery_count INTEGER NOT NULL DEFAULT 0,"
+  "  releases INTEGER NOT NULL DEFAULT 0,"
   "  enqueued_at INTEGER NOT NULL, visible_at INTEGER NOT NULL, body TEXT, error_text TEXT, error_type TEXT);"
   "CREATE INDEX queue_endpoint ON queue(endpoint, seq);"
   "CREATE TABLE session_locks (endpoint TEXT NOT NULL, session_id TEXT NOT NULL, owner TEXT,"
@@ -32,7 +33,7 @@ static const char *const embedded_migrations[] = {
 
 enum {
   Q_SUB_DEL, Q_SUB_ADD, Q_SUBSCRIBERS, Q_INSERT, Q_HEADS, Q_LOCK, Q_UNLOCK, Q_RENEW, Q_DELIVERED,
-  Q_DELETE, Q_DEAD, Q_RELEASE_LOCK, Q_CONTROL, Q_OWNERS, Q_DROP_OWNER, Q_COUNT
+  Q_DELETE, Q_DEAD, Q_RELEASE_LOCK, Q_RELEASED, Q_OWNERS, Q_DROP_OWNER, Q_COUNT
 };
 
 static const char *const q_sql[Q_COUNT] = {
@@ -49,7 +50,7 @@ static const char *const q_sql[Q_COUNT] = {
   [Q_HEADS] =
     "SELECT seq, session_id, message_id, event_id, event_type, message_type, correlation_id,"
     " originating_message_id, parent_message_id, from_, retry_count, delivery_count, enqueued_at,"
-    " visible_at, body, error_text, error_type FROM queue q WHERE q.endpoint = ?1 AND NOT EXISTS"
+    " visible_at, body, error_text, error_type, releases FROM queue q WHERE q.endpoint = ?1 AND NOT EXISTS"
     " (SELECT 1 FROM session_locks l WHERE l.endpoint = ?1 AND l.session_id = q.session_id"
     "  AND l.locked_until > ?2) ORDER BY q.seq LIMIT ?3",
   [Q_LOCK] =
@@ -58,6 +59,8 @@ static const char *const q_sql[Q_COUNT] = {
     " WHERE session_locks.locked_until <= ?5",
   [Q_UNLOCK] = "DELETE FROM session_locks WHERE endpoint = ?1 AND session_id = ?2 AND owner = ?3",
   [Q_RENEW] = "UPDATE session_locks SET locked_until = ?2 WHERE owner = ?1",
+  /* a transient release is not a failed delivery: give the count back, count the release */
+  [Q_RELEASED] = "UPDATE queue SET delivery_count = max(delivery_count - 1, 0), releases = releases + 1 WHERE seq = ?1",
   [Q_DELIVERED] = "UPDATE queue SET delivery_count = delivery_count + 1 WHERE seq = ?1",
   [Q_DELETE] = "DELETE FROM queue WHERE seq = ?1",
   [Q_DEAD] =
@@ -65,11 +68,9 @@ static const char *const q_sql[Q_COUNT] = {
     " reason, delivery_count, at) SELECT seq, endpoint, session_id, message_id, event_id, event_type,"
     " message_type, body, ?2, delivery_count, ?3 FROM queue WHERE seq = ?1",
   /* A released message keeps its place; holding the session (no owner) until the delay
-   * ends keeps the session's later messages behind it. */
+   * ends keeps the session's later messages behind it. Only our own lock is turned. */
   [Q_RELEASE_LOCK] =
-    "INSERT OR REPLACE INTO session_locks(endpoint, session_id, owner, locked_until) VALUES (?1, ?2, NULL, ?3)",
-  [Q_CONTROL] =
-    "SELECT 1 FROM queue WHERE endpoint = ?1 AND event_id = ?2 AND message_type <> 'EventRequest' LIMIT 1",
+    "UPDATE session_locks SET owner = NULL, locked_until = ?3 WHERE endpoint = ?1 AND session_id = ?2 AND owner = ?4",
   [Q_OWNERS] = "SELECT DISTINCT owner FROM session_locks WHERE owner IS NOT NULL",
   [Q_DROP_OWNER] = "DELETE FROM session_locks WHERE owner = ?1",
 };
@@ -145,17 +146,22 @@ static int emb_receive(nh_transport_t *t, const char *endpoint, int max, int64_t
   nh_sqlite_bind_text(st, 1, endpoint);
   sqlite3_bind_int64(st, 2, now);
   sqlite3_bind_int(st, 3, scan);
-  size_t cap = 1;
-  while (cap < (size_t)scan * 2) cap <<= 1;
-  seen_t seen = { nh_xcalloc(cap, sizeof(char *)), cap };
+  size_t scap = 1;
+  while (scap < (size_t)scan * 2) scap <<= 1;
+  seen_t seen = { nh_xcalloc(scap, sizeof(char *)), scap };
   /* Read the heads first, then lock: writes must not interleave with the open scan. */
-  int n = 0;
-  nh_msg_t *heads = nh_xcalloc((size_t)max, sizeof *heads);
+  int n = 0, cap = 0;
+  nh_msg_t *heads = NULL;   /* grown as rows come: an idle poll allocates nothing */
   while (n < max && sqlite3_step(st) == SQLITE_ROW) {
     const char *session = (const char *)sqlite3_column_text(st, 1);
     if (!seen_add(&seen, session)) continue;
     if (sqlite3_column_int64(st, 13) > now) continue;   /* head not visible yet: session waits */
+    if (n == cap) {
+      cap = cap ? cap * 2 : 16;
+      heads = nh_xrealloc(heads, sizeof *heads * (size_t)cap);
+    }
     nh_msg_t *m = &heads[n++];
+    memset(m, 0, sizeof *m);
     m->seq = sqlite3_column_int64(st, 0);
     m->endpoint = nh_xstrdup(endpoint);
     m->session_id = nh_sqlite_col_strdup(st, 1);
@@ -174,10 +180,11 @@ static int emb_receive(nh_transport_t *t, const char *endpoint, int max, int64_t
     m->body_len = m->body ? (size_t)sqlite3_column_bytes(st, 14) : 0;
     m->error_text = nh_sqlite_col_strdup(st, 15);
     m->error_type = nh_sqlite_col_strdup(st, 16);
+    m->release_count = sqlite3_column_int(st, 17);
   }
   sqlite3_reset(st);
   sqlite3_clear_bindings(st);
-  for (size_t i = 0; i < cap; i++) free(seen.keys[i]);
+  for (size_t i = 0; i < scap; i++) free(seen.keys[i]);
   free(seen.keys);
 
   int delivered = 0;
@@ -198,13 +205,15 @@ static int emb_receive(nh_transport_t *t, const char *endpoint, int max, int64_t
   return delivered;
 }
 
+/* Returns 1 if we held the lock, 0 if not (it expired and another owner took it). */
 static int emb_unlock_session(nh_transport_t *t, const char *endpoint, const char *session)
 {
   embedded_t *e = (embedded_t *)t;
   nh_sqlite_bind_text(e->q[Q_UNLOCK], 1, endpoint);
   nh_sqlite_bind_text(e->q[Q_UNLOCK], 2, session);
   nh_sqlite_bind_text(e->q[Q_UNLOCK], 3, e->owner);
-  return step(e, Q_UNLOCK, "session unlock");
+  if (step(e, Q_UNLOCK, "session unlock")) return NH_EFAIL;
+  return sqlite3_changes(e->db) > 0;
 }
 
 static int emb_renew_all(nh_transport_t *t, int64_t now)
@@ -234,10 +243,15 @@ static int emb_settle(nh_transport_t *t, const nh_msg_t *m, nh_settle_t how, int
     sqlite3_bind_int64(e->q[Q_DELETE], 1, m->seq);
     return step(e, Q_DELETE, "dead-letter delete");
   case NH_SETTLE_RELEASE:
-    if (delay_ms <= 0) return emb_unlock_session(t, m->endpoint, m->session_id);
+    if (delay_ms <= 0) return emb_unlock_session(t, m->endpoint, m->session_id) < 0 ? NH_EFAIL : NH_OK;
+    if (m->seq > 0) {
+      sqlite3_bind_int64(e->q[Q_RELEASED], 1, m->seq);
+      if (step(e, Q_RELEASED, "release count")) return NH_EFAIL;
+    }
     nh_sqlite_bind_text(e->q[Q_RELEASE_LOCK], 1, m->endpoint);
     nh_sqlite_bind_text(e->q[Q_RELEASE_LOCK], 2, m->session_id);
     sqlite3_bind_int64(e->q[Q_RELEASE_LOCK], 3, nh_time_now_ms() + delay_ms);
+    nh_sqlite_bind_text(e->q[Q_RELEASE_LOCK], 4, e->owner);
     return step(e, Q_RELEASE_LOCK, "release");
   }
   return NH_EFAIL;
@@ -284,9 +298,12 @@ static int emb_send(nh_transport_t *t, const nh_msg_t *m, const char *to_endpoin
   /* Fan-out: collect subscribers first, then insert (no writes during the scan). */
   sqlite3_stmt *st = e->q[Q_SUBSCRIBERS];
   nh_sqlite_bind_text(st, 1, m->event_type);
-  char *eps[256];
+  char **eps = NULL;
   int n = 0;
-  while (n < 256 && sqlite3_step(st) == SQLITE_ROW) eps[n++] = nh_sqlite_col_strdup(st, 0);
+  while (sqlite3_step(st) == SQLITE_ROW) {
+    eps = nh_xrealloc(eps, sizeof *eps * (size_t)(n + 1));
+    eps[n++] = nh_sqlite_col_strdup(st, 0);
+  }
   sqlite3_reset(st);
   sqlite3_clear_bindings(st);
   int rc = NH_OK;
@@ -299,6 +316,7 @@ static int emb_send(nh_transport_t *t, const nh_msg_t *m, const char *to_endpoin
       (*copies)++;
     free(eps[i]);
   }
+  free(eps);
   return rc;
 }
 
@@ -308,18 +326,6 @@ static void emb_close(nh_transport_t *t)
   for (int i = 0; i < Q_COUNT; i++) sqlite3_finalize(e->q[i]);
   free(e->owner);
   free(e);
-}
-
-int nh_embedded_control_pending(nh_transport_t *t, const char *endpoint, const char *event_id)
-{
-  embedded_t *e = (embedded_t *)t;
-  sqlite3_stmt *st = e->q[Q_CONTROL];
-  nh_sqlite_bind_text(st, 1, endpoint);
-  nh_sqlite_bind_text(st, 2, event_id);
-  int found = sqlite3_step(st) == SQLITE_ROW;
-  sqlite3_reset(st);
-  sqlite3_clear_bindings(st);
-  return found;
 }
 
 /* Owners are "host:pid:tag". A lock held by a dead process on this machine would

@@ -10,7 +10,4 @@
  * names this process in session locks. */
 nh_transport_t *nh_embedded_new(sqlite3 *db, const char *owner, nh_error_t *err);
 
-/* 1 if an operator/settlement message for this event is queued and not yet applied. */
-int nh_embedded_control_pending(nh_transport_t *t, const char *endpoint, const char *event_id);
-
 #endif

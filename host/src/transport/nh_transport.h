@@ -30,6 +30,7 @@ typedef struct nh_transport_vtbl {
   /* Pull transports deliver up to `max` session heads through on_message; returns how many. */
   int (*receive)(nh_transport_t *t, const char *endpoint, int max, int64_t now);
   int (*lock_session)(nh_transport_t *t, const char *endpoint, const char *session, int64_t now);
+  /* 1 if this process held the lock, 0 if it had lost it, < 0 on error. */
   int (*unlock_session)(nh_transport_t *t, const char *endpoint, const char *session);
   /* Extends every lock this process holds; returns the number renewed. */
   int (*renew_all)(nh_transport_t *t, int64_t now);

@@ -1,0 +1,121 @@
+#include "nh_operator.h"
+#include "core/nh_util.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static const char *const op_names[] = { "resubmit", "skip", "handoff complete", "handoff fail" };
+static const nh_msg_type_t op_types[] = { NH_MT_RESUBMIT, NH_MT_SKIP, NH_MT_HANDOFF_COMPLETE, NH_MT_HANDOFF_FAIL };
+
+const char *nh_operator_name(nh_op_kind_t kind) { return op_names[kind]; }
+
+static int is_status(const nh_audit_t *a, const char *status) { return a->status && strcmp(a->status, status) == 0; }
+
+static int check_state(nh_store_t *s, const nh_op_req_t *r, const nh_audit_t *ev, nh_error_t *err)
+{
+  switch (r->kind) {
+  case NH_OP_RESUBMIT:
+    if (is_status(ev, NH_ST_DEFERRED)) {
+      nh_session_state_t st;
+      nh_store_session_get(s, ev->endpoint, ev->session_id, &st);
+      nh_error_set(err, NH_ESTATE,
+                   "event %s is parked (Deferred) behind %s in session %s and will replay in order; resubmit or "
+                   "skip the blocking event instead",
+                   ev->event_id, st.blocked_by ? st.blocked_by : "earlier work", ev->session_id);
+      nh_session_state_clear(&st);
+      return NH_ESTATE;
+    }
+    if (!r->body && !ev->payload)
+      return nh_error_set(err, NH_ESTATE, "event %s has no stored payload; pass a new body", ev->event_id);
+    return NH_OK;
+  case NH_OP_SKIP:
+    if (is_status(ev, NH_ST_COMPLETED) || is_status(ev, NH_ST_SKIPPED))
+      return nh_error_set(err, NH_ESTATE, "event %s is already %s; there is nothing to skip", ev->event_id, ev->status);
+    return NH_OK;
+  case NH_OP_HANDOFF_COMPLETE:
+  case NH_OP_HANDOFF_FAIL:
+    if (!is_status(ev, NH_ST_PENDING) || !ev->sub_status || strcmp(ev->sub_status, "Handoff") != 0)
+      return nh_error_set(err, NH_ESTATE, "event %s is %s%s%s, not Pending+Handoff; nothing changed", ev->event_id,
+                          ev->status, ev->sub_status ? "+" : "", ev->sub_status ? ev->sub_status : "");
+    if (r->kind == NH_OP_HANDOFF_FAIL && (!r->error_text || !*r->error_text))
+      return nh_error_set(err, NH_EUSAGE, "a failed hand-off needs an error text");
+    return NH_OK;
+  }
+  return NH_OK;
+}
+
+static int coords_match(const nh_op_req_t *r, const nh_audit_t *ev, nh_error_t *err)
+{
+  if (r->endpoint && strcmp(r->endpoint, ev->endpoint) != 0)
+    return nh_error_set(err, NH_EUSAGE, "event %s belongs to endpoint %s, not %s", ev->event_id, ev->endpoint,
+                        r->endpoint);
+  if (r->session_id && strcmp(r->session_id, ev->session_id) != 0)
+    return nh_error_set(err, NH_EUSAGE, "event %s is in session %s, not %s", ev->event_id, ev->session_id,
+                        r->session_id);
+  if (r->message_id && ev->message_id && strcmp(r->message_id, ev->message_id) != 0)
+    return nh_error_set(err, NH_ESTATE, "event %s's latest message is %s, not %s (it moved on since)", ev->event_id,
+                        ev->message_id, r->message_id);
+  return NH_OK;
+}
+
+int nh_operator_submit(nh_store_t *s, nh_transport_t *t, const nh_op_req_t *r, nh_audit_t *out, nh_error_t *err)
+{
+  nh_audit_t ev;
+  memset(&ev, 0, sizeof ev);
+  if (!r->event_id || !*r->event_id) return nh_error_set(err, NH_EUSAGE, "no event id given");
+  /* Check and queue in one write transaction: no host can change the event between. */
+  if (nh_store_begin(s)) return nh_error_set(err, NH_EFAIL, "store busy: %s", nh_store_errmsg(s));
+  int rc = nh_store_audit_find(s, r->event_id, &ev, err);
+  if (rc) {
+    nh_store_rollback(s);
+    if (rc == NH_ENOTFOUND) err->code = rc = NH_EUSAGE;
+    return rc;
+  }
+  if ((rc = coords_match(r, &ev, err)) || (rc = check_state(s, r, &ev, err))) goto fail;
+  if (nh_store_oppending_has(s, ev.endpoint, ev.event_id)) {
+    rc = nh_error_set(err, NH_ESTATE,
+                      "a request for event %s is already queued and not yet applied by the host; wait for it "
+                      "(nimbus-host show %s)",
+                      ev.event_id, ev.event_id);
+    goto fail;
+  }
+  char mid[37];
+  nh_uuid_v7(mid);
+  nh_msg_t m;
+  memset(&m, 0, sizeof m);
+  m.session_id = ev.session_id;
+  m.message_id = mid;
+  m.event_id = ev.event_id;
+  m.event_type = ev.event_type;
+  m.type = op_types[r->kind];
+  m.correlation_id = ev.correlation_id;
+  m.originating_message_id = ev.originating_message_id ? ev.originating_message_id : ev.message_id;
+  m.parent_message_id = ev.message_id;
+  m.from = "Manager";
+  const char *body = r->kind == NH_OP_RESUBMIT ? (r->body ? r->body : ev.payload) : r->body;
+  m.body = (char *)body;
+  m.body_len = body ? strlen(body) : 0;
+  m.error_text = (char *)r->error_text;
+  m.error_type = (char *)r->error_type;
+  m.enqueued_at = nh_time_now_ms();
+  char detail[160];
+  snprintf(detail, sizeof detail, "%s%s by %s", op_names[r->kind],
+           r->kind == NH_OP_RESUBMIT && r->body ? " with a new body" : "", r->actor ? r->actor : "operator");
+  int copies = 0;
+  if (t->vt->send(t, &m, ev.endpoint, &copies, err) ||
+      nh_store_oppending_add(s, mid, ev.endpoint, ev.event_id, op_names[r->kind], ev.status) ||
+      nh_store_oplog_add(s, op_names[r->kind], ev.endpoint, ev.event_id, ev.session_id, detail) ||
+      nh_store_history_add(s, ev.endpoint, ev.event_id, mid, nh_msg_type_name(m.type), "Requested", detail) ||
+      nh_store_commit(s)) {
+    if (!err->msg[0]) nh_error_set(err, NH_EFAIL, "store: cannot queue the request");
+    rc = NH_EFAIL;
+    goto fail;
+  }
+  if (out) *out = ev;
+  else nh_audit_clear(&ev);
+  return NH_OK;
+fail:
+  nh_store_rollback(s);
+  nh_audit_clear(&ev);
+  return rc;
+}

@@ -1,0 +1,33 @@
+/* Operator actions and hand-off settlements (CLI, Lua status checkers, scripts): each
+ * is checked against the event's audit row, then sent as a control message through the
+ * event's own session queue, so the host owning the endpoint applies it in order with
+ * the session's other work. At most one request per event waits at a time. */
+#ifndef NH_OPERATOR_H
+#define NH_OPERATOR_H
+
+#include "core/nh_error.h"
+#include "store/nh_store.h"
+#include "transport/nh_transport.h"
+
+typedef enum { NH_OP_RESUBMIT, NH_OP_SKIP, NH_OP_HANDOFF_COMPLETE, NH_OP_HANDOFF_FAIL } nh_op_kind_t;
+
+typedef struct nh_op_req {
+  nh_op_kind_t kind;
+  const char *event_id;        /* full id, or a unique prefix of 8+ characters */
+  const char *endpoint;        /* optional: must match when given */
+  const char *session_id;      /* optional: must match when given (hand-off coordinates) */
+  const char *message_id;      /* optional: must match when given */
+  const char *body;            /* resubmit: new body; handoff complete: result JSON */
+  const char *error_text;      /* handoff fail */
+  const char *error_type;
+  const char *actor;           /* "cli", "checker NAME", "script": for the operator log */
+} nh_op_req_t;
+
+/* Validates and queues the request in its own store transaction. NH_EUSAGE: unknown
+ * event; NH_ESTATE: the event is in the wrong state or already has a request waiting
+ * (err says which); NH_EFAIL: store failure. On success `ev` (optional) receives the
+ * event's audit row. */
+int nh_operator_submit(nh_store_t *s, nh_transport_t *t, const nh_op_req_t *req, nh_audit_t *ev, nh_error_t *err);
+const char *nh_operator_name(nh_op_kind_t kind);
+
+#endif
