@@ -1,5 +1,6 @@
 /* nimbus-host: CLI entry. Subcommands are in src/cli/. */
 #include "cli/nh_cli.h"
+#include "dispatch/nh_bridge.h"
 #include "lua/nh_vm.h"
 
 #include <stdio.h>
@@ -15,7 +16,7 @@ static int run_script(int argc, char **argv)
   if (argc < 3) return nh_usage_error("-l", "missing script: nimbus-host -l SCRIPT.lua [ARGS]");
   uv_loop_t loop;
   uv_loop_init(&loop);
-  int rc = nh_vm_run_script(&loop, argv[2], argc - 3, argv + 3, nh_vm_lua_dir(argv[0]));
+  int rc = nh_vm_run_script(&loop, argv[2], argc - 3, argv + 3, nh_vm_lua_dir(argv[0]), nh_bridge_script_host());
   uv_loop_close(&loop);
   return rc;
 }

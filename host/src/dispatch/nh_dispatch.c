@@ -2,6 +2,7 @@
  * timer (1 ms doubling to 50 ms) when idle so another process's messages are seen
  * quickly without a busy loop. Each pump is one store transaction: it commits the
  * effects of every finished task, then fetches new work, then starts handlers. */
+#include "nh_bridge.h"
 #include "nh_dispatch_int.h"
 #include "core/nh_log.h"
 #include "core/nh_util.h"
@@ -117,6 +118,20 @@ static void host_task_done(void *data, void *task_data, nh_outcome_t *o)
   *d->done_tail = job;
   d->done_tail = &job->next;
   kick(d);
+}
+
+static int host_pending_handoffs(void *data, lua_State *L, const char *endpoint, nh_error_t *err)
+{
+  nh_dispatch_t *d = data;
+  return nh_bridge_push_handoffs(L, d->store, endpoint, err);
+}
+
+static int host_handoff(void *data, const nh_handoff_req_t *req, nh_error_t *err)
+{
+  nh_dispatch_t *d = data;
+  int rc = nh_bridge_handoff(d->store, d->tr, req, err);
+  if (rc == NH_OK && d->started) kick(d);
+  return rc;
 }
 
 /* ---------------------------------------------------------------- jobs */
@@ -470,7 +485,8 @@ static void collect_types(void *data, const char *endpoint, const char *const *t
 
 int nh_dispatch_load(nh_dispatch_t *d, const char *adapter_path, nh_error_t *err)
 {
-  nh_vm_host_t host = { d, host_register_endpoint, host_publish, host_task_done };
+  nh_vm_host_t host = { d, host_register_endpoint, host_publish, host_task_done, host_pending_handoffs,
+                        host_handoff };
   nh_vm_t *vm = nh_vm_new(d->loop, adapter_path, d->lua_dir, &host, err);
   if (!vm || nh_vm_subscriptions(vm, collect_types, d, err)) {
     while (d->pending_eps) {

@@ -74,11 +74,47 @@ static int l_publish(lua_State *L)
   return 1;
 }
 
+static int l_pending_handoffs(lua_State *L)
+{
+  nh_vm_t *vm = upvm(L);
+  const char *endpoint = luaL_checkstring(L, 1);
+  if (!vm->host.pending_handoffs)
+    return luaL_error(L, "pending hand-offs can only be listed inside a running host or a script with a store");
+  nh_error_t err = {0};
+  if (vm->host.pending_handoffs(vm->host.data, L, endpoint, &err)) return luaL_error(L, "%s", err.msg);
+  return 1;
+}
+
+/* core.handoff("complete"|"fail", event_id, endpoint, session, message_id, result, store, text, type) */
+static int l_handoff(lua_State *L)
+{
+  nh_vm_t *vm = upvm(L);
+  static const char *const kinds[] = { "fail", "complete", NULL };
+  nh_handoff_req_t req = {
+    .complete = luaL_checkoption(L, 1, NULL, kinds), .event_id = luaL_checkstring(L, 2),
+    .endpoint = opt_str(L, 3), .session_id = opt_str(L, 4), .message_id = opt_str(L, 5), .result = opt_str(L, 6),
+    .store = opt_str(L, 7), .error_text = opt_str(L, 8), .error_type = opt_str(L, 9),
+  };
+  nh_task_t *t = nh_task_running();
+  req.actor = t ? nh_task_kind(t) : "script";
+  if (!vm->host.handoff) return luaL_error(L, "hand-offs can only be settled inside a running host or a script");
+  nh_error_t err = {0};
+  if (vm->host.handoff(vm->host.data, &req, &err)) {
+    lua_pushnil(L);
+    lua_pushstring(L, err.msg);
+    lua_pushstring(L, err.code == NH_ESTATE ? "ESTATE" : err.code == NH_EUSAGE ? "ENOTFOUND" : "EIO");
+    return 3;
+  }
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
 static int open_core(lua_State *L)
 {
   static const luaL_Reg fns[] = {
     { "log", l_log }, { "now", l_now }, { "register_endpoint", l_register_endpoint },
-    { "publish", l_publish }, { NULL, NULL },
+    { "publish", l_publish }, { "pending_handoffs", l_pending_handoffs }, { "handoff", l_handoff },
+    { NULL, NULL },
   };
   luaL_newlibtable(L, fns);
   lua_pushlightuserdata(L, lua_touserdata(L, lua_upvalueindex(1)));

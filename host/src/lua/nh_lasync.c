@@ -123,8 +123,92 @@ static int l_run(lua_State *L)
   return lua_gettop(L) - base;
 }
 
+/* ---------------------------------------------------------------- every */
+
+/* A periodic task (status checkers): fn runs as a task every `secs`; a tick that finds
+ * the previous run still going is skipped, so runs never overlap. */
+typedef struct nh_every {
+  uv_timer_t timer;
+  nh_vm_t *vm;
+  int fn_ref;
+  char *label;
+  double timeout_s;
+  nh_task_t *running;
+  struct nh_every *next;
+} nh_every_t;
+
+static void every_done(nh_task_t *t, nh_task_status_t status, int nres)
+{
+  (void)nres;
+  nh_every_t *e = nh_task_data(t);
+  e->running = NULL;
+  lua_State *co = nh_task_thread(t);
+  if (status == NH_TASK_ERROR)
+    nh_log_error("lua", "%s failed (it runs again at the next tick): %s", e->label, lua_tostring(co, -1));
+  else if (status == NH_TASK_KILLED)
+    nh_log_error("lua", "%s stopped: %s (it runs again at the next tick)", e->label, nh_task_kill_reason(t));
+}
+
+static void every_tick(uv_timer_t *h)
+{
+  nh_every_t *e = h->data;
+  if (e->running) {
+    nh_log_debug("lua", "%s: previous run still going, skipping this tick", e->label);
+    return;
+  }
+  nh_task_opts_t opts = { .kind = "checker", .deadline_s = e->timeout_s, .on_done = every_done, .data = e };
+  nh_task_t *t = nh_task_new(e->vm, &opts);
+  lua_State *co = nh_task_thread(t);
+  lua_rawgeti(co, LUA_REGISTRYINDEX, e->fn_ref);
+  e->running = t;
+  nh_task_run(t, 0);
+}
+
+static void every_closed(uv_handle_t *h)
+{
+  nh_every_t *e = h->data;
+  free(e->label);
+  free(e);
+}
+
+/* core.every(seconds, fn, label, timeout) */
+static int l_every(lua_State *L)
+{
+  double secs = luaL_checknumber(L, 1);
+  luaL_argcheck(L, secs > 0, 1, "interval must be > 0 seconds");
+  luaL_checktype(L, 2, LUA_TFUNCTION);
+  const char *label = luaL_optstring(L, 3, "periodic task");
+  double timeout = luaL_optnumber(L, 4, 60.0);
+  nh_vm_t *vm = nh_lua_vm(L);
+  nh_every_t *e = nh_xcalloc(1, sizeof *e);
+  e->vm = vm;
+  e->label = nh_xstrdup(label);
+  e->timeout_s = timeout;
+  lua_pushvalue(L, 2);
+  e->fn_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  uv_timer_init(vm->loop, &e->timer);
+  e->timer.data = e;
+  uint64_t ms = (uint64_t)(secs * 1000.0 + 0.5);
+  uv_timer_start(&e->timer, every_tick, ms ? ms : 1, ms ? ms : 1);
+  e->next = vm->everies;
+  vm->everies = e;
+  return 0;
+}
+
+void nh_lasync_close(nh_vm_t *vm)
+{
+  while (vm->everies) {
+    nh_every_t *e = vm->everies;
+    vm->everies = e->next;
+    uv_timer_stop(&e->timer);
+    luaL_unref(vm->L, LUA_REGISTRYINDEX, e->fn_ref);
+    uv_close((uv_handle_t *)&e->timer, every_closed);
+  }
+}
+
 void nh_lasync_register(lua_State *L)
 {
-  static const luaL_Reg fns[] = { { "sleep", l_sleep }, { "spawn", l_spawn }, { "run", l_run }, { NULL, NULL } };
+  static const luaL_Reg fns[] = { { "sleep", l_sleep }, { "spawn", l_spawn }, { "run", l_run }, { "every", l_every },
+                                  { NULL, NULL } };
   luaL_setfuncs(L, fns, 0);
 }

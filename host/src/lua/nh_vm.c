@@ -2,6 +2,7 @@
  * goes through nh_vm_pcall (traceback as message handler); tasks report errors through
  * lua_resume's status, with the traceback taken from the coroutine before it is reset. */
 #include "nh_vm.h"
+#include "nh_lasync.h"
 #include "nh_task.h"
 #include "nh_vm_int.h"
 #include "core/nh_log.h"
@@ -246,6 +247,7 @@ static void vm_free_cb(uv_handle_t *h)
 void nh_vm_close(nh_vm_t *vm)
 {
   if (!vm) return;
+  nh_lasync_close(vm);
   nh_vm_cancel_all(vm);
   uv_idle_stop(&vm->idle);
   lua_close(vm->L);
@@ -419,9 +421,10 @@ void nh_vm_cancel_all(nh_vm_t *vm) { nh_task_cancel_all(vm); }
 
 /* ---------------------------------------------------------------- interpreter mode */
 
-int nh_vm_run_script(uv_loop_t *loop, const char *script, int argc, char **argv, const char *lua_dir)
+int nh_vm_run_script(uv_loop_t *loop, const char *script, int argc, char **argv, const char *lua_dir,
+                     const nh_vm_host_t *host)
 {
-  nh_vm_t *vm = vm_create(loop, NULL, lua_dir, NULL);
+  nh_vm_t *vm = vm_create(loop, NULL, lua_dir, host);
   lua_State *L = vm->L;
   /* arg[0] = script, arg[1..] = the rest, negative indices = the host itself (lua.c) */
   lua_createtable(L, argc, 1);

@@ -32,6 +32,15 @@ typedef struct nh_outcome {
 
 void nh_outcome_clear(nh_outcome_t *o);
 
+typedef struct nh_handoff_req {
+  int complete;                  /* 1 complete, 0 fail */
+  const char *event_id, *endpoint, *session_id, *message_id;
+  const char *result;            /* complete: JSON or NULL */
+  const char *error_text, *error_type;   /* fail */
+  const char *store;             /* scripts only: which store file (NULL: $NIMBUS_STORE or ./nimbus.db) */
+  const char *actor;
+} nh_handoff_req_t;
+
 /* What the host (dispatcher) provides to Lua. Callbacks run on the loop thread. */
 typedef struct nh_vm_host {
   void *data;
@@ -44,6 +53,11 @@ typedef struct nh_vm_host {
                  nh_error_t *err);
   /* A task finished; the outcome is moved to the callee. */
   void (*task_done)(void *data, void *task_data, nh_outcome_t *o);
+  /* Pushes the endpoint's Pending+Handoff events as a Lua array; returns 0, or non-zero
+   * with err set. */
+  int (*pending_handoffs)(void *data, lua_State *L, const char *endpoint, nh_error_t *err);
+  /* Settles a hand-off (complete: result JSON or NULL; fail: error text and type). */
+  int (*handoff)(void *data, const nh_handoff_req_t *req, nh_error_t *err);
 } nh_vm_host_t;
 
 typedef struct nh_task_args {
@@ -64,7 +78,8 @@ nh_vm_t *nh_vm_new(uv_loop_t *loop, const char *adapter_path, const char *lua_di
                    nh_error_t *err);
 /* Interpreter mode: runs `script` with the global `arg` set as lua.c does. Returns the
  * process exit status. */
-int nh_vm_run_script(uv_loop_t *loop, const char *script, int argc, char **argv, const char *lua_dir);
+int nh_vm_run_script(uv_loop_t *loop, const char *script, int argc, char **argv, const char *lua_dir,
+                     const nh_vm_host_t *host);
 void nh_vm_close(nh_vm_t *vm);
 lua_State *nh_vm_state(nh_vm_t *vm);
 const char *nh_vm_path(nh_vm_t *vm);

@@ -37,6 +37,7 @@ struct nh_vm {
   uint64_t yield_gen;
   int in_task;               /* > 0 while a task runs: the memory limit applies */
   size_t mem, mem_limit;
+  struct nh_every *everies;  /* periodic tasks (status checkers) */
   char warn_buf[512];
   size_t warn_len;
 };

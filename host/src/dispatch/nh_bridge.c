@@ -1,0 +1,120 @@
+#include "nh_bridge.h"
+#include "nh_operator.h"
+#include "core/nh_util.h"
+#include "transport/nh_embedded.h"
+
+#include <lauxlib.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+struct push_ctx {
+  lua_State *L;
+  int n;
+};
+
+static void set_str(lua_State *L, const char *k, const char *v)
+{
+  if (!v) return;
+  lua_pushstring(L, v);
+  lua_setfield(L, -2, k);
+}
+
+static int push_one(void *data, const nh_audit_t *a)
+{
+  struct push_ctx *c = data;
+  if (!a->sub_status || strcmp(a->sub_status, "Handoff") != 0) return 0;
+  lua_State *L = c->L;
+  luaL_checkstack(L, 4, "pending hand-offs");
+  lua_createtable(L, 0, 10);
+  set_str(L, "endpoint", a->endpoint);
+  set_str(L, "event_id", a->event_id);
+  set_str(L, "session_id", a->session_id);
+  set_str(L, "message_id", a->message_id);
+  set_str(L, "event_type", a->event_type);
+  set_str(L, "reason", a->handoff_reason);
+  set_str(L, "external_job_id", a->external_job_id);
+  set_str(L, "correlation_id", a->correlation_id);
+  set_str(L, "payload", a->payload);   /* decoded on the Lua side */
+  if (a->expected_by) {
+    char ts[40];
+    nh_time_iso8601(a->expected_by, ts, sizeof ts);
+    set_str(L, "expected_by", ts);
+    lua_pushinteger(L, a->expected_by);
+    lua_setfield(L, -2, "expected_by_ms");
+  }
+  lua_rawseti(L, -2, ++c->n);
+  return 0;
+}
+
+int nh_bridge_push_handoffs(lua_State *L, nh_store_t *s, const char *endpoint, nh_error_t *err)
+{
+  lua_newtable(L);
+  struct push_ctx c = { L, 0 };
+  if (nh_store_audit_list(s, endpoint, NH_ST_PENDING, NULL, push_one, &c) < 0) {
+    lua_pop(L, 1);
+    return nh_error_set(err, NH_EFAIL, "store: cannot list pending hand-offs");
+  }
+  return NH_OK;
+}
+
+int nh_bridge_handoff(nh_store_t *s, nh_transport_t *t, const nh_handoff_req_t *h, nh_error_t *err)
+{
+  nh_op_req_t req = {
+    .kind = h->complete ? NH_OP_HANDOFF_COMPLETE : NH_OP_HANDOFF_FAIL, .event_id = h->event_id,
+    .endpoint = h->endpoint, .session_id = h->session_id, .message_id = h->message_id, .body = h->result,
+    .error_text = h->error_text, .error_type = h->error_type, .actor = h->actor,
+  };
+  return nh_operator_submit(s, t, &req, NULL, err);
+}
+
+/* ---------------------------------------------------------------- interpreter mode */
+
+static const char *store_path(const char *given)
+{
+  if (given && *given) return given;
+  const char *env = getenv("NIMBUS_STORE");
+  return env && *env ? env : "./nimbus.db";
+}
+
+static int open_both(const char *path, nh_store_t **s, nh_transport_t **t, nh_error_t *err)
+{
+  if (nh_store_open(s, store_path(path), 0, err)) return err->code;
+  char owner[64];
+  snprintf(owner, sizeof owner, "script:%ld", (long)getpid());
+  *t = nh_embedded_new(nh_store_db(*s), owner, err);
+  if (!*t) {
+    nh_store_close(*s);
+    return NH_EFAIL;
+  }
+  return NH_OK;
+}
+
+static int script_pending(void *data, lua_State *L, const char *endpoint, nh_error_t *err)
+{
+  (void)data;
+  nh_store_t *s;
+  if (nh_store_open(&s, store_path(NULL), 0, err)) return err->code;
+  int rc = nh_bridge_push_handoffs(L, s, endpoint, err);
+  nh_store_close(s);
+  return rc;
+}
+
+static int script_handoff(void *data, const nh_handoff_req_t *req, nh_error_t *err)
+{
+  (void)data;
+  nh_store_t *s = NULL;
+  nh_transport_t *t = NULL;
+  int rc = open_both(req->store, &s, &t, err);
+  if (rc) return rc;
+  rc = nh_bridge_handoff(s, t, req, err);
+  t->vt->close(t);
+  nh_store_close(s);
+  return rc;
+}
+
+const nh_vm_host_t *nh_bridge_script_host(void)
+{
+  static const nh_vm_host_t host = { .pending_handoffs = script_pending, .handoff = script_handoff };
+  return &host;
+}

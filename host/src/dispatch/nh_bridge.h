@@ -1,0 +1,18 @@
+/* Store and operator services offered to Lua (status checkers, scripts): shared by the
+ * running host's dispatcher and by interpreter mode, which opens the store on demand. */
+#ifndef NH_BRIDGE_H
+#define NH_BRIDGE_H
+
+#include <lua.h>
+
+#include "lua/nh_vm.h"
+#include "store/nh_store.h"
+#include "transport/nh_transport.h"
+
+/* Pushes an array of the endpoint's Pending+Handoff events, oldest first. */
+int nh_bridge_push_handoffs(lua_State *L, nh_store_t *s, const char *endpoint, nh_error_t *err);
+int nh_bridge_handoff(nh_store_t *s, nh_transport_t *t, const nh_handoff_req_t *req, nh_error_t *err);
+/* The vm host for `nimbus-host -l`: no dispatcher, the store is opened per call. */
+const nh_vm_host_t *nh_bridge_script_host(void);
+
+#endif
