@@ -96,6 +96,7 @@ static void run_done(nh_task_t *t, nh_task_status_t status, int nres)
     lua_xmove(co, r->caller, nres);
     r->nres = nres;
   } else if (status == NH_TASK_ERROR) {
+    lua_pushvalue(co, -2);   /* the error value itself (below its traceback), like pcall */
     lua_xmove(co, r->caller, 1);
   } else {
     lua_pushstring(r->caller, status == NH_TASK_KILLED ? nh_task_kill_reason(t) : "task cancelled");
