@@ -26,9 +26,39 @@ static void task_unlink(nh_vm_t *vm, nh_task_t *t)
 
 static void deadline_closed(uv_handle_t *h) { free(h); }
 
+static void vm_idle_cb(uv_idle_t *h);
+
+/* Queues t to be resumed with `nargs` on the next loop iteration. */
+static void ready_push(nh_task_t *t, int nargs)
+{
+  nh_vm_t *vm = t->vm;
+  t->start_nargs = nargs;
+  t->resume_next = 1;
+  t->resume_gen = vm->yield_gen;
+  t->ready_next = NULL;
+  t->ready_prev = vm->ready_tail;
+  if (vm->ready_tail) vm->ready_tail->ready_next = t;
+  else vm->ready = t;
+  vm->ready_tail = t;
+  if (!uv_is_active((uv_handle_t *)&vm->idle)) uv_idle_start(&vm->idle, vm_idle_cb);
+}
+
+static void ready_remove(nh_task_t *t)
+{
+  nh_vm_t *vm = t->vm;
+  if (!t->resume_next) return;
+  if (t->ready_prev) t->ready_prev->ready_next = t->ready_next;
+  else vm->ready = t->ready_next;
+  if (t->ready_next) t->ready_next->ready_prev = t->ready_prev;
+  else vm->ready_tail = t->ready_prev;
+  t->ready_next = t->ready_prev = NULL;
+  t->resume_next = 0;
+}
+
 static void task_free(nh_task_t *t)
 {
   nh_vm_t *vm = t->vm;
+  ready_remove(t);
   task_unlink(vm, t);
   if (t->deadline) {
     uv_timer_stop(t->deadline);
@@ -115,8 +145,6 @@ void *nh_task_data(nh_task_t *t) { return t->data; }
 const char *nh_task_kind(nh_task_t *t) { return t->kind; }
 const char *nh_task_kill_reason(nh_task_t *t) { return t->kill_reason; }
 
-static void vm_idle_cb(uv_idle_t *h);
-
 static void task_resume(nh_task_t *t, int nargs)
 {
   nh_vm_t *vm = t->vm;
@@ -135,10 +163,7 @@ static void task_resume(nh_task_t *t, int nargs)
     if (t->killed) {
       task_end(t, NH_TASK_KILLED, 0);
     } else if (!t->pending) {
-      /* a bare coroutine.yield(): run again on the next loop iteration */
-      t->resume_next = 1;
-      t->resume_gen = vm->yield_gen;
-      if (!uv_is_active((uv_handle_t *)&vm->idle)) uv_idle_start(&vm->idle, vm_idle_cb);
+      ready_push(t, 0);   /* a bare coroutine.yield(): run again on the next loop iteration */
     }
     return;
   }
@@ -157,28 +182,19 @@ static void task_resume(nh_task_t *t, int nargs)
 
 void nh_task_run(nh_task_t *t, int nargs) { task_resume(t, nargs); }
 
-void nh_task_start_later(nh_task_t *t, int nargs)
-{
-  t->start_nargs = nargs;
-  t->resume_next = 1;
-  t->resume_gen = t->vm->yield_gen;
-  if (!uv_is_active((uv_handle_t *)&t->vm->idle)) uv_idle_start(&t->vm->idle, vm_idle_cb);
-}
+void nh_task_start_later(nh_task_t *t, int nargs) { ready_push(t, nargs); }
 
 static void vm_idle_cb(uv_idle_t *h)
 {
   nh_vm_t *vm = h->data;
   uv_idle_stop(h);
-  /* Resume each task that yielded bare before this pass. Tasks that yield bare again
-   * while we run get the next generation and wait for the next pass. Scanning from the
-   * head after each resume stays correct even if a resume ends other tasks. */
+  /* Resume, in FIFO order, every task queued before this pass; tasks queued while we
+   * run carry this pass's generation and wait for the next one. */
   uint64_t gen = ++vm->yield_gen;
-  for (;;) {
-    nh_task_t *t = vm->tasks;
-    while (t && !(t->resume_next && t->resume_gen < gen)) t = t->next;
-    if (!t) break;
-    t->resume_next = 0;
+  while (vm->ready && vm->ready->resume_gen < gen) {
+    nh_task_t *t = vm->ready;
     int nargs = t->start_nargs;
+    ready_remove(t);
     t->start_nargs = 0;
     task_resume(t, nargs);
   }

@@ -13,8 +13,9 @@ struct nh_task {
   void *data;
   nh_task_done_cb on_done;
   nh_op_t *pending;          /* the async operation that owns the next resume */
-  int resume_next;           /* bare yield: resume on the next loop iteration */
+  int resume_next;           /* queued in vm->ready: resume on the next loop iteration */
   uint64_t resume_gen;
+  nh_task_t *ready_next, *ready_prev;
   int start_nargs;
   int killed, done;
   const char *kill_reason;
@@ -33,6 +34,7 @@ struct nh_vm {
   int run_ref;
   int live_tasks;
   nh_task_t *tasks;
+  nh_task_t *ready, *ready_tail;   /* FIFO of tasks to resume on the next iteration */
   uv_idle_t idle;
   uint64_t yield_gen;
   int in_task;               /* > 0 while a task runs: the memory limit applies */
