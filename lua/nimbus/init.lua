@@ -127,6 +127,73 @@ function Endpoint:use(fn)
   return self
 end
 
+---------------------------------------------------------------------------- hand-offs
+local function coords_of(h, what)
+  if type(h) ~= "table" or type(h.event_id) ~= "string" then
+    error(what .. ": the first argument must be a hand-off { event_id = ..., session_id = ..., message_id = ... }", 3)
+  end
+  return h.event_id, h.endpoint, h.session_id, h.message_id
+end
+
+-- Settles a Pending+Handoff event from any task or script: the host completes it
+-- (never running the handler again), unblocks its session and replays the parked
+-- messages. Returns true, or nil and the reason when the event is not Pending+Handoff
+-- (settled already, failed, unknown) — nothing changes then.
+M.handoff = {}
+function M.handoff.complete(h, result)
+  local event_id, endpoint, session, message_id = coords_of(h, "nimbus.handoff.complete")
+  local body
+  if result ~= nil then
+    local err
+    body, err = cjson.encode(result)
+    if not body then error("nimbus.handoff.complete: result cannot be encoded as JSON: " .. tostring(err), 2) end
+  end
+  return core.handoff("complete", event_id, endpoint, session, message_id, body, h.store)
+end
+
+-- Fails it: the event becomes Failed with `text` verbatim and its session stays
+-- blocked until an operator resubmits or skips it.
+function M.handoff.fail(h, text, error_type)
+  local event_id, endpoint, session, message_id = coords_of(h, "nimbus.handoff.fail")
+  if type(text) ~= "string" or text == "" then error("nimbus.handoff.fail: error text must be a non-empty string", 2) end
+  if error_type ~= nil and type(error_type) ~= "string" then error("nimbus.handoff.fail: error type must be a string", 2) end
+  return core.handoff("fail", event_id, endpoint, session, message_id, nil, h.store, text, error_type)
+end
+
+---------------------------------------------------------------------------- checkers
+local Checker = {}
+Checker.__index = Checker
+
+-- Pending+Handoff events of this endpoint, oldest first: { event_id, session_id,
+-- message_id, event_type, endpoint, reason, external_job_id, expected_by (ISO-8601 or
+-- nil), payload (decoded table) }.
+function Checker:pending_handoffs()
+  local rows = core.pending_handoffs(self.endpoint)
+  for _, h in ipairs(rows) do
+    if type(h.payload) == "string" then h.payload = M._decode(h.payload) end
+  end
+  return rows
+end
+
+function Checker:complete(h, result) return M.handoff.complete(h, result) end
+function Checker:fail(h, text, error_type) return M.handoff.fail(h, text, error_type) end
+
+-- ep:checker(name, { every = seconds, timeout = seconds }, fn): runs fn(chk) as a task
+-- every `every` seconds; a run never overlaps the previous one of the same checker.
+function Endpoint:checker(name, opts, fn)
+  if type(name) ~= "string" or name == "" then error("endpoint:checker: name must be a non-empty string", 2) end
+  if type(opts) ~= "table" or type(opts.every) ~= "number" or opts.every <= 0 then
+    error(("endpoint:checker(%q): options must give every = seconds (> 0)"):format(name), 2)
+  end
+  if type(fn) ~= "function" then error(("endpoint:checker(%q): the checker must be a function(chk)"):format(name), 2) end
+  self.checkers = self.checkers or {}
+  if self.checkers[name] then error(("endpoint %s already has a checker %q"):format(self.name, name), 2) end
+  local chk = setmetatable({ endpoint = self.name, name = name }, Checker)
+  self.checkers[name] = { every = opts.every, fn = fn, chk = chk }
+  core.every(opts.every, function() return fn(chk) end, ("checker %s/%s"):format(self.name, name), opts.timeout)
+  return chk
+end
+
 -- The event types an endpoint subscribes to (the host reads this after loading).
 function M._subscriptions()
   local out = {}
@@ -223,6 +290,15 @@ function M._run(epname, event_type, body, ctx)
   local ok, res = xpcall(run_chain, capture, ep.middleware, handler, event, ctx)
   task_ctx[co] = nil
   if not ok then
+    if type(res) ~= "table" or getmetatable(res) ~= nil then
+      -- the message handler itself failed: out of memory (it could not build its table)
+      collectgarbage()
+      if res == "not enough memory" or res == "error in error handling" then
+        return { status = "failed", error_type = "MemoryLimit",
+                 error_text = "not enough memory: the handler went past the VM's memory limit" }
+      end
+      res = { err = res }
+    end
     local kind, text, etype = errors.classify(res.err)
     return { status = kind, error_text = text, error_type = etype, error_stack = res.stack }
   end
@@ -235,6 +311,6 @@ function M._run(epname, event_type, body, ctx)
 end
 
 M._endpoints = endpoints
-M.http = M.http or {}
-M.http.request = require("nimbus.http").request
+M.http = { request = require("nimbus.http").request, serve = require("nimbus.httpd").serve }
+M.sqlite = require("nimbus.sqlite")
 return M
