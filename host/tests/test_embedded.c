@@ -416,7 +416,7 @@ TEST(lock_expiry_lets_another_owner_take_the_session)
   proc_close(b);
 }
 
-TEST(renew_all_extends_every_lock_of_the_owner)
+TEST(renew_extends_one_lock_of_the_owner_and_reports_a_lost_one)
 {
   proc_t *a = proc_open("owner-a");
   proc_t *b = proc_open("owner-b");
@@ -429,13 +429,15 @@ TEST(renew_all_extends_every_lock_of_the_owner)
   ASSERT_EQ_INT(receive(a, "Ep", 2, now), 2);   /* s1, s2 */
   ASSERT_EQ_INT(receive(b, "Ep", 2, now), 1);   /* s3 */
 
-  ASSERT_EQ_INT(a->tr->vt->renew_all(a->tr, now + 900), 2);   /* only a's two locks */
+  ASSERT_EQ_INT(a->tr->vt->renew(a->tr, "Ep", "s1", now + 900), 1);
+  ASSERT_EQ_INT(a->tr->vt->renew(a->tr, "Ep", "s3", now + 900), 0);   /* b's, not a's */
   ASSERT_EQ_INT(q1i(a, "SELECT locked_until FROM session_locks WHERE session_id = 's1'"), now + 1900);
+  ASSERT_EQ_INT(q1i(a, "SELECT locked_until FROM session_locks WHERE session_id = 's2'"), now + 1000);
   ASSERT_EQ_INT(q1i(a, "SELECT locked_until FROM session_locks WHERE session_id = 's3'"), now + 10000);
-  ASSERT_EQ_INT(receive(b, "Ep", 10, now + 1500), 0);   /* past the original expiry: still a's */
-  ASSERT_EQ_INT(receive(b, "Ep", 10, now + 1900), 2);   /* past the renewed expiry */
-  ASSERT_EQ_INT(b->tr->vt->renew_all(b->tr, now + 1900), 3);   /* s1, s2 and its own s3 */
-  ASSERT_EQ_INT(a->tr->vt->renew_all(a->tr, now + 1900), 0);   /* a lost them */
+  ASSERT_EQ_INT(receive(b, "Ep", 10, now + 1500), 1);   /* s2 expired; s1 renewed: still a's */
+  ASSERT_EQ_INT(receive(b, "Ep", 10, now + 1900), 1);   /* past the renewed expiry: s1 */
+  ASSERT_EQ_INT(a->tr->vt->renew(a->tr, "Ep", "s1", now + 1900), 0);   /* a lost it */
+  ASSERT_EQ_INT(b->tr->vt->renew(b->tr, "Ep", "s1", now + 1900), 1);
   proc_close(a);
   proc_close(b);
 }

@@ -252,6 +252,16 @@ local function capture(err)
   return { err = err, stack = traceback(nil, 2) }
 end
 
+-- Liveness checks of running handlers that gave one (ep:on(type, fn, { is_alive = f })),
+-- by event id; the host asks at each lock renewal.
+local alive_checks = {}
+
+function M._is_alive(event_id)
+  local a = alive_checks[event_id]
+  if not a then return true end
+  return a.fn(a.ctx) and true or false
+end
+
 local function run_chain(mw, handler, event, ctx)
   if mw[1] == nil then return handler(event, ctx) end
   local function step(i)
@@ -287,8 +297,11 @@ function M._run(epname, event_type, body, ctx)
   setmetatable(ctx, Ctx)
   local co = coroutine.running()
   task_ctx[co] = ctx
+  local is_alive = ep.handler_opts[event_type].is_alive
+  if is_alive then alive_checks[ctx.event_id] = { fn = is_alive, ctx = ctx } end
   local ok, res = xpcall(run_chain, capture, ep.middleware, handler, event, ctx)
   task_ctx[co] = nil
+  if is_alive then alive_checks[ctx.event_id] = nil end
   if not ok then
     if type(res) ~= "table" or getmetatable(res) ~= nil then
       -- the message handler itself failed: out of memory (it could not build its table)

@@ -107,12 +107,22 @@ static int host_publish(void *data, void *task_data, const char *type, const cha
   return NH_OK;
 }
 
+static void running_remove(nh_dispatch_t *d, nh_job_t *job)
+{
+  if (job->run_prev) job->run_prev->run_next = job->run_next;
+  else if (d->running_jobs == job) d->running_jobs = job->run_next;
+  if (job->run_next) job->run_next->run_prev = job->run_prev;
+  job->run_next = job->run_prev = NULL;
+}
+
 static void host_task_done(void *data, void *task_data, nh_outcome_t *o)
 {
   nh_dispatch_t *d = data;
   nh_job_t *job = task_data;
   job->out = *o;
   memset(o, 0, sizeof *o);
+  job->task = NULL;
+  running_remove(d, job);
   d->running--;
   job->next = NULL;
   *d->done_tail = job;
@@ -303,8 +313,12 @@ static void start_fresh(nh_dispatch_t *d)
       .deadline_s = job->ep->timeout_s, .cpu_budget_s = job->ep->cpu_budget_s,
     };
     d->running++;
+    job->started_ms = nh_time_now_ms();
+    job->run_next = d->running_jobs;
+    if (d->running_jobs) d->running_jobs->run_prev = job;
+    d->running_jobs = job;
     nh_error_t err = {0};
-    if (nh_vm_task_start(job->ep->vm, &args, &err)) {
+    if (nh_vm_task_start(job->ep->vm, &args, &job->task, &err)) {
       nh_outcome_t o = { .kind = NH_OUT_CANCELLED, .expected_by_s = -1 };
       nh_log_error("dispatch", "%s: cannot start a task: %s", job->ep->name, err.msg);
       host_task_done(d, job, &o);
@@ -437,15 +451,67 @@ static void pump(nh_dispatch_t *d)
   }
 }
 
-/* Session locks are renewed on their own timer, so they stay ours however long the
- * handlers take and also while the host drains at shutdown. */
+/* Decides whether a running handler keeps its lock: NULL to renew, or why it ends. */
+static const char *keep_reason(nh_dispatch_t *d, nh_job_t *job, int64_t now)
+{
+  (void)d;
+  nh_endpoint_t *ep = job->ep;
+  if (ep->renew_max_ms > 0 && now - job->started_ms >= ep->renew_max_ms) return "renewal cap (lock.renew_max) reached";
+  nh_error_t err = {0};
+  int alive = nh_vm_task_alive(ep->vm, job->msg.event_id, &err);
+  if (alive < 0) {
+    nh_log_warn("dispatch", "%s %s: is_alive raised: %s", ep->name, job->msg.event_id, err.msg);
+    return "is_alive raised";
+  }
+  return alive ? NULL : "is_alive returned false";
+}
+
+/* Session locks are renewed on their own timer, independent of what the handlers do
+ * (the CPU budget gives the loop back), so they stay ours however long the handlers
+ * take and also while the host drains at shutdown. A handler past its renewal cap, not
+ * alive any more, or whose lock is gone is cancelled: nothing is recorded or settled,
+ * and the message is delivered again. */
 static void renew_cb(uv_timer_t *h)
 {
   nh_dispatch_t *d = h->data;
-  if (d->pumping) return;
-  if (nh_store_begin(d->store)) return;
-  int n = d->tr->vt->renew_all(d->tr, nh_time_now_ms());
-  if (n < 0 || nh_store_commit(d->store)) nh_store_rollback(d->store);
+  if (d->pumping || !d->running_jobs) return;
+  int64_t now = nh_time_now_ms();
+  /* decide first (is_alive runs Lua), then write, then cancel (cancelling re-enters) */
+  int n = 0;
+  for (nh_job_t *j = d->running_jobs; j; j = j->run_next) n++;
+  nh_job_t **jobs = nh_xmalloc(sizeof *jobs * (size_t)n);
+  const char **why = nh_xmalloc(sizeof *why * (size_t)n);
+  int i = 0;
+  for (nh_job_t *j = d->running_jobs; j; j = j->run_next, i++) {
+    jobs[i] = j;
+    why[i] = j->task ? keep_reason(d, j, now) : NULL;
+  }
+  if (nh_store_begin(d->store) == NH_OK) {
+    for (i = 0; i < n; i++) {
+      if (why[i] || !jobs[i]->task) continue;
+      int held = d->tr->vt->renew(d->tr, jobs[i]->ep->name, jobs[i]->msg.session_id, now);
+      if (held == 1) {
+        d->renewals++;
+        nh_log_debug("dispatch", "%s %s (session %s): lock renewed", jobs[i]->ep->name, jobs[i]->msg.event_id,
+                     jobs[i]->msg.session_id);
+      } else if (held == 0) {
+        d->renew_failures++;
+        why[i] = "lock lost";
+      }
+    }
+    if (nh_store_commit(d->store)) nh_store_rollback(d->store);
+  }
+  for (i = 0; i < n; i++) {
+    if (!why[i] || !jobs[i]->task) continue;
+    d->cancellations++;
+    nh_log_warn("dispatch", "%s %s (session %s): %s after %.1f s; cancelling the handler, the message is released "
+                "unsettled for redelivery", jobs[i]->ep->name, jobs[i]->msg.event_id, jobs[i]->msg.session_id, why[i],
+                (double)(now - jobs[i]->started_ms) / 1000.0);
+    jobs[i]->cancel_reason = why[i];
+    nh_vm_task_cancel(jobs[i]->task);   /* task_done: the job moves to `done` as cancelled */
+  }
+  free(jobs);
+  free(why);
 }
 
 /* ---------------------------------------------------------------- lifecycle */

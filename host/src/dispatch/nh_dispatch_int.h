@@ -40,6 +40,10 @@ typedef struct nh_job {
   const char *kind;              /* passed to Lua as ctx.kind */
   nh_outcome_t out;
   int apply_failures;
+  nh_task_t *task;               /* while the handler runs */
+  int64_t started_ms;
+  const char *cancel_reason;     /* why the host ended it (renewal cap, is_alive, lock lost) */
+  struct nh_job *run_next, *run_prev;
   nh_pub_t *pubs, **pubs_tail;   /* publishes buffered until the outcome commits */
   struct nh_job *next;
 } nh_job_t;
@@ -56,6 +60,8 @@ struct nh_dispatch {
   nh_job_t *fresh, **fresh_tail; /* fetched in the open transaction, not started */
   nh_job_t *done, **done_tail;   /* finished, effects not yet committed */
   int running;
+  nh_job_t *running_jobs;        /* handlers in flight: their locks are renewed */
+  uint64_t renewals, renew_failures, cancellations;
   int pumping, stopping, started, closing, force_stop;
   nh_endpoint_t *receiving_ep;   /* the endpoint whose receive() is running */
   int64_t poll_ms;               /* adaptive idle poll interval */

@@ -82,6 +82,7 @@ static void task_end(nh_task_t *t, nh_task_status_t status, int nres)
     op->cancel(op);
   }
   t->done = 1;
+  if (t->done_flag) *t->done_flag = NULL;
   if (t->on_done) t->on_done(t, status, nres);
   task_free(t);
 }

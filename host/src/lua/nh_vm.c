@@ -386,8 +386,9 @@ static void set_str(lua_State *L, const char *k, const char *v)
   lua_setfield(L, -2, k);
 }
 
-int nh_vm_task_start(nh_vm_t *vm, const nh_task_args_t *a, nh_error_t *err)
+int nh_vm_task_start(nh_vm_t *vm, const nh_task_args_t *a, nh_task_t **task, nh_error_t *err)
 {
+  *task = NULL;
   if (!lua_checkstack(vm->L, 8)) return nh_error_set(err, NH_EFAIL, "Lua stack exhausted");
   nh_task_opts_t opts = { .kind = "handler", .deadline_s = a->deadline_s, .cpu_budget_s = a->cpu_budget_s,
                           .on_done = handler_done, .data = a->data };
@@ -413,9 +414,28 @@ int nh_vm_task_start(nh_vm_t *vm, const nh_task_args_t *a, nh_error_t *err)
   lua_setfield(co, -2, "delivery_count");
   lua_pushinteger(co, a->enqueued_at);   /* ctx.enqueued_at (ISO text) is built lazily in Lua */
   lua_setfield(co, -2, "enqueued_ms");
+  t->done_flag = task;   /* cleared if the task ends inside this run */
+  *task = t;
   nh_task_run(t, 4);
   return NH_OK;
 }
+
+int nh_vm_task_alive(nh_vm_t *vm, const char *event_id, nh_error_t *err)
+{
+  lua_State *L = vm->L;
+  lua_getglobal(L, "require");
+  lua_pushliteral(L, "nimbus");
+  if (nh_vm_pcall(L, 1, 1, err)) return -1;
+  lua_getfield(L, -1, "_is_alive");
+  lua_remove(L, -2);
+  lua_pushstring(L, event_id);
+  if (nh_vm_pcall(L, 1, 1, err)) return -1;
+  int alive = lua_toboolean(L, -1);
+  lua_pop(L, 1);
+  return alive;
+}
+
+void nh_vm_task_cancel(nh_task_t *t) { nh_task_cancel(t); }
 
 void nh_vm_cancel_all(nh_vm_t *vm) { nh_task_cancel_all(vm); }
 

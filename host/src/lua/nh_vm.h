@@ -89,8 +89,14 @@ int nh_vm_live_tasks(nh_vm_t *vm);
 typedef void (*nh_vm_sub_cb)(void *data, const char *endpoint, const char *const *types, int n);
 int nh_vm_subscriptions(nh_vm_t *vm, nh_vm_sub_cb cb, void *data, nh_error_t *err);
 
-/* Starts a task; it may finish (task_done) before this returns. */
-int nh_vm_task_start(nh_vm_t *vm, const nh_task_args_t *args, nh_error_t *err);
+/* Starts a handler task; it may finish (task_done) before this returns, in which case
+ * *task is NULL. */
+int nh_vm_task_start(nh_vm_t *vm, const nh_task_args_t *args, nh_task_t **task, nh_error_t *err);
+/* Asks the handler's is_alive(ctx) of a running handler task (plain call, it cannot wait).
+ * 1 alive (or no is_alive given), 0 not alive, < 0 it raised (message in err). */
+int nh_vm_task_alive(nh_vm_t *vm, const char *event_id, nh_error_t *err);
+/* Ends a task without an outcome (task_done gets NH_OUT_CANCELLED). */
+void nh_vm_task_cancel(nh_task_t *t);
 /* Cancels every suspended task of the VM (task_done with NH_OUT_CANCELLED). */
 void nh_vm_cancel_all(nh_vm_t *vm);
 

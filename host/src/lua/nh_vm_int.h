@@ -16,6 +16,7 @@ struct nh_task {
   int resume_next;           /* queued in vm->ready: resume on the next loop iteration */
   uint64_t resume_gen;
   nh_task_t *ready_next, *ready_prev;
+  nh_task_t **done_flag;     /* the owner's pointer to this task, NULLed when it ends */
   int start_nargs;
   int killed, done;
   const char *kill_reason;

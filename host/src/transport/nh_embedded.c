@@ -58,7 +58,7 @@ static const char *const q_sql[Q_COUNT] = {
     " ON CONFLICT(endpoint, session_id) DO UPDATE SET owner = excluded.owner, locked_until = excluded.locked_until"
     " WHERE session_locks.locked_until <= ?5",
   [Q_UNLOCK] = "DELETE FROM session_locks WHERE endpoint = ?1 AND session_id = ?2 AND owner = ?3",
-  [Q_RENEW] = "UPDATE session_locks SET locked_until = ?2 WHERE owner = ?1",
+  [Q_RENEW] = "UPDATE session_locks SET locked_until = ?4 WHERE endpoint = ?1 AND session_id = ?2 AND owner = ?3",
   /* a transient release is not a failed delivery: give the count back, count the release */
   [Q_RELEASED] = "UPDATE queue SET delivery_count = max(delivery_count - 1, 0), releases = releases + 1 WHERE seq = ?1",
   [Q_DELIVERED] = "UPDATE queue SET delivery_count = delivery_count + 1 WHERE seq = ?1",
@@ -216,13 +216,15 @@ static int emb_unlock_session(nh_transport_t *t, const char *endpoint, const cha
   return sqlite3_changes(e->db) > 0;
 }
 
-static int emb_renew_all(nh_transport_t *t, int64_t now)
+static int emb_renew(nh_transport_t *t, const char *endpoint, const char *session, int64_t now)
 {
   embedded_t *e = (embedded_t *)t;
-  nh_sqlite_bind_text(e->q[Q_RENEW], 1, e->owner);
-  sqlite3_bind_int64(e->q[Q_RENEW], 2, now + t->lock_ms);
+  nh_sqlite_bind_text(e->q[Q_RENEW], 1, endpoint);
+  nh_sqlite_bind_text(e->q[Q_RENEW], 2, session);
+  nh_sqlite_bind_text(e->q[Q_RENEW], 3, e->owner);
+  sqlite3_bind_int64(e->q[Q_RENEW], 4, now + t->lock_ms);
   if (step(e, Q_RENEW, "lock renew")) return NH_EFAIL;
-  return sqlite3_changes(e->db);
+  return sqlite3_changes(e->db) > 0;
 }
 
 static int emb_settle(nh_transport_t *t, const nh_msg_t *m, nh_settle_t how, int64_t delay_ms, const char *reason)
@@ -359,7 +361,7 @@ static const nh_transport_vtbl_t embedded_vtbl = {
   .receive = emb_receive,
   .lock_session = emb_lock_session,
   .unlock_session = emb_unlock_session,
-  .renew_all = emb_renew_all,
+  .renew = emb_renew,
   .settle = emb_settle,
   .send = emb_send,
   .close = emb_close,

@@ -32,8 +32,8 @@ typedef struct nh_transport_vtbl {
   int (*lock_session)(nh_transport_t *t, const char *endpoint, const char *session, int64_t now);
   /* 1 if this process held the lock, 0 if it had lost it, < 0 on error. */
   int (*unlock_session)(nh_transport_t *t, const char *endpoint, const char *session);
-  /* Extends every lock this process holds; returns the number renewed. */
-  int (*renew_all)(nh_transport_t *t, int64_t now);
+  /* Extends one session lock: 1 renewed, 0 not ours any more (lost), < 0 error. */
+  int (*renew)(nh_transport_t *t, const char *endpoint, const char *session, int64_t now);
   int (*settle)(nh_transport_t *t, const nh_msg_t *m, nh_settle_t how, int64_t delay_ms, const char *reason);
   /* to_endpoint NULL: fan out by event type, one copy (fresh EventId) per subscriber. */
   int (*send)(nh_transport_t *t, const nh_msg_t *m, const char *to_endpoint, int *copies, nh_error_t *err);
