@@ -14,7 +14,13 @@ readme, adapter = open(sys.argv[1]).read(), open(sys.argv[2]).read()
 sys.exit(0 if adapter.strip() in readme else 1)
 PY
 
-cp "$SRC/samples/first-adapter/greeter.lua" "$DIR/"
+python3 - "$SRC/README.md" "$SRC/samples/first-adapter/greeter_spec.lua" <<'PY' || fail "README does not show samples/first-adapter/greeter_spec.lua verbatim"
+import sys
+readme, spec = open(sys.argv[1]).read(), open(sys.argv[2]).read()
+sys.exit(0 if spec.strip() in readme else 1)
+PY
+
+cp "$SRC/samples/first-adapter/greeter.lua" "$SRC/samples/first-adapter/greeter_spec.lua" "$DIR/"
 cd "$DIR"
 "$NH" greeter.lua 2>host.log &
 HOST=$!
@@ -34,4 +40,7 @@ FAILED=$("$NH" events --status failed --json | sed 's/.*"event_id":"\([^"]*\)".*
 poll '[ "$("$NH" events --status completed --json | grep -c .)" = 3 ]'
 "$NH" show "$FAILED" | grep -q 'ResubmissionRequest' || fail "history lacks the resubmit"
 grep -q 'welcome mail sent.*bob@example.org' host.log || fail "resubmitted body not used"
+# the README's unit-test example passes, run the way the README says
+(cd "$DIR" && "$NH" -l "$(command -v busted)" greeter_spec.lua >spec.out 2>&1) || fail "greeter_spec.lua failed: $(cat "$DIR/spec.out")"
+grep -q '3 successes / 0 failures / 0 errors' "$DIR/spec.out" || fail "greeter_spec.lua did not run its 3 tests: $(cat "$DIR/spec.out")"
 echo "1 passed, 0 failed"

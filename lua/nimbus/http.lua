@@ -11,7 +11,8 @@ Response.__index = Response
 -- Decodes a JSON body; returns nil, message for an empty or malformed one.
 function Response:json()
   if self.body == nil or self.body == "" then return nil, "empty body" end
-  local v, err = cjson.decode(self.body)
+  -- the runtime's decoder: integral numbers come back as integers, as in payloads
+  local v, err = require("nimbus")._decode(self.body)
   if v == nil then return nil, "malformed JSON: " .. tostring(err) end
   return v
 end

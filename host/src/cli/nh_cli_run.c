@@ -36,7 +36,8 @@ static void on_signal(uv_signal_t *s, int signum)
 {
   host_t *h = s->data;
   if (signum == SIGHUP) {
-    nh_log_info("host", "SIGHUP received: hot reload is not available yet; keeping the running adapters");
+    nh_log_info("host", "SIGHUP received: reloading the adapters");
+    nh_dispatch_request_reload(h->d);
     return;
   }
   if (h->stopping) {
@@ -118,6 +119,10 @@ int nh_cmd_run(int argc, char **argv, int first)
     fprintf(stderr, "nimbus-host: %s\n", err.msg);
     status = NH_EXIT_FAIL;
   }
+  if (status == NH_EXIT_OK && !nh_args_has(&a, "--no-reload") && nh_dispatch_watch(h.d, &err)) {
+    fprintf(stderr, "nimbus-host: %s\n", err.msg);
+    status = NH_EXIT_FAIL;
+  }
   if (status == NH_EXIT_OK) {
     uv_signal_init(&loop, &h.sigint);
     uv_signal_init(&loop, &h.sigterm);
@@ -128,7 +133,8 @@ int nh_cmd_run(int argc, char **argv, int first)
     uv_signal_start(&h.sighup, on_signal, SIGHUP);
     char desc[2048];
     nh_dispatch_describe(h.d, desc, sizeof desc);
-    nh_log_info("host", "ready: store %s, transport embedded, endpoints: %s", a.store, desc);
+    nh_log_info("host", "ready: store %s, transport embedded, endpoints: %s%s", a.store, desc,
+                nh_args_has(&a, "--no-reload") ? "" : " (reloading on change)");
     uv_run(&loop, UV_RUN_DEFAULT);
     nh_log_info("host", "stopped");
   }

@@ -33,21 +33,33 @@ static void kick(nh_dispatch_t *d)
 
 static void timer_cb(uv_timer_t *h) { pump(h->data); }
 
-static nh_endpoint_t *find_endpoint(nh_dispatch_t *d, const char *name)
+/* The endpoint being registered (pending) wins over a live one of the same name. */
+nh_endpoint_t *nh_dispatch_find_endpoint(nh_dispatch_t *d, const char *name)
 {
-  for (nh_endpoint_t *ep = d->endpoints; ep; ep = ep->next)
-    if (strcmp(ep->name, name) == 0) return ep;
   for (nh_endpoint_t *ep = d->pending_eps; ep; ep = ep->next)
+    if (strcmp(ep->name, name) == 0) return ep;
+  for (nh_endpoint_t *ep = d->endpoints; ep; ep = ep->next)
     if (strcmp(ep->name, name) == 0) return ep;
   return NULL;
 }
+#define find_endpoint nh_dispatch_find_endpoint
 
 /* ---------------------------------------------------------------- VM host callbacks */
+
+static int pending_has(nh_dispatch_t *d, const char *name)
+{
+  for (nh_endpoint_t *ep = d->pending_eps; ep; ep = ep->next)
+    if (strcmp(ep->name, name) == 0) return 1;
+  return 0;
+}
 
 static int host_register_endpoint(void *data, nh_vm_t *vm, lua_State *L, const char *name, int opts, nh_error_t *err)
 {
   nh_dispatch_t *d = data;
-  if (find_endpoint(d, name))
+  nh_endpoint_t *have = find_endpoint(d, name);
+  /* A reload re-registers the endpoints of the generation it replaces; anything else
+   * with a taken name is a second definition. */
+  if (have && (pending_has(d, name) || !d->reloading || have->vm != d->reloading))
     return nh_error_set(err, NH_EUSAGE, "endpoint %s is already defined by another adapter", name);
   nh_endpoint_t *ep = nh_xcalloc(1, sizeof *ep);
   ep->name = nh_xstrdup(name);
@@ -278,7 +290,7 @@ static int fetch(nh_dispatch_t *d, int64_t now, int *fetched)
   *fetched = 0;
   for (nh_endpoint_t *ep = d->endpoints; ep; ep = ep->next) {
     int cap = ep->concurrency - ep->in_flight;
-    if (cap <= 0) continue;
+    if (cap <= 0 || ep->retired) continue;
     struct due_ctx c = { d, ep, now, 0, 0 };
     /* in-flight sessions may still look due; ask for enough rows to see past them */
     if (nh_store_sessions_due(d->store, ep->name, now, cap + ep->in_flight, on_due_session, &c) < 0 || c.failed)
@@ -314,11 +326,12 @@ static void start_fresh(nh_dispatch_t *d)
     };
     d->running++;
     job->started_ms = nh_time_now_ms();
+    job->vm = job->ep->vm;
     job->run_next = d->running_jobs;
     if (d->running_jobs) d->running_jobs->run_prev = job;
     d->running_jobs = job;
     nh_error_t err = {0};
-    if (nh_vm_task_start(job->ep->vm, &args, &job->task, &err)) {
+    if (nh_vm_task_start(job->vm, &args, &job->task, &err)) {
       nh_outcome_t o = { .kind = NH_OUT_CANCELLED, .expected_by_s = -1 };
       nh_log_error("dispatch", "%s: cannot start a task: %s", job->ep->name, err.msg);
       host_task_done(d, job, &o);
@@ -413,6 +426,7 @@ static void pump(nh_dispatch_t *d)
     free_jobs(applied);
     requeue_done(d, retry);
     start_fresh(d);
+    if (d->nretiring) nh_dispatch_close_retired(d, 0);
   } else {
     /* Nothing of this batch happened (a full disk, say): every finished job stays queued
      * and is applied again; fetched messages are fetched again later. */
@@ -514,6 +528,14 @@ static void renew_cb(uv_timer_t *h)
   free(why);
 }
 
+const nh_vm_host_t *nh_dispatch_vm_host(nh_dispatch_t *d, nh_vm_host_t *h)
+{
+  nh_vm_host_t host = { d, host_register_endpoint, host_publish, host_task_done, host_pending_handoffs,
+                        host_handoff };
+  *h = host;
+  return h;
+}
+
 /* ---------------------------------------------------------------- lifecycle */
 
 nh_dispatch_t *nh_dispatch_new(uv_loop_t *loop, nh_store_t *store, nh_transport_t *transport, const char *lua_dir)
@@ -536,10 +558,12 @@ nh_dispatch_t *nh_dispatch_new(uv_loop_t *loop, nh_store_t *store, nh_transport_
   d->drain_timer.data = d;
   uv_timer_init(loop, &d->renew_timer);
   d->renew_timer.data = d;
+  uv_timer_init(loop, &d->reload_timer);
+  d->reload_timer.data = d;
   return d;
 }
 
-static void collect_types(void *data, const char *endpoint, const char *const *types, int n)
+void nh_dispatch_collect_types(void *data, const char *endpoint, const char *const *types, int n)
 {
   nh_dispatch_t *d = data;
   nh_endpoint_t *ep = find_endpoint(d, endpoint);
@@ -551,10 +575,9 @@ static void collect_types(void *data, const char *endpoint, const char *const *t
 
 int nh_dispatch_load(nh_dispatch_t *d, const char *adapter_path, nh_error_t *err)
 {
-  nh_vm_host_t host = { d, host_register_endpoint, host_publish, host_task_done, host_pending_handoffs,
-                        host_handoff };
-  nh_vm_t *vm = nh_vm_new(d->loop, adapter_path, d->lua_dir, &host, err);
-  if (!vm || nh_vm_subscriptions(vm, collect_types, d, err)) {
+  nh_vm_host_t host;
+  nh_vm_t *vm = nh_vm_new(d->loop, adapter_path, d->lua_dir, nh_dispatch_vm_host(d, &host), err);
+  if (!vm || nh_vm_subscriptions(vm, nh_dispatch_collect_types, d, err)) {
     while (d->pending_eps) {
       nh_endpoint_t *ep = d->pending_eps;
       d->pending_eps = ep->next;
@@ -576,22 +599,15 @@ int nh_dispatch_load(nh_dispatch_t *d, const char *adapter_path, nh_error_t *err
     ep->next = d->endpoints;
     d->endpoints = ep;
   }
-  d->vms = nh_xrealloc(d->vms, sizeof *d->vms * (size_t)(d->nvms + 1));
-  d->vms[d->nvms++] = vm;
+  d->adapters = nh_xrealloc(d->adapters, sizeof *d->adapters * (size_t)(d->nadapters + 1));
+  d->adapters[d->nadapters].path = nh_xstrdup(adapter_path);
+  d->adapters[d->nadapters++].vm = vm;
   return NH_OK;
 }
 
 int nh_dispatch_start(nh_dispatch_t *d, nh_error_t *err)
 {
-  if (nh_store_begin(d->store)) return nh_error_set(err, NH_EFAIL, "store: %s", nh_store_errmsg(d->store));
-  for (nh_endpoint_t *ep = d->endpoints; ep; ep = ep->next) {
-    if (ep->lock_ms < d->tr->lock_ms || ep == d->endpoints) d->tr->lock_ms = ep->lock_ms;
-    if (d->tr->vt->subscribe(d->tr, ep->name, (const char *const *)ep->types, ep->ntypes, err)) {
-      nh_store_rollback(d->store);
-      return NH_EFAIL;
-    }
-  }
-  if (nh_store_commit(d->store)) return nh_error_set(err, NH_EFAIL, "store: cannot commit subscriptions");
+  if (nh_dispatch_subscribe_all(d, err)) return NH_EFAIL;
   d->started = 1;
   uint64_t every = (uint64_t)(d->tr->lock_ms / 3 > 0 ? d->tr->lock_ms / 3 : 1);
   uv_timer_start(&d->renew_timer, renew_cb, every, every);
@@ -607,7 +623,9 @@ static void maybe_stopped(nh_dispatch_t *d)
   uv_timer_stop(&d->drain_timer);
   uv_timer_stop(&d->timer);
   uv_timer_stop(&d->renew_timer);
+  uv_timer_stop(&d->reload_timer);
   uv_idle_stop(&d->idle);
+  nh_dispatch_unwatch(d);
   cb(d->stopped_data);
 }
 
@@ -616,7 +634,8 @@ static void drain_timeout_cb(uv_timer_t *h)
   nh_dispatch_t *d = h->data;
   if (d->running > 0) {
     nh_log_warn("dispatch", "drain deadline reached; cancelling %d running task(s) without settling", d->running);
-    for (int i = 0; i < d->nvms; i++) nh_vm_cancel_all(d->vms[i]);
+    for (int i = 0; i < d->nadapters; i++) nh_vm_cancel_all(d->adapters[i].vm);
+    for (int i = 0; i < d->nretiring; i++) nh_vm_cancel_all(d->retiring[i]);
   }
   d->force_stop = 1;   /* past the deadline: stop even if outcomes cannot be written */
   pump(d);
@@ -644,8 +663,14 @@ static void on_handle_closed(uv_handle_t *h)
 void nh_dispatch_free(nh_dispatch_t *d)
 {
   if (!d) return;
-  for (int i = 0; i < d->nvms; i++) nh_vm_close(d->vms[i]);
-  free(d->vms);
+  nh_dispatch_unwatch(d);
+  for (int i = 0; i < d->nadapters; i++) {
+    nh_vm_close(d->adapters[i].vm);
+    free(d->adapters[i].path);
+  }
+  free(d->adapters);
+  nh_dispatch_close_retired(d, 1);
+  free(d->retiring);
   /* Cancelled tasks landed in `done`; they were released in the final pump or, if
    * the store failed, are simply dropped: their session locks expire. */
   while (d->done) {
@@ -661,7 +686,8 @@ void nh_dispatch_free(nh_dispatch_t *d)
   }
   free(d->lua_dir);
   d->lua_dir = NULL;
-  d->closing = 4;
+  d->closing = 5;
+  uv_close((uv_handle_t *)&d->reload_timer, on_handle_closed);
   uv_close((uv_handle_t *)&d->renew_timer, on_handle_closed);
   uv_close((uv_handle_t *)&d->idle, on_handle_closed);
   uv_close((uv_handle_t *)&d->timer, on_handle_closed);

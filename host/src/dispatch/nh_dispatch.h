@@ -22,6 +22,10 @@ int nh_dispatch_start(nh_dispatch_t *d, nh_error_t *err);
  * rest without settling; calls on_stopped once everything is committed. */
 void nh_dispatch_stop(nh_dispatch_t *d, int64_t drain_ms, void (*on_stopped)(void *), void *data);
 void nh_dispatch_free(nh_dispatch_t *d);
+/* Hot reload: watch the adapters' directories (debounced), and reload on request
+ * (SIGHUP). A reload builds new VMs; on any load error the running ones keep serving. */
+int nh_dispatch_watch(nh_dispatch_t *d, nh_error_t *err);
+void nh_dispatch_request_reload(nh_dispatch_t *d);
 int nh_dispatch_endpoint_count(nh_dispatch_t *d);
 /* Writes "Name (types...)" for each endpoint into buf, for the ready line. */
 void nh_dispatch_describe(nh_dispatch_t *d, char *buf, size_t len);

@@ -18,10 +18,16 @@ typedef struct nh_endpoint {
   char **types;                  /* handled event types (subscriptions) */
   int ntypes;
   int in_flight;
+  int retired;                   /* dropped by a reload: no new work */
   struct nh_endpoint *next;
 } nh_endpoint_t;
 
 typedef enum { NH_JOB_QUEUE, NH_JOB_RETRY, NH_JOB_PARKED } nh_job_src_t;
+
+typedef struct nh_adapter {
+  char *path;
+  nh_vm_t *vm;
+} nh_adapter_t;
 
 typedef struct nh_pub {
   char *type, *body, *session, *correlation_id, *to;
@@ -41,6 +47,7 @@ typedef struct nh_job {
   nh_outcome_t out;
   int apply_failures;
   nh_task_t *task;               /* while the handler runs */
+  nh_vm_t *vm;                   /* the generation it runs in */
   int64_t started_ms;
   const char *cancel_reason;     /* why the host ended it (renewal cap, is_alive, lock lost) */
   struct nh_job *run_next, *run_prev;
@@ -55,8 +62,15 @@ struct nh_dispatch {
   char *lua_dir;
   nh_endpoint_t *endpoints;
   nh_endpoint_t *pending_eps;    /* registered by the adapter being loaded */
-  nh_vm_t **vms;
-  int nvms;
+  nh_adapter_t *adapters;        /* one VM per adapter file, the current generation */
+  int nadapters;
+  nh_vm_t **retiring;            /* previous generations finishing their running tasks */
+  int nretiring;
+  nh_vm_t *reloading;            /* the generation being replaced during a reload */
+  uv_fs_event_t **watchers;      /* one per adapter directory (hot reload) */
+  int nwatchers;
+  uv_timer_t reload_timer;       /* debounces bursts of file events */
+  uint64_t reloads, reload_failures;
   nh_job_t *fresh, **fresh_tail; /* fetched in the open transaction, not started */
   nh_job_t *done, **done_tail;   /* finished, effects not yet committed */
   int running;
@@ -79,6 +93,16 @@ int nh_dispatch_route(nh_dispatch_t *d, nh_job_t *job);    /* 1: needs a handler
 int nh_dispatch_apply(nh_dispatch_t *d, nh_job_t *job);    /* writes a finished job's effects */
 int nh_dispatch_flush_pubs(nh_dispatch_t *d, nh_job_t *job);
 void nh_job_free(nh_job_t *job);
+
+/* nh_reload.c */
+int nh_dispatch_reload(nh_dispatch_t *d, int adapter, nh_error_t *err);   /* adapter < 0: all */
+void nh_dispatch_close_retired(nh_dispatch_t *d, int force);
+int nh_dispatch_watch(nh_dispatch_t *d, nh_error_t *err);
+void nh_dispatch_unwatch(nh_dispatch_t *d);
+int nh_dispatch_subscribe_all(nh_dispatch_t *d, nh_error_t *err);
+nh_endpoint_t *nh_dispatch_find_endpoint(nh_dispatch_t *d, const char *name);
+void nh_dispatch_collect_types(void *data, const char *endpoint, const char *const *types, int n);
+extern const nh_vm_host_t *nh_dispatch_vm_host(nh_dispatch_t *d, nh_vm_host_t *out);
 
 /* nh_endpoint.c */
 int nh_endpoint_parse(nh_endpoint_t *ep, lua_State *L, int opts, nh_error_t *err);

@@ -230,6 +230,7 @@ static int l_listen(lua_State *L)
   nh_httpd_opts_t o = {
     .host = host, .port = (int)port, .max_body = (size_t)max_body, .max_headers = (unsigned)max_headers,
     .idle_timeout_s = (unsigned)idle, .max_connections = (unsigned)maxconn, .on_request = on_request, .data = ls,
+    .owner = nh_lua_vm(L),
   };
   nh_error_t err = {0};
   char code[32];

@@ -258,6 +258,9 @@ void nh_vm_close(nh_vm_t *vm)
 lua_State *nh_vm_state(nh_vm_t *vm) { return vm->L; }
 const char *nh_vm_path(nh_vm_t *vm) { return vm->path; }
 int nh_vm_live_tasks(nh_vm_t *vm) { return vm->live_tasks; }
+void nh_vm_stop_timers(nh_vm_t *vm) { nh_lasync_close(vm); }
+void nh_vm_set_deadline(nh_vm_t *vm, int64_t at_ms) { vm->deadline_ms = at_ms; }
+int64_t nh_vm_deadline(nh_vm_t *vm) { return vm->deadline_ms; }
 
 int nh_vm_subscriptions(nh_vm_t *vm, nh_vm_sub_cb cb, void *data, nh_error_t *err)
 {

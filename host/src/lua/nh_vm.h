@@ -84,6 +84,11 @@ void nh_vm_close(nh_vm_t *vm);
 lua_State *nh_vm_state(nh_vm_t *vm);
 const char *nh_vm_path(nh_vm_t *vm);
 int nh_vm_live_tasks(nh_vm_t *vm);
+/* Reload support: stop the VM's periodic tasks (a retiring generation), and a drain
+ * deadline (ms since epoch) its owner enforces. */
+void nh_vm_stop_timers(nh_vm_t *vm);
+void nh_vm_set_deadline(nh_vm_t *vm, int64_t at_ms);
+int64_t nh_vm_deadline(nh_vm_t *vm);
 
 /* Fills `out` with endpoint name -> handled event types, for subscriptions. */
 typedef void (*nh_vm_sub_cb)(void *data, const char *endpoint, const char *const *types, int n);

@@ -38,6 +38,7 @@ struct nh_vm {
   nh_task_t *ready, *ready_tail;   /* FIFO of tasks to resume on the next iteration */
   uv_idle_t idle;
   uint64_t yield_gen;
+  int64_t deadline_ms;       /* drain deadline of a retiring generation */
   int in_task;               /* > 0 while a task runs: the memory limit applies */
   size_t mem, mem_limit;
   struct nh_every *everies;  /* periodic tasks (status checkers) */

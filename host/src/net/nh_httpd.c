@@ -75,7 +75,31 @@ struct nh_httpd {
   int closing, close_pending;
   int inflight;         /* requests handed to the application and not yet sent */
   nh_httpd_req_t *reqs;
+  struct sockaddr_storage bound;   /* for listening_here() */
+  socklen_t bound_len;
+  const void *owner;
+  nh_httpd_t *reg_next;
 };
+
+/* Servers of this process that listen now (all VM generations). */
+static nh_httpd_t *registry;
+
+static void reg_remove(nh_httpd_t *s)
+{
+  for (nh_httpd_t **p = &registry; *p; p = &(*p)->reg_next)
+    if (*p == s) {
+      *p = s->reg_next;
+      return;
+    }
+}
+
+/* Another generation of this process (a VM being replaced) listens on this address. */
+static int listening_here(const struct sockaddr *sa, socklen_t len, const void *owner)
+{
+  for (nh_httpd_t *s = registry; s; s = s->reg_next)
+    if (s->bound_len == len && memcmp(&s->bound, sa, len) == 0 && s->owner != owner) return 1;
+  return 0;
+}
 
 /* ---------------------------------------------------------------- helpers */
 
@@ -317,6 +341,7 @@ static void handle_closed(uv_handle_t *h)
 static void do_close(nh_httpd_t *s)
 {
   s->close_pending = 0;
+  reg_remove(s);
   /* stop watching the epoll fd before MHD closes it */
   uv_poll_stop(&s->poll);
   uv_close((uv_handle_t *)&s->poll, handle_closed);
@@ -410,7 +435,26 @@ nh_httpd_t *nh_httpd_start(uv_loop_t *loop, const nh_httpd_opts_t *o, nh_error_t
     return NULL;
   }
   int one = 1;
-  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);   /* TIME_WAIT only; not SO_REUSEPORT */
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);   /* TIME_WAIT */
+  /* SO_REUSEPORT lets a reloaded adapter's server bind beside the previous generation's,
+   * so the port never stops listening. It would also let a second process share the
+   * port silently, so unless this process already listens there, a plain probe bind
+   * first reports a port taken by anyone else. */
+  if (o->port != 0 && !listening_here(&addr.sa, alen, o->owner)) {
+    int probe = socket(addr.sa.sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (probe >= 0) {
+      setsockopt(probe, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+      int brc = bind(probe, &addr.sa, alen);
+      int e = errno;
+      close(probe);
+      if (brc != 0) {
+        fail_errno(err, errname, e, "listen on", host, o->port);
+        close(fd);
+        return NULL;
+      }
+    }
+  }
+  setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
   if (bind(fd, &addr.sa, alen) != 0) {
     fail_errno(err, errname, errno, "listen on", host, o->port);
     close(fd);
@@ -428,6 +472,9 @@ nh_httpd_t *nh_httpd_start(uv_loop_t *loop, const nh_httpd_opts_t *o, nh_error_t
   nh_httpd_t *s = nh_xcalloc(1, sizeof *s);
   s->loop = loop;
   s->port = port;
+  memcpy(&s->bound, &addr, alen);
+  s->bound_len = alen;
+  s->owner = o->owner;
   s->max_body = o->max_body ? o->max_body : NH_HTTPD_DEFAULT_MAX_BODY;
   s->max_headers = o->max_headers ? o->max_headers : NH_HTTPD_DEFAULT_MAX_HEADERS;
   s->on_request = o->on_request;
@@ -467,6 +514,8 @@ nh_httpd_t *nh_httpd_start(uv_loop_t *loop, const nh_httpd_opts_t *o, nh_error_t
   uv_poll_start(&s->poll, UV_READABLE, poll_cb);
   uv_unref((uv_handle_t *)&s->poll);
   uv_unref((uv_handle_t *)&s->timer);
+  s->reg_next = registry;
+  registry = s;
   return s;
 }
 

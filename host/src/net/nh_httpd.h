@@ -32,6 +32,9 @@ typedef struct nh_httpd_opts {
   unsigned max_connections;    /* 0: libmicrohttpd's default */
   nh_httpd_request_cb on_request;
   void *data;
+  /* The generation this server belongs to (a VM). A server may bind beside one of another
+   * generation of this process on the same address (hot reload); never beside its own. */
+  const void *owner;
 } nh_httpd_opts_t;
 
 /* Starts listening. On failure returns NULL with the reason in err and, when the
