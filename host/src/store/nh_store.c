@@ -159,7 +159,10 @@ int nh_store_open(nh_store_t **out, const char *path, int flags, nh_error_t *err
   }
   /* WAL lets CLI readers run beside a writing host; NORMAL is durable across process
    * crashes (the guarantee SIGKILL tests need), only a power cut may lose the last commits. */
-  if (sqlite3_exec(db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA foreign_keys=OFF;", NULL,
+  /* temp_store=MEMORY: the per-job savepoints keep their sub-journals in memory instead
+   * of writing every touched page to a temporary file (13x the I/O per event otherwise). */
+  if (sqlite3_exec(db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA foreign_keys=OFF;"
+                       " PRAGMA temp_store=MEMORY;", NULL,
                    NULL, NULL) != SQLITE_OK) {
     nh_error_set(err, NH_EFAIL, "store %s: %s", path, sqlite3_errmsg(db));
     sqlite3_close(db);
