@@ -31,6 +31,7 @@ bench: build
 	@$(BUILD)/host/nimbus-host -l spec/bench/sleepers.lua
 	@$(BUILD)/host/nimbus-host -l spec/bench/http_serve.lua
 	@$(BUILD)/host/nimbus-host -l spec/bench/renewals.lua $(BUILD)/host/nimbus-host
+	@$(BUILD)/host/nimbus-host -l spec/bench/reload.lua $(BUILD)/host/nimbus-host
 
 clean:
 	rm -rf $(BUILD) $(BUILD)-asan
