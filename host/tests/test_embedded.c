@@ -88,7 +88,7 @@ static void subscribe(proc_t *p, const char *ep, const char *t1, const char *t2)
 {
   const char *types[2] = { t1, t2 };
   nh_error_t err = {0};
-  if (p->tr->vt->subscribe(p->tr, ep, types, t2 ? 2 : 1, &err)) FAIL("subscribe %s: %s", ep, err.msg);
+  if (p->tr->vt->subscribe(p->tr, ep, types, NULL, t2 ? 2 : 1, &err)) FAIL("subscribe %s: %s", ep, err.msg);
 }
 
 /* Sends one message; to == NULL fans out. Returns the number of copies. */
@@ -574,6 +574,27 @@ TEST(reaps_locks_of_dead_local_processes)
   ASSERT_EQ_INT(q1i(b, "SELECT count(*) FROM session_locks WHERE session_id = 's2'"), 1);
   proc_close(a);
   proc_close(b);
+}
+
+TEST(a_command_accepts_exactly_one_consuming_endpoint)
+{
+  proc_t *a = proc_open("owner-a");
+  const char *types[] = { "PlaceOnHold", "Evt" };
+  int commands[] = { 1, 0 };
+  nh_error_t err = {0};
+  ASSERT_EQ_INT(a->tr->vt->subscribe(a->tr, "Erp", types, commands, 2, &err), NH_OK);
+  /* the same endpoint again (a restart) is fine */
+  ASSERT_EQ_INT(a->tr->vt->subscribe(a->tr, "Erp", types, commands, 2, &err), NH_OK);
+  /* a second consumer of the command is refused, whether or not it calls it a command */
+  const char *one[] = { "PlaceOnHold" };
+  int plain[] = { 0 };
+  ASSERT_EQ_INT(a->tr->vt->subscribe(a->tr, "Crm", one, plain, 1, &err), NH_EUSAGE);
+  ASSERT_TRUE(strstr(err.msg, "Erp already consumes it") != NULL);
+  ASSERT_EQ_INT(a->tr->vt->subscribe(a->tr, "Crm", one, commands, 1, &err), NH_EUSAGE);
+  /* events may have many consumers */
+  const char *evt[] = { "Evt" };
+  ASSERT_EQ_INT(a->tr->vt->subscribe(a->tr, "Crm", evt, plain, 1, &err), NH_OK);
+  proc_close(a);
 }
 
 NH_TEST_MAIN()

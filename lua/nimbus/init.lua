@@ -121,10 +121,51 @@ function Endpoint:on(event_type, fn, opts)
   return self
 end
 
+-- A command has exactly one consuming endpoint: the host refuses to start a second one.
+function Endpoint:command(command_type, fn, opts)
+  opts = opts or {}
+  if type(opts) ~= "table" then error("endpoint:command: options must be a table", 2) end
+  local o = {}
+  for k, v in pairs(opts) do o[k] = v end
+  o.command = true
+  return self:on(command_type, fn, o)
+end
+
+-- A request handler: what fn returns (a table) is sent back to the requester
+-- (nimbus.request); an error sends an error reply and fails the request as usual.
+function Endpoint:reply(request_type, fn, opts)
+  opts = opts or {}
+  if type(opts) ~= "table" then error("endpoint:reply: options must be a table", 2) end
+  local o = {}
+  for k, v in pairs(opts) do o[k] = v end
+  o.reply = true
+  return self:on(request_type, fn, o)
+end
+
 function Endpoint:use(fn)
   if type(fn) ~= "function" then error("endpoint:use: middleware must be a function(event, ctx, next)", 2) end
   self.middleware[#self.middleware + 1] = fn
   return self
+end
+
+---------------------------------------------------------------------------- request/reply
+-- Sends a request to the endpoint that replies to `request_type` (ep:reply) and waits
+-- for its reply. Returns the decoded reply, or nil, message, code: "ETIMEDOUT" (no reply
+-- in time, default 10 s), "EREPLY" (the responder failed: message is its error),
+-- "ENOREPLIER" (no endpoint replies to the type).
+function M.request(request_type, payload, opts)
+  if type(request_type) ~= "string" or request_type == "" then
+    error("nimbus.request: request type must be a non-empty string", 2)
+  end
+  if type(payload) ~= "table" then error("nimbus.request: payload must be a table", 2) end
+  opts = opts or {}
+  local body, err = cjson.encode(payload)
+  if not body then error("nimbus.request: payload cannot be encoded as JSON: " .. tostring(err), 2) end
+  local timeout = opts.timeout or 10
+  if type(timeout) ~= "number" or timeout <= 0 then error("nimbus.request: timeout must be > 0 seconds", 2) end
+  local reply, msg, code = core.request(request_type, body, opts.session and tostring(opts.session), timeout)
+  if reply == nil then return nil, msg, code end
+  return M._decode(reply)
 end
 
 ---------------------------------------------------------------------------- hand-offs
@@ -195,12 +236,17 @@ function Endpoint:checker(name, opts, fn)
 end
 
 -- The event types an endpoint subscribes to (the host reads this after loading).
+-- { [endpoint] = { type, ..., commands = { [type] = true } } }
 function M._subscriptions()
   local out = {}
   for name, ep in pairs(endpoints) do
-    local types = {}
-    for t in pairs(ep.handlers) do types[#types + 1] = t end
+    local types, commands = {}, {}
+    for t in pairs(ep.handlers) do
+      types[#types + 1] = t
+      if ep.handler_opts[t].command then commands[t] = true end
+    end
     table.sort(types)
+    types.commands = commands
     out[name] = types
   end
   return out
@@ -319,6 +365,14 @@ function M._run(epname, event_type, body, ctx)
   if h then
     return { status = "handoff", handoff_reason = h.reason, external_job_id = h.external_job_id,
              expected_by = h.expected_by }
+  end
+  if ep.handler_opts[event_type].reply then
+    local body, jerr = cjson.encode(res == nil and cjson.null or res)
+    if not body then
+      return { status = "failed", error_type = "ReplyEncodingError",
+               error_text = "the reply handler returned a value that cannot be encoded as JSON: " .. tostring(jerr) }
+    end
+    return { status = "completed", reply = body }
   end
   return { status = "completed" }
 end

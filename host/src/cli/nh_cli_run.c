@@ -117,7 +117,7 @@ int nh_cmd_run(int argc, char **argv, int first)
   }
   if (status == NH_EXIT_OK && nh_dispatch_start(h.d, &err)) {
     fprintf(stderr, "nimbus-host: %s\n", err.msg);
-    status = NH_EXIT_FAIL;
+    status = err.code == NH_EUSAGE ? NH_EXIT_USAGE : NH_EXIT_FAIL;
   }
   if (status == NH_EXIT_OK && !nh_args_has(&a, "--no-reload") && nh_dispatch_watch(h.d, &err)) {
     fprintf(stderr, "nimbus-host: %s\n", err.msg);

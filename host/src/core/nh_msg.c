@@ -6,7 +6,7 @@
 
 static const char *const type_names[] = {
   "EventRequest", "ResubmissionRequest", "SkipRequest",
-  "HandoffCompletedRequest", "HandoffFailedRequest", "Unknown",
+  "HandoffCompletedRequest", "HandoffFailedRequest", "ReplyResponse", "Unknown",
 };
 
 const char *nh_msg_type_name(nh_msg_type_t t)
@@ -33,6 +33,7 @@ void nh_msg_clear(nh_msg_t *m)
   free(m->originating_message_id);
   free(m->parent_message_id);
   free(m->from);
+  free(m->reply_to);
   free(m->body);
   free(m->error_text);
   free(m->error_type);

@@ -15,6 +15,7 @@ typedef enum {
   NH_MT_SKIP,             /* SkipRequest (operator) */
   NH_MT_HANDOFF_COMPLETE, /* HandoffCompletedRequest */
   NH_MT_HANDOFF_FAIL,     /* HandoffFailedRequest */
+  NH_MT_REPLY,            /* a reply to nimbus.request, addressed to the requester's reply queue */
   NH_MT_UNKNOWN
 } nh_msg_type_t;
 
@@ -30,6 +31,7 @@ typedef struct nh_msg {
   char *originating_message_id;
   char *parent_message_id;
   char *from;
+  char *reply_to;         /* requests: the requester's reply queue */
   int retry_count;
   int delivery_count;
   int release_count;      /* transient releases so far (backoff), not failed deliveries */

@@ -25,11 +25,13 @@ static void idle_cb(uv_idle_t *h)
   pump(d);
 }
 
-static void kick(nh_dispatch_t *d)
+void nh_dispatch_kick(nh_dispatch_t *d)
 {
   if (uv_is_closing((uv_handle_t *)&d->idle)) return;
   if (!uv_is_active((uv_handle_t *)&d->idle)) uv_idle_start(&d->idle, idle_cb);
 }
+
+#define kick nh_dispatch_kick
 
 static void timer_cb(uv_timer_t *h) { pump(h->data); }
 
@@ -198,6 +200,12 @@ static void accept_job(nh_dispatch_t *d, nh_job_t *job)
 static void on_message(void *data, nh_msg_t *msg)
 {
   nh_dispatch_t *d = data;
+  if (strcmp(msg->endpoint, d->reply_ep) == 0) {
+    nh_dispatch_take_reply(d, msg);
+    nh_msg_clear(msg);
+    free(msg);
+    return;
+  }
   nh_endpoint_t *ep = d->receiving_ep;
   if (!ep || strcmp(ep->name, msg->endpoint) != 0) ep = find_endpoint(d, msg->endpoint);
   if (!ep) {   /* not one of ours (cannot happen with the embedded transport) */
@@ -301,6 +309,11 @@ static int fetch(nh_dispatch_t *d, int64_t now, int *fetched)
     d->receiving_ep = ep;
     int n = d->tr->vt->receive(d->tr, ep->name, cap, now);
     d->receiving_ep = NULL;
+    if (n < 0) return NH_EFAIL;
+    *fetched += n;
+  }
+  if (d->requests) {   /* replies for this process's waiting requests */
+    int n = d->tr->vt->receive(d->tr, d->reply_ep, 256, now);
     if (n < 0) return NH_EFAIL;
     *fetched += n;
   }
@@ -422,6 +435,7 @@ static void pump(nh_dispatch_t *d)
     if (ok && nh_store_commit(d->store)) ok = 0;
     if (!ok) nh_store_rollback(d->store);
   }
+  if (d->requests) nh_dispatch_deliver_replies(d, ok);
   if (ok) {
     free_jobs(applied);
     requeue_done(d, retry);
@@ -531,7 +545,7 @@ static void renew_cb(uv_timer_t *h)
 const nh_vm_host_t *nh_dispatch_vm_host(nh_dispatch_t *d, nh_vm_host_t *h)
 {
   nh_vm_host_t host = { d, host_register_endpoint, host_publish, host_task_done, host_pending_handoffs,
-                        host_handoff };
+                        host_handoff, nh_dispatch_request, nh_dispatch_request_cancel };
   *h = host;
   return h;
 }
@@ -560,16 +574,24 @@ nh_dispatch_t *nh_dispatch_new(uv_loop_t *loop, nh_store_t *store, nh_transport_
   d->renew_timer.data = d;
   uv_timer_init(loop, &d->reload_timer);
   d->reload_timer.data = d;
+  char id[37];
+  nh_uuid_v7(id);
+  snprintf(d->reply_ep, sizeof d->reply_ep, "_reply.%s", id);
   return d;
 }
 
-void nh_dispatch_collect_types(void *data, const char *endpoint, const char *const *types, int n)
+void nh_dispatch_collect_types(void *data, const char *endpoint, const char *const *types, const int *commands,
+                               int n)
 {
   nh_dispatch_t *d = data;
   nh_endpoint_t *ep = find_endpoint(d, endpoint);
   if (!ep) return;
   ep->types = nh_xcalloc((size_t)n + 1, sizeof *ep->types);
-  for (int i = 0; i < n; i++) ep->types[i] = nh_xstrdup(types[i]);
+  ep->commands = nh_xcalloc((size_t)n + 1, sizeof *ep->commands);
+  for (int i = 0; i < n; i++) {
+    ep->types[i] = nh_xstrdup(types[i]);
+    ep->commands[i] = commands[i];
+  }
   ep->ntypes = n;
 }
 
@@ -671,6 +693,7 @@ void nh_dispatch_free(nh_dispatch_t *d)
   free(d->adapters);
   nh_dispatch_close_retired(d, 1);
   free(d->retiring);
+  nh_dispatch_requests_close(d);   /* after the VMs: their waiting tasks are gone */
   /* Cancelled tasks landed in `done`; they were released in the final pump or, if
    * the store failed, are simply dropped: their session locks expire. */
   while (d->done) {

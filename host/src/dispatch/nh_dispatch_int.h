@@ -16,6 +16,7 @@ typedef struct nh_endpoint {
   double timeout_s, cpu_budget_s;  /* per handler task: wall-clock deadline, CPU between yields */
   nh_retry_config_t retry;
   char **types;                  /* handled event types (subscriptions) */
+  int *commands;                 /* per type: a command (exactly one consuming endpoint) */
   int ntypes;
   int in_flight;
   int retired;                   /* dropped by a reload: no new work */
@@ -71,6 +72,8 @@ struct nh_dispatch {
   int nwatchers;
   uv_timer_t reload_timer;       /* debounces bursts of file events */
   uint64_t reloads, reload_failures;
+  char reply_ep[48];             /* this process's reply queue: "_reply.<uuid>" */
+  struct nh_pending_req *requests;
   nh_job_t *fresh, **fresh_tail; /* fetched in the open transaction, not started */
   nh_job_t *done, **done_tail;   /* finished, effects not yet committed */
   int running;
@@ -94,6 +97,17 @@ int nh_dispatch_apply(nh_dispatch_t *d, nh_job_t *job);    /* writes a finished 
 int nh_dispatch_flush_pubs(nh_dispatch_t *d, nh_job_t *job);
 void nh_job_free(nh_job_t *job);
 
+/* nh_request.c */
+void *nh_dispatch_request(void *data, const char *type, const char *body, size_t len, const char *session,
+                          double timeout_s, void (*done)(void *, const char *, const char *, const char *), void *ud,
+                          nh_error_t *err);
+void nh_dispatch_request_cancel(void *data, void *handle);
+void nh_dispatch_take_reply(nh_dispatch_t *d, nh_msg_t *m);
+void nh_dispatch_deliver_replies(nh_dispatch_t *d, int ok);
+int nh_dispatch_send_reply(nh_dispatch_t *d, nh_job_t *job);
+void nh_dispatch_requests_close(nh_dispatch_t *d);
+void nh_dispatch_kick(nh_dispatch_t *d);
+
 /* nh_reload.c */
 int nh_dispatch_reload(nh_dispatch_t *d, int adapter, nh_error_t *err);   /* adapter < 0: all */
 void nh_dispatch_close_retired(nh_dispatch_t *d, int force);
@@ -101,7 +115,8 @@ int nh_dispatch_watch(nh_dispatch_t *d, nh_error_t *err);
 void nh_dispatch_unwatch(nh_dispatch_t *d);
 int nh_dispatch_subscribe_all(nh_dispatch_t *d, nh_error_t *err);
 nh_endpoint_t *nh_dispatch_find_endpoint(nh_dispatch_t *d, const char *name);
-void nh_dispatch_collect_types(void *data, const char *endpoint, const char *const *types, int n);
+void nh_dispatch_collect_types(void *data, const char *endpoint, const char *const *types, const int *commands,
+                               int n);
 extern const nh_vm_host_t *nh_dispatch_vm_host(nh_dispatch_t *d, nh_vm_host_t *out);
 
 /* nh_endpoint.c */

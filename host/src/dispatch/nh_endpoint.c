@@ -207,5 +207,6 @@ void nh_endpoint_free(nh_endpoint_t *ep)
   nh_retry_config_free(&ep->retry);
   for (int i = 0; i < ep->ntypes; i++) free(ep->types[i]);
   free(ep->types);
+  free(ep->commands);
   free(ep);
 }

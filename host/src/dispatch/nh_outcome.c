@@ -288,6 +288,13 @@ int nh_dispatch_route(nh_dispatch_t *d, nh_job_t *job)
       rc = nh_store_history_add(d->store, ep->name, m->event_id, m->message_id, "ResubmissionRequest", "Rejected",
                                 "resubmit rejected: the event is parked and will replay in order");
       if (!rc) rc = settle(d, job, NH_SETTLE_COMPLETE, 0, NULL);
+    } else if (ep->inbox && m->parent_message_id && nh_store_inbox_has(d->store, ep->name, m->parent_message_id)) {
+      /* the inbox already holds the message this resubmits: its effects happened once */
+      nh_audit_t dup;
+      audit_load(d, job, &dup);
+      audit_status(&dup, NH_ST_SKIPPED, "DuplicateDetected", NULL, NULL);
+      rc = audit_write(d, job, &dup, "inbox: the resubmitted message was already handled");
+      if (!rc) rc = settle(d, job, NH_SETTLE_COMPLETE, 0, NULL);
     } else {
       run = 1;
     }
@@ -465,6 +472,7 @@ int nh_dispatch_apply(nh_dispatch_t *d, nh_job_t *job)
   if (!rc) rc = audit_write(d, job, &a, detail);
   else nh_audit_clear(&a);
   nh_session_state_clear(&st);
+  if (!rc && m->reply_to && *m->reply_to) rc = nh_dispatch_send_reply(d, job);
   if (!rc) {
     if (o->kind == NH_OUT_DEADLETTER) rc = settle(d, job, NH_SETTLE_DEAD_LETTER, 0, o->error_text);
     else rc = settle(d, job, NH_SETTLE_COMPLETE, 0, NULL);

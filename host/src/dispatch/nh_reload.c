@@ -22,7 +22,7 @@ int nh_dispatch_subscribe_all(nh_dispatch_t *d, nh_error_t *err)
   for (nh_endpoint_t *ep = d->endpoints; ep; ep = ep->next) {
     if (ep->retired) continue;
     if (ep->lock_ms < d->tr->lock_ms || ep == d->endpoints) d->tr->lock_ms = ep->lock_ms;
-    if (d->tr->vt->subscribe(d->tr, ep->name, (const char *const *)ep->types, ep->ntypes, err)) {
+    if (d->tr->vt->subscribe(d->tr, ep->name, (const char *const *)ep->types, ep->commands, ep->ntypes, err)) {
       nh_store_rollback(d->store);
       return NH_EFAIL;
     }
@@ -47,9 +47,12 @@ static void adopt(nh_endpoint_t *live, nh_endpoint_t *fresh)
   memset(&fresh->retry, 0, sizeof fresh->retry);
   for (int i = 0; i < live->ntypes; i++) free(live->types[i]);
   free(live->types);
+  free(live->commands);
   live->types = fresh->types;
+  live->commands = fresh->commands;
   live->ntypes = fresh->ntypes;
   fresh->types = NULL;
+  fresh->commands = NULL;
   fresh->ntypes = 0;
   live->retired = 0;
   nh_endpoint_free(fresh);

@@ -8,6 +8,7 @@
 #include "nh_lmodules.h"
 
 #include <lauxlib.h>
+#include <stdlib.h>
 #include <string.h>
 
 #ifndef NH_VERSION
@@ -109,11 +110,71 @@ static int l_handoff(lua_State *L)
   return 1;
 }
 
+typedef struct req_op {
+  nh_op_t op;
+  nh_task_t *task;
+  nh_vm_t *vm;
+  void *handle;
+} req_op_t;
+
+static void req_cancel(nh_op_t *op)
+{
+  req_op_t *r = (req_op_t *)op;
+  r->vm->host.request_cancel(r->vm->host.data, r->handle);
+  free(r);
+}
+
+static void req_done(void *ud, const char *reply, const char *msg, const char *code)
+{
+  req_op_t *r = ud;
+  nh_task_t *t = r->task;
+  lua_State *co = nh_task_thread(t);
+  free(r);
+  if (reply) {
+    lua_pushstring(co, reply);
+    nh_task_complete(t, 1);
+  } else {
+    lua_pushnil(co);
+    lua_pushstring(co, msg ? msg : "request failed");
+    lua_pushstring(co, code ? code : "EIO");
+    nh_task_complete(t, 3);
+  }
+}
+
+/* core.request(type, body, session, timeout_s): yields until the reply */
+static int l_request(lua_State *L)
+{
+  nh_vm_t *vm = upvm(L);
+  const char *type = luaL_checkstring(L, 1);
+  size_t len;
+  const char *body = luaL_checklstring(L, 2, &len);
+  const char *session = opt_str(L, 3);
+  double timeout = luaL_optnumber(L, 4, 10.0);
+  nh_task_t *t = nh_task_check(L, "nimbus.request");
+  if (!vm->host.request)
+    return luaL_error(L, "nimbus.request works inside a running host (nimbus-host ADAPTER.lua)");
+  req_op_t *r = nh_xcalloc(1, sizeof *r);
+  r->op.cancel = req_cancel;
+  r->task = t;
+  r->vm = vm;
+  nh_error_t err = {0};
+  r->handle = vm->host.request(vm->host.data, type, body, len, session, timeout, req_done, r, &err);
+  if (!r->handle) {
+    free(r);
+    lua_pushnil(L);
+    lua_pushstring(L, err.msg);
+    lua_pushstring(L, err.code == NH_ENOTFOUND ? "ENOREPLIER" : "EIO");
+    return 3;
+  }
+  return nh_task_yield(L, t, &r->op);
+}
+
 static int open_core(lua_State *L)
 {
   static const luaL_Reg fns[] = {
     { "log", l_log }, { "now", l_now }, { "register_endpoint", l_register_endpoint },
     { "publish", l_publish }, { "pending_handoffs", l_pending_handoffs }, { "handoff", l_handoff },
+    { "request", l_request },
     { NULL, NULL },
   };
   luaL_newlibtable(L, fns);

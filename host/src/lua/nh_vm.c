@@ -24,6 +24,7 @@ void nh_outcome_clear(nh_outcome_t *o)
   free(o->error_stack);
   free(o->handoff_reason);
   free(o->external_job_id);
+  free(o->reply);
   memset(o, 0, sizeof *o);
   o->expected_by_s = -1;
 }
@@ -278,14 +279,24 @@ int nh_vm_subscriptions(nh_vm_t *vm, nh_vm_sub_cb cb, void *data, nh_error_t *er
     const char *name = lua_tostring(L, -2);
     int n = (int)luaL_len(L, -1);
     const char **types = nh_xcalloc((size_t)n + 1, sizeof *types);
+    int *commands = nh_xcalloc((size_t)n + 1, sizeof *commands);
+    int t = lua_gettop(L);
+    lua_getfield(L, t, "commands");
+    int ct = lua_gettop(L);
+    luaL_checkstack(L, n + 2, "subscriptions");
     for (int i = 0; i < n; i++) {
-      lua_rawgeti(L, -1 - i, i + 1);
+      lua_rawgeti(L, t, i + 1);
       types[i] = lua_tostring(L, -1);
+      if (lua_istable(L, ct)) {
+        lua_getfield(L, ct, types[i]);
+        commands[i] = lua_toboolean(L, -1);
+        lua_pop(L, 1);
+      }
     }
-    cb(data, name, types, n);
-    lua_pop(L, n);
+    cb(data, name, types, commands, n);
+    lua_settop(L, t - 1);
     free(types);
-    lua_pop(L, 1);
+    free(commands);
   }
   lua_pop(L, 2);
   return NH_OK;
@@ -328,6 +339,7 @@ static void outcome_from_table(lua_State *co, int idx, nh_outcome_t *o)
   o->error_stack = field_str(co, idx, "error_stack");
   o->handoff_reason = field_str(co, idx, "handoff_reason");
   o->external_job_id = field_str(co, idx, "external_job_id");
+  o->reply = field_str(co, idx, "reply");
   lua_getfield(co, idx, "expected_by");
   o->expected_by_s = lua_isnumber(co, -1) ? lua_tonumber(co, -1) : -1;
   lua_pop(co, 1);

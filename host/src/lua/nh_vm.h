@@ -28,6 +28,7 @@ typedef struct nh_outcome {
   char *error_text, *error_type, *error_stack;
   char *handoff_reason, *external_job_id;
   double expected_by_s;   /* < 0: none given */
+  char *reply;            /* reply handlers: the JSON to send back to the requester */
 } nh_outcome_t;
 
 void nh_outcome_clear(nh_outcome_t *o);
@@ -58,6 +59,12 @@ typedef struct nh_vm_host {
   int (*pending_handoffs)(void *data, lua_State *L, const char *endpoint, nh_error_t *err);
   /* Settles a hand-off (complete: result JSON or NULL; fail: error text and type). */
   int (*handoff)(void *data, const nh_handoff_req_t *req, nh_error_t *err);
+  /* Sends a request and calls done(ud, reply_json, NULL, NULL) or done(ud, NULL, msg, code)
+   * later, from the loop; returns a handle for request_cancel (no done after it). */
+  void *(*request)(void *data, const char *type, const char *body, size_t len, const char *session,
+                   double timeout_s, void (*done)(void *ud, const char *reply, const char *msg, const char *code),
+                   void *ud, nh_error_t *err);
+  void (*request_cancel)(void *data, void *handle);
 } nh_vm_host_t;
 
 typedef struct nh_task_args {
@@ -91,7 +98,8 @@ void nh_vm_set_deadline(nh_vm_t *vm, int64_t at_ms);
 int64_t nh_vm_deadline(nh_vm_t *vm);
 
 /* Fills `out` with endpoint name -> handled event types, for subscriptions. */
-typedef void (*nh_vm_sub_cb)(void *data, const char *endpoint, const char *const *types, int n);
+typedef void (*nh_vm_sub_cb)(void *data, const char *endpoint, const char *const *types, const int *commands,
+                             int n);
 int nh_vm_subscriptions(nh_vm_t *vm, nh_vm_sub_cb cb, void *data, nh_error_t *err);
 
 /* Starts a handler task; it may finish (task_done) before this returns, in which case

@@ -27,7 +27,7 @@ static const char *const nh_store_migrations[] = {
   "  endpoint TEXT NOT NULL, session_id TEXT NOT NULL, park_seq INTEGER NOT NULL,"
   "  message_id TEXT, event_id TEXT, event_type TEXT, message_type TEXT, correlation_id TEXT,"
   "  originating_message_id TEXT, parent_message_id TEXT, from_ TEXT, retry_count INTEGER,"
-  "  enqueued_at INTEGER, body TEXT, error_text TEXT, error_type TEXT,"
+  "  enqueued_at INTEGER, body TEXT, error_text TEXT, error_type TEXT, reply_to TEXT,"
   "  PRIMARY KEY (endpoint, session_id, park_seq)) WITHOUT ROWID;"
   "CREATE TABLE inbox ("
   "  endpoint TEXT NOT NULL, message_id TEXT NOT NULL, at INTEGER NOT NULL,"

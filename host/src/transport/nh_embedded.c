@@ -13,14 +13,14 @@
 #include <unistd.h>
 
 static const char *const embedded_migrations[] = {
-  "CREATE TABLE subscriptions (event_type TEXT NOT NULL, endpoint TEXT NOT NULL,"
+  "CREATE TABLE subscriptions (event_type TEXT NOT NULL, endpoint TEXT NOT NULL, command INTEGER NOT NULL DEFAULT 0,"
   "  PRIMARY KEY (event_type, endpoint)) WITHOUT ROWID;"
   "CREATE TABLE queue ("
   "  seq INTEGER PRIMARY KEY AUTOINCREMENT, endpoint TEXT NOT NULL, session_id TEXT NOT NULL,"
   "  message_id TEXT NOT NULL, event_id TEXT, event_type TEXT, message_type TEXT NOT NULL,"
   "  correlation_id TEXT, originating_message_id TEXT, parent_message_id TEXT, from_ TEXT,"
   "  retry_count INTEGER NOT NULL DEFAULT 0, delivery_count INTEGER NOT NULL DEFAULT 0,"
-  "  releases INTEGER NOT NULL DEFAULT 0,"
+  "  releases INTEGER NOT NULL DEFAULT 0, reply_to TEXT,"
   "  enqueued_at INTEGER NOT NULL, visible_at INTEGER NOT NULL, body TEXT, error_text TEXT, error_type TEXT);"
   "CREATE INDEX queue_endpoint ON queue(endpoint, seq);"
   "CREATE TABLE session_locks (endpoint TEXT NOT NULL, session_id TEXT NOT NULL, owner TEXT,"
@@ -32,25 +32,28 @@ static const char *const embedded_migrations[] = {
 };
 
 enum {
-  Q_SUB_DEL, Q_SUB_ADD, Q_SUBSCRIBERS, Q_INSERT, Q_HEADS, Q_LOCK, Q_UNLOCK, Q_RENEW, Q_DELIVERED,
+  Q_SUB_DEL, Q_SUB_ADD, Q_SUB_CONFLICT, Q_SUBSCRIBERS, Q_INSERT, Q_HEADS, Q_LOCK, Q_UNLOCK, Q_RENEW, Q_DELIVERED,
   Q_DELETE, Q_DEAD, Q_RELEASE_LOCK, Q_RELEASED, Q_OWNERS, Q_DROP_OWNER, Q_COUNT
 };
 
 static const char *const q_sql[Q_COUNT] = {
   [Q_SUB_DEL] = "DELETE FROM subscriptions WHERE endpoint = ?1",
-  [Q_SUB_ADD] = "INSERT OR IGNORE INTO subscriptions(event_type, endpoint) VALUES (?1, ?2)",
+  [Q_SUB_ADD] = "INSERT OR REPLACE INTO subscriptions(event_type, endpoint, command) VALUES (?1, ?2, ?3)",
+  /* another endpoint consuming this type, when one of the two declares it a command */
+  [Q_SUB_CONFLICT] =
+    "SELECT endpoint FROM subscriptions WHERE event_type = ?1 AND endpoint <> ?2 AND (command = 1 OR ?3 = 1) LIMIT 1",
   [Q_SUBSCRIBERS] = "SELECT endpoint FROM subscriptions WHERE event_type = ?1 ORDER BY endpoint",
   [Q_INSERT] =
     "INSERT INTO queue(endpoint, session_id, message_id, event_id, event_type, message_type, correlation_id,"
     " originating_message_id, parent_message_id, from_, retry_count, enqueued_at, visible_at, body,"
-    " error_text, error_type) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?12,?13,?14,?15)",
+    " error_text, error_type, reply_to) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?12,?13,?14,?15,?16)",
   /* Rows of sessions locked by anyone (this process included: a lock of ours means the
    * session is in flight here) are filtered here; the C side keeps only the first
    * row it sees of each session, which is that session's head. */
   [Q_HEADS] =
     "SELECT seq, session_id, message_id, event_id, event_type, message_type, correlation_id,"
     " originating_message_id, parent_message_id, from_, retry_count, delivery_count, enqueued_at,"
-    " visible_at, body, error_text, error_type, releases FROM queue q WHERE q.endpoint = ?1 AND NOT EXISTS"
+    " visible_at, body, error_text, error_type, releases, reply_to FROM queue q WHERE q.endpoint = ?1 AND NOT EXISTS"
     " (SELECT 1 FROM session_locks l WHERE l.endpoint = ?1 AND l.session_id = q.session_id"
     "  AND l.locked_until > ?2) ORDER BY q.seq LIMIT ?3",
   [Q_LOCK] =
@@ -87,15 +90,34 @@ static int step(embedded_t *e, int id, const char *what)
   return nh_sqlite_step_done(e->db, e->q[id], what);
 }
 
-static int emb_subscribe(nh_transport_t *t, const char *endpoint, const char *const *types, int n, nh_error_t *err)
+static int emb_subscribe(nh_transport_t *t, const char *endpoint, const char *const *types, const int *commands, int n,
+                         nh_error_t *err)
 {
   embedded_t *e = (embedded_t *)t;
   nh_sqlite_bind_text(e->q[Q_SUB_DEL], 1, endpoint);
   if (step(e, Q_SUB_DEL, "unsubscribe"))
     return nh_error_set(err, NH_EFAIL, "subscribing %s: %s", endpoint, sqlite3_errmsg(e->db));
   for (int i = 0; i < n; i++) {
+    int cmd = commands && commands[i];
+    sqlite3_stmt *c = e->q[Q_SUB_CONFLICT];
+    nh_sqlite_bind_text(c, 1, types[i]);
+    nh_sqlite_bind_text(c, 2, endpoint);
+    sqlite3_bind_int(c, 3, cmd);
+    char *other = sqlite3_step(c) == SQLITE_ROW ? nh_sqlite_col_strdup(c, 0) : NULL;
+    sqlite3_reset(c);
+    sqlite3_clear_bindings(c);
+    if (other) {
+      nh_error_set(err, NH_EUSAGE,
+                   "%s is a command and can have exactly one consuming endpoint, but %s already consumes it; "
+                   "remove one of the handlers (a stale registration of an endpoint that no longer exists is "
+                   "cleared by starting it once without the handler)",
+                   types[i], other);
+      free(other);
+      return NH_EUSAGE;
+    }
     nh_sqlite_bind_text(e->q[Q_SUB_ADD], 1, types[i]);
     nh_sqlite_bind_text(e->q[Q_SUB_ADD], 2, endpoint);
+    sqlite3_bind_int(e->q[Q_SUB_ADD], 3, cmd);
     if (step(e, Q_SUB_ADD, "subscribe"))
       return nh_error_set(err, NH_EFAIL, "subscribing %s: %s", endpoint, sqlite3_errmsg(e->db));
   }
@@ -181,6 +203,7 @@ static int emb_receive(nh_transport_t *t, const char *endpoint, int max, int64_t
     m->error_text = nh_sqlite_col_strdup(st, 15);
     m->error_type = nh_sqlite_col_strdup(st, 16);
     m->release_count = sqlite3_column_int(st, 17);
+    m->reply_to = nh_sqlite_col_strdup(st, 18);
   }
   sqlite3_reset(st);
   sqlite3_clear_bindings(st);
@@ -278,6 +301,7 @@ static int insert_copy(embedded_t *e, const nh_msg_t *m, const char *endpoint, c
   else sqlite3_bind_null(st, 13);
   nh_sqlite_bind_text(st, 14, m->error_text);
   nh_sqlite_bind_text(st, 15, m->error_type);
+  nh_sqlite_bind_text(st, 16, m->reply_to);
   return step(e, Q_INSERT, "enqueue");
 }
 

@@ -26,7 +26,9 @@ typedef void (*nh_transport_msg_cb)(void *data, nh_msg_t *msg);
 
 typedef struct nh_transport_vtbl {
   const char *name;
-  int (*subscribe)(nh_transport_t *t, const char *endpoint, const char *const *types, int n, nh_error_t *err);
+  /* commands[i]: types[i] is a command; subscribing refuses a second consuming endpoint. */
+  int (*subscribe)(nh_transport_t *t, const char *endpoint, const char *const *types, const int *commands, int n,
+                   nh_error_t *err);
   /* Pull transports deliver up to `max` session heads through on_message; returns how many. */
   int (*receive)(nh_transport_t *t, const char *endpoint, int max, int64_t now);
   int (*lock_session)(nh_transport_t *t, const char *endpoint, const char *session, int64_t now);

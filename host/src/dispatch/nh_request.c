@@ -1,0 +1,198 @@
+/* Request/reply: nimbus.request sends a request (an event of the request type with a
+ * reply address) and parks the task; the responder's ep:reply handler returns a table,
+ * which the dispatcher sends back in the same transaction that records the request's
+ * outcome (an error reply when it fails). Replies arrive on this process's own queue,
+ * `_reply.<id>`, one session per request; they are matched by correlation id and handed
+ * to the waiting task only after the transaction that consumed them commits. */
+#include "nh_dispatch_int.h"
+#include "core/nh_log.h"
+#include "core/nh_util.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct nh_pending_req {
+  nh_dispatch_t *d;
+  char corr[37];
+  uv_timer_t timer;
+  double timeout_s;
+  void (*done)(void *ud, const char *reply, const char *msg, const char *code);
+  void *ud;
+  int got;                     /* a reply was consumed in the open transaction */
+  char *reply, *error;
+  struct nh_pending_req *next, *prev;
+} nh_pending_req_t;
+
+static void unlink_req(nh_dispatch_t *d, nh_pending_req_t *p)
+{
+  if (p->prev) p->prev->next = p->next;
+  else d->requests = p->next;
+  if (p->next) p->next->prev = p->prev;
+  p->next = p->prev = NULL;
+}
+
+static void req_closed(uv_handle_t *h)
+{
+  nh_pending_req_t *p = h->data;
+  free(p->reply);
+  free(p->error);
+  free(p);
+}
+
+static void req_end(nh_dispatch_t *d, nh_pending_req_t *p)
+{
+  unlink_req(d, p);
+  uv_timer_stop(&p->timer);
+  uv_close((uv_handle_t *)&p->timer, req_closed);
+}
+
+static void req_timeout(uv_timer_t *h)
+{
+  nh_pending_req_t *p = h->data;
+  nh_dispatch_t *d = p->d;
+  char msg[128];
+  snprintf(msg, sizeof msg, "no reply within %.3g s", p->timeout_s);
+  void (*done)(void *, const char *, const char *, const char *) = p->done;
+  void *ud = p->ud;
+  req_end(d, p);
+  done(ud, NULL, msg, "ETIMEDOUT");
+}
+
+void *nh_dispatch_request(void *data, const char *type, const char *body, size_t len, const char *session,
+                          double timeout_s, void (*done)(void *, const char *, const char *, const char *), void *ud,
+                          nh_error_t *err)
+{
+  nh_dispatch_t *d = data;
+  nh_pending_req_t *p = nh_xcalloc(1, sizeof *p);
+  p->d = d;
+  nh_uuid_v7(p->corr);
+  char mid[37];
+  nh_uuid_v7(mid);
+  nh_msg_t m;
+  memset(&m, 0, sizeof m);
+  m.session_id = (char *)(session ? session : p->corr);
+  m.message_id = mid;
+  m.event_type = (char *)type;
+  m.type = NH_MT_EVENT;
+  m.correlation_id = p->corr;
+  m.reply_to = d->reply_ep;
+  m.body = (char *)body;
+  m.body_len = len;
+  m.enqueued_at = nh_time_now_ms();
+  int copies = 0;
+  if (nh_store_begin(d->store) || d->tr->vt->send(d->tr, &m, NULL, &copies, err) || nh_store_commit(d->store)) {
+    nh_store_rollback(d->store);
+    if (!err->msg[0]) nh_error_set(err, NH_EFAIL, "store: cannot send the request");
+    free(p);
+    return NULL;
+  }
+  if (copies == 0) {
+    nh_error_set(err, NH_ENOTFOUND, "no endpoint replies to %s (declare one with ep:reply)", type);
+    free(p);
+    return NULL;
+  }
+  p->timeout_s = timeout_s;
+  p->done = done;
+  p->ud = ud;
+  uv_timer_init(d->loop, &p->timer);
+  p->timer.data = p;
+  uv_timer_start(&p->timer, req_timeout, (uint64_t)(timeout_s * 1000.0), 0);
+  p->next = d->requests;
+  if (d->requests) d->requests->prev = p;
+  d->requests = p;
+  nh_dispatch_kick(d);
+  return p;
+}
+
+void nh_dispatch_request_cancel(void *data, void *handle)
+{
+  req_end(data, handle);
+}
+
+/* A reply read from our queue, inside the pump's transaction: consume it, and keep its
+ * content for the waiting task until the commit. */
+void nh_dispatch_take_reply(nh_dispatch_t *d, nh_msg_t *m)
+{
+  d->tr->vt->settle(d->tr, m, NH_SETTLE_COMPLETE, 0, NULL);
+  d->tr->vt->unlock_session(d->tr, m->endpoint, m->session_id);
+  for (nh_pending_req_t *p = d->requests; p; p = p->next) {
+    if (!m->correlation_id || strcmp(p->corr, m->correlation_id) != 0 || p->got) continue;
+    p->got = 1;
+    free(p->reply);
+    free(p->error);
+    p->reply = m->error_text ? NULL : nh_xstrdup(m->body ? m->body : "null");
+    p->error = m->error_text ? nh_xstrdup(m->error_text) : NULL;
+    return;
+  }
+  nh_log_debug("dispatch", "a reply for request %s came after its requester stopped waiting; dropped",
+               m->correlation_id ? m->correlation_id : "?");
+}
+
+/* After the pump: deliver committed replies (ok) or forget them (rolled back: the reply
+ * rows are still queued and are read again). */
+void nh_dispatch_deliver_replies(nh_dispatch_t *d, int ok)
+{
+  for (;;) {
+    nh_pending_req_t *p = d->requests;
+    while (p && !p->got) p = p->next;
+    if (!p) return;
+    if (!ok) {
+      for (nh_pending_req_t *q = d->requests; q; q = q->next) q->got = 0;
+      return;
+    }
+    char *reply = p->reply, *error = p->error;
+    p->reply = p->error = NULL;
+    void (*done)(void *, const char *, const char *, const char *) = p->done;
+    void *ud = p->ud;
+    req_end(d, p);
+    if (reply) done(ud, reply, NULL, NULL);
+    else done(ud, NULL, error, "EREPLY");
+    free(reply);
+    free(error);
+  }
+}
+
+/* The responder side: send the reply (or an error reply) of a request job. */
+int nh_dispatch_send_reply(nh_dispatch_t *d, nh_job_t *job)
+{
+  nh_msg_t *req = &job->msg;
+  nh_outcome_t *o = &job->out;
+  nh_msg_t m;
+  memset(&m, 0, sizeof m);
+  char mid[37];
+  nh_uuid_v7(mid);
+  m.session_id = req->correlation_id ? req->correlation_id : mid;
+  m.message_id = mid;
+  m.event_id = req->event_id;
+  m.event_type = req->event_type;
+  m.type = NH_MT_REPLY;
+  m.correlation_id = req->correlation_id;
+  m.parent_message_id = req->message_id;
+  m.from = job->ep->name;
+  m.enqueued_at = nh_time_now_ms();
+  if (o->kind == NH_OUT_COMPLETED && o->reply) {
+    m.body = o->reply;
+    m.body_len = strlen(o->reply);
+  } else {
+    m.error_text = o->error_text ? o->error_text : (char *)"the responder did not reply";
+    m.error_type = o->error_type;
+  }
+  int copies = 0;
+  nh_error_t err = {0};
+  if (d->tr->vt->send(d->tr, &m, req->reply_to, &copies, &err)) {
+    nh_log_error("dispatch", "%s: sending the reply to %s: %s", job->ep->name, req->reply_to, err.msg);
+    return NH_EFAIL;
+  }
+  return NH_OK;
+}
+
+void nh_dispatch_requests_close(nh_dispatch_t *d)
+{
+  while (d->requests) {
+    nh_pending_req_t *p = d->requests;
+    void (*done)(void *, const char *, const char *, const char *) = p->done;
+    void *ud = p->ud;
+    req_end(d, p);
+    done(ud, NULL, "the host is stopping", "ECANCELED");
+  }
+}
