@@ -472,7 +472,10 @@ int nh_dispatch_apply(nh_dispatch_t *d, nh_job_t *job)
   if (!rc) rc = audit_write(d, job, &a, detail);
   else nh_audit_clear(&a);
   nh_session_state_clear(&st);
-  if (!rc && m->reply_to && *m->reply_to) rc = nh_dispatch_send_reply(d, job);
+  /* A failed responder sends an error reply at once; a dead-lettered request (a middleware
+   * refusing it, say) sends none, so the requester times out as with NimBus. */
+  if (!rc && m->reply_to && *m->reply_to && (o->kind == NH_OUT_COMPLETED || o->kind == NH_OUT_FAILED))
+    rc = nh_dispatch_send_reply(d, job);
   if (!rc) {
     if (o->kind == NH_OUT_DEADLETTER) rc = settle(d, job, NH_SETTLE_DEAD_LETTER, 0, o->error_text);
     else rc = settle(d, job, NH_SETTLE_COMPLETE, 0, NULL);
