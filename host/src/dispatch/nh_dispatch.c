@@ -648,6 +648,16 @@ static void maybe_stopped(nh_dispatch_t *d)
   uv_timer_stop(&d->reload_timer);
   uv_idle_stop(&d->idle);
   nh_dispatch_unwatch(d);
+  /* Handlers are done; what else the adapters run (status checkers, spawned loops, served
+   * requests) would keep the loop alive for ever: stop it too. */
+  for (int i = 0; i < d->nadapters; i++) {
+    nh_vm_stop_timers(d->adapters[i].vm);
+    nh_vm_cancel_all(d->adapters[i].vm);
+  }
+  for (int i = 0; i < d->nretiring; i++) {
+    nh_vm_stop_timers(d->retiring[i]);
+    nh_vm_cancel_all(d->retiring[i]);
+  }
   cb(d->stopped_data);
 }
 
