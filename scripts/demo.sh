@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# `make demo`: runs the CrmErpDemo (samples/crm-erp) in one host on the embedded default.
+# It prints the API URLs, plays a short narrated run (DEMO_QUIET=1 skips it) and keeps
+# running until Ctrl-C. DEMO_EXIT=1 stops the host once the narration is done (tests).
+# The store and the demo's databases live in DEMO_DIR (default build/demo).
+set -euo pipefail
+NH=${1:-build/host/nimbus-host}
+NH=$(cd "$(dirname "$NH")" && pwd)/$(basename "$NH")
+cd "$(dirname "$0")/.."
+DIR=${DEMO_DIR:-build/demo}
+mkdir -p "$DIR"
+export NIMBUS_STORE="$DIR/nimbus.db"
+exec "$NH" samples/crm-erp/demo.lua --store "$NIMBUS_STORE"
