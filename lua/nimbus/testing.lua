@@ -25,6 +25,7 @@
 --   message_id "test-message-N", session_id "test-session", kind "event", retry_count 0.
 --   out.status: completed | failed | deadletter | transient | unsupported | handoff, and
 --   out.error_text, error_type, error_stack, handoff { reason, external_job_id, expected_by },
+--   reply (what an ep:reply handler returned, decoded),
 --   exactly as nimbus._run returns them to the host. out.published { type, payload, body,
 --   opts { session, correlation_id, to } }: a handler's publishes count only when it
 --   completes or hands off (as in the host); otherwise they are in out.discarded. out.http:
@@ -498,6 +499,7 @@ function App:send(endpoint, event_type, payload, ctx)
                 http = rec.http, slept = rec.slept, sleeps = rec.sleeps, logs = rec.logs,
                 spawn_errors = rec.spawn_errors, stopped = rec.stopped,
                 settled = { completed = rec.completed, failed = rec.failed } }
+  if res.reply ~= nil then out.reply = require("cjson").decode(res.reply) end   -- ep:reply handlers
   if res.status == "handoff" then
     out.handoff = { reason = res.handoff_reason, external_job_id = res.external_job_id, expected_by = res.expected_by }
   end

@@ -40,7 +40,8 @@ function M.publish(event_type, payload)
   return nimbus.publish(event_type, payload, { session = M.session_of(event_type, payload) })
 end
 
-local function missing(v) return v == nil or v == "" end
+local null = require("cjson").null
+local function missing(v) return v == nil or v == "" or v == null end
 
 -- Middleware: a missing required field is a permanent failure (DeadLettered, session not
 -- blocked) with "Validation failed: <Type>.<Field> is required".
