@@ -3,6 +3,7 @@
 #include "core/nh_log.h"
 #include "core/nh_util.h"
 #include "dispatch/nh_dispatch.h"
+#include "lua/nh_lasync.h"
 #include "lua/nh_vm.h"
 #include "net/nh_http_client.h"
 #include "store/nh_store.h"
@@ -135,7 +136,9 @@ int nh_cmd_run(int argc, char **argv, int first)
     nh_dispatch_describe(h.d, desc, sizeof desc);
     nh_log_info("host", "ready: store %s, transport embedded, endpoints: %s%s", a.store, desc,
                 nh_args_has(&a, "--no-reload") ? "" : " (reloading on change)");
+    nh_lasync_set_loop_running(1);
     uv_run(&loop, UV_RUN_DEFAULT);
+    nh_lasync_set_loop_running(0);
     nh_log_info("host", "stopped");
   }
   nh_dispatch_free(h.d);

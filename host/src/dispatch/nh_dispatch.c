@@ -61,7 +61,7 @@ static int host_register_endpoint(void *data, nh_vm_t *vm, lua_State *L, const c
   nh_endpoint_t *have = find_endpoint(d, name);
   /* A reload re-registers the endpoints of the generation it replaces; anything else
    * with a taken name is a second definition. */
-  if (have && (pending_has(d, name) || !d->reloading || have->vm != d->reloading))
+  if (have && !have->retired && (pending_has(d, name) || !d->reloading || have->vm != d->reloading))
     return nh_error_set(err, NH_EUSAGE, "endpoint %s is already defined by another adapter", name);
   nh_endpoint_t *ep = nh_xcalloc(1, sizeof *ep);
   ep->name = nh_xstrdup(name);
@@ -486,7 +486,7 @@ static const char *keep_reason(nh_dispatch_t *d, nh_job_t *job, int64_t now)
   nh_endpoint_t *ep = job->ep;
   if (ep->renew_max_ms > 0 && now - job->started_ms >= ep->renew_max_ms) return "renewal cap (lock.renew_max) reached";
   nh_error_t err = {0};
-  int alive = nh_vm_task_alive(ep->vm, job->msg.event_id, &err);
+  int alive = nh_vm_task_alive(job->vm, job->msg.event_id, &err);   /* its generation, not the endpoint's */
   if (alive < 0) {
     nh_log_warn("dispatch", "%s %s: is_alive raised: %s", ep->name, job->msg.event_id, err.msg);
     return "is_alive raised";
@@ -499,7 +499,7 @@ static const char *keep_reason(nh_dispatch_t *d, nh_job_t *job, int64_t now)
  * take and also while the host drains at shutdown. A handler past its renewal cap, not
  * alive any more, or whose lock is gone is cancelled: nothing is recorded or settled,
  * and the message is delivered again. */
-static void renew_cb(uv_timer_t *h)
+void nh_dispatch_renew_cb(uv_timer_t *h)
 {
   nh_dispatch_t *d = h->data;
   if (d->pumping || !d->running_jobs) return;
@@ -632,7 +632,7 @@ int nh_dispatch_start(nh_dispatch_t *d, nh_error_t *err)
   if (nh_dispatch_subscribe_all(d, err)) return NH_EFAIL;
   d->started = 1;
   uint64_t every = (uint64_t)(d->tr->lock_ms / 3 > 0 ? d->tr->lock_ms / 3 : 1);
-  uv_timer_start(&d->renew_timer, renew_cb, every, every);
+  uv_timer_start(&d->renew_timer, nh_dispatch_renew_cb, every, every);
   kick(d);
   return NH_OK;
 }

@@ -107,6 +107,7 @@ void nh_dispatch_deliver_replies(nh_dispatch_t *d, int ok);
 int nh_dispatch_send_reply(nh_dispatch_t *d, nh_job_t *job);
 void nh_dispatch_requests_close(nh_dispatch_t *d);
 void nh_dispatch_kick(nh_dispatch_t *d);
+void nh_dispatch_renew_cb(uv_timer_t *h);
 
 /* nh_reload.c */
 int nh_dispatch_reload(nh_dispatch_t *d, int adapter, nh_error_t *err);   /* adapter < 0: all */

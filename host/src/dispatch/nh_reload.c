@@ -28,6 +28,10 @@ int nh_dispatch_subscribe_all(nh_dispatch_t *d, nh_error_t *err)
     }
   }
   if (nh_store_commit(d->store)) return nh_error_set(err, NH_EFAIL, "store: cannot commit subscriptions");
+  if (d->started) {   /* a reload may have shortened the lock: renew at a third of the new one */
+    uint64_t every = (uint64_t)(d->tr->lock_ms / 3 > 0 ? d->tr->lock_ms / 3 : 1);
+    uv_timer_start(&d->renew_timer, nh_dispatch_renew_cb, every, every);
+  }
   return NH_OK;
 }
 
@@ -110,7 +114,11 @@ static int reload_one(nh_dispatch_t *d, nh_adapter_t *a, nh_error_t *err)
   nh_vm_t *old = a->vm;
   a->vm = vm;
   retire(d, old);
-  return nh_dispatch_subscribe_all(d, err);
+  nh_error_t serr = {0};
+  if (nh_dispatch_subscribe_all(d, &serr))
+    nh_log_error("reload", "%s reloaded, but its subscriptions could not be stored (%s); new event types get "
+                 "no messages until the next reload", a->path, serr.msg);
+  return NH_OK;
 }
 
 int nh_dispatch_reload(nh_dispatch_t *d, int which, nh_error_t *err)
@@ -147,6 +155,8 @@ void nh_dispatch_close_retired(nh_dispatch_t *d, int force)
         nh_log_warn("reload", "old generation of %s still has %d task(s) after the drain deadline; cancelling them",
                     nh_vm_path(vm), nh_vm_live_tasks(vm));
       d->retiring[i] = d->retiring[--d->nretiring];
+      for (nh_endpoint_t *ep = d->endpoints; ep; ep = ep->next)
+        if (ep->vm == vm) ep->vm = NULL;   /* a dropped endpoint: nothing points at the closed VM */
       nh_vm_close(vm);   /* cancels what is left: those messages are delivered again */
       continue;
     }

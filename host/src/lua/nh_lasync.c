@@ -105,9 +105,15 @@ static void run_done(nh_task_t *t, nh_task_status_t status, int nres)
 
 /* nimbus.run(fn, ...): for plain scripts (nimbus-host -l): runs fn(...) as a task and
  * drives the loop until it ends; returns its results or raises its error. */
+static int loop_running;
+void nh_lasync_set_loop_running(int on) { loop_running = on; }
+
 static int l_run(lua_State *L)
 {
   luaL_checktype(L, 1, LUA_TFUNCTION);
+  if (loop_running)
+    return luaL_error(L, "nimbus.run drives the event loop and cannot be called while the host runs it "
+                         "(use nimbus.spawn)");
   if (nh_task_running() || nh_task_of(L))
     return luaL_error(L, "nimbus.run drives the event loop and cannot be called from a task; "
                          "call the function directly or use nimbus.spawn");
@@ -135,8 +141,11 @@ typedef struct nh_every {
   char *label;
   double timeout_s;
   nh_task_t *running;
+  int closed;                  /* stopped (reload, shutdown) while a run was still going */
   struct nh_every *next;
 } nh_every_t;
+
+static void every_closed(uv_handle_t *h);
 
 static void every_done(nh_task_t *t, nh_task_status_t status, int nres)
 {
@@ -148,6 +157,7 @@ static void every_done(nh_task_t *t, nh_task_status_t status, int nres)
     nh_log_error("lua", "%s failed (it runs again at the next tick): %s", e->label, lua_tostring(co, -1));
   else if (status == NH_TASK_KILLED)
     nh_log_error("lua", "%s stopped: %s (it runs again at the next tick)", e->label, nh_task_kill_reason(t));
+  if (e->closed) uv_close((uv_handle_t *)&e->timer, every_closed);   /* its last run ended */
 }
 
 static void every_tick(uv_timer_t *h)
@@ -203,7 +213,9 @@ void nh_lasync_close(nh_vm_t *vm)
     vm->everies = e->next;
     uv_timer_stop(&e->timer);
     luaL_unref(vm->L, LUA_REGISTRYINDEX, e->fn_ref);
-    uv_close((uv_handle_t *)&e->timer, every_closed);
+    e->closed = 1;
+    /* a run still going (a retiring generation) frees the entry when it ends */
+    if (!e->running) uv_close((uv_handle_t *)&e->timer, every_closed);
   }
 }
 

@@ -17,6 +17,7 @@
  * lua_close, through __gc) stops it. Requests in flight when it closes finish their
  * task; their answers are dropped. */
 #include "nh_lmodules.h"
+#include "nh_vm.h"
 #include "nh_lasync.h"
 #include "nh_task.h"
 #include "core/nh_log.h"
@@ -33,6 +34,7 @@
 typedef struct lserver {
   nh_httpd_t *h;          /* NULL once closed */
   nh_vm_t *vm;
+  struct lserver *next;   /* all open servers of the process (for nh_lhttpd_quiesce_vm) */
   int self_ref, fn_ref;
   double timeout_s, cpu_budget_s;
   int port;
@@ -157,8 +159,26 @@ static void on_request(void *data, nh_httpd_req_t *r)
 
 static lserver_t *check_server(lua_State *L) { return luaL_checkudata(L, 1, SERVER_MT); }
 
+static lserver_t *servers;
+
+static void server_unlink(lserver_t *ls)
+{
+  for (lserver_t **p = &servers; *p; p = &(*p)->next)
+    if (*p == ls) {
+      *p = ls->next;
+      return;
+    }
+}
+
+void nh_lhttpd_quiesce_vm(nh_vm_t *vm)
+{
+  for (lserver_t *ls = servers; ls; ls = ls->next)
+    if (ls->vm == vm && ls->h) nh_httpd_quiesce(ls->h);
+}
+
 static void server_stop(lua_State *L, lserver_t *ls)
 {
+  server_unlink(ls);
   if (!ls->h) return;
   nh_httpd_close(ls->h);
   ls->h = NULL;
@@ -230,7 +250,7 @@ static int l_listen(lua_State *L)
   nh_httpd_opts_t o = {
     .host = host, .port = (int)port, .max_body = (size_t)max_body, .max_headers = (unsigned)max_headers,
     .idle_timeout_s = (unsigned)idle, .max_connections = (unsigned)maxconn, .on_request = on_request, .data = ls,
-    .owner = nh_lua_vm(L),
+    .owner = nh_lua_vm(L), .owner_key = nh_vm_path(nh_lua_vm(L)),
   };
   nh_error_t err = {0};
   char code[32];
@@ -242,6 +262,8 @@ static int l_listen(lua_State *L)
     return 3;
   }
   ls->port = nh_httpd_port(ls->h);
+  ls->next = servers;
+  servers = ls;
   lua_pushvalue(L, 1);
   ls->fn_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   lua_pushvalue(L, -1);

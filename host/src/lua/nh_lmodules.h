@@ -8,4 +8,8 @@ int nh_lsqlite_open(lua_State *L);   /* require("nimbus.sqlite.core") */
 int nh_lhttpd_open(lua_State *L);    /* require("nimbus.httpd.core") */
 int nh_lhttp_open(lua_State *L);     /* require("nimbus.http.core"): the client */
 
+typedef struct nh_vm nh_vm_t;
+/* Stops the VM's HTTP servers accepting (a retiring generation); in-flight requests finish. */
+void nh_lhttpd_quiesce_vm(nh_vm_t *vm);
+
 #endif

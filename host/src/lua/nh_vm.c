@@ -3,6 +3,7 @@
  * lua_resume's status, with the traceback taken from the coroutine before it is reset. */
 #include "nh_vm.h"
 #include "nh_lasync.h"
+#include "nh_lmodules.h"
 #include "nh_task.h"
 #include "nh_vm_int.h"
 #include "core/nh_log.h"
@@ -259,7 +260,11 @@ void nh_vm_close(nh_vm_t *vm)
 lua_State *nh_vm_state(nh_vm_t *vm) { return vm->L; }
 const char *nh_vm_path(nh_vm_t *vm) { return vm->path; }
 int nh_vm_live_tasks(nh_vm_t *vm) { return vm->live_tasks; }
-void nh_vm_stop_timers(nh_vm_t *vm) { nh_lasync_close(vm); }
+void nh_vm_stop_timers(nh_vm_t *vm)
+{
+  nh_lasync_close(vm);
+  nh_lhttpd_quiesce_vm(vm);   /* the new generation's servers already listen beside them */
+}
 void nh_vm_set_deadline(nh_vm_t *vm, int64_t at_ms) { vm->deadline_ms = at_ms; }
 int64_t nh_vm_deadline(nh_vm_t *vm) { return vm->deadline_ms; }
 

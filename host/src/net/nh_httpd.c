@@ -74,10 +74,12 @@ struct nh_httpd {
   int in_run;           /* inside MHD_run: stopping the daemon must wait */
   int closing, close_pending;
   int inflight;         /* requests handed to the application and not yet sent */
+  int quiesced;         /* no longer accepting (a retiring generation) */
   nh_httpd_req_t *reqs;
   struct sockaddr_storage bound;   /* for listening_here() */
   socklen_t bound_len;
   const void *owner;
+  char *owner_key;
   nh_httpd_t *reg_next;
 };
 
@@ -94,10 +96,12 @@ static void reg_remove(nh_httpd_t *s)
 }
 
 /* Another generation of this process (a VM being replaced) listens on this address. */
-static int listening_here(const struct sockaddr *sa, socklen_t len, const void *owner)
+static int listening_here(const struct sockaddr *sa, socklen_t len, const void *owner, const char *key)
 {
   for (nh_httpd_t *s = registry; s; s = s->reg_next)
-    if (s->bound_len == len && memcmp(&s->bound, sa, len) == 0 && s->owner != owner) return 1;
+    if (s->bound_len == len && memcmp(&s->bound, sa, len) == 0 && s->owner != owner && key && s->owner_key &&
+        strcmp(s->owner_key, key) == 0)
+      return 1;
   return 0;
 }
 
@@ -335,7 +339,19 @@ static void timer_cb(uv_timer_t *h) { run_mhd(h->data); }
 static void handle_closed(uv_handle_t *h)
 {
   nh_httpd_t *s = h->data;
-  if (--s->open_handles == 0) free(s);
+  if (--s->open_handles == 0) {
+    free(s->owner_key);
+    free(s);
+  }
+}
+
+void nh_httpd_quiesce(nh_httpd_t *s)
+{
+  if (!s || s->closing || !s->d || s->quiesced) return;
+  s->quiesced = 1;
+  reg_remove(s);
+  MHD_socket fd = MHD_quiesce_daemon(s->d);
+  if (fd != MHD_INVALID_SOCKET) close(fd);
 }
 
 static void do_close(nh_httpd_t *s)
@@ -440,7 +456,7 @@ nh_httpd_t *nh_httpd_start(uv_loop_t *loop, const nh_httpd_opts_t *o, nh_error_t
    * so the port never stops listening. It would also let a second process share the
    * port silently, so unless this process already listens there, a plain probe bind
    * first reports a port taken by anyone else. */
-  if (o->port != 0 && !listening_here(&addr.sa, alen, o->owner)) {
+  if (o->port != 0 && !listening_here(&addr.sa, alen, o->owner, o->owner_key)) {
     int probe = socket(addr.sa.sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (probe >= 0) {
       setsockopt(probe, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
@@ -475,6 +491,7 @@ nh_httpd_t *nh_httpd_start(uv_loop_t *loop, const nh_httpd_opts_t *o, nh_error_t
   memcpy(&s->bound, &addr, alen);
   s->bound_len = alen;
   s->owner = o->owner;
+  s->owner_key = o->owner_key ? strdup(o->owner_key) : NULL;
   s->max_body = o->max_body ? o->max_body : NH_HTTPD_DEFAULT_MAX_BODY;
   s->max_headers = o->max_headers ? o->max_headers : NH_HTTPD_DEFAULT_MAX_HEADERS;
   s->on_request = o->on_request;

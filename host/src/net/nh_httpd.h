@@ -35,6 +35,9 @@ typedef struct nh_httpd_opts {
   /* The generation this server belongs to (a VM). A server may bind beside one of another
    * generation of this process on the same address (hot reload); never beside its own. */
   const void *owner;
+  /* The adapter the generation runs (its file path): only a previous generation of the
+   * same adapter may share the address; two different adapters may not. */
+  const char *owner_key;
 } nh_httpd_opts_t;
 
 /* Starts listening. On failure returns NULL with the reason in err and, when the
@@ -46,6 +49,8 @@ int nh_httpd_port(const nh_httpd_t *s);
  * released once the uv handles have closed (run the loop). Safe to call from any loop
  * callback, including on_request (the stop then happens when MHD's pass ends). */
 void nh_httpd_close(nh_httpd_t *s);
+/* Stops accepting new connections (a retiring generation); requests in flight finish. */
+void nh_httpd_quiesce(nh_httpd_t *s);
 /* Server handles do not keep the loop alive by themselves (like uv_unref). */
 
 /* Request accessors. Method, path and body stay valid until nh_httpd_respond. */
