@@ -99,37 +99,10 @@ local function api_error(operation, method, path, res)
 end
 
 local function now_ms() return math.floor(core.now() * 1000) end
+local guid, ms_of_iso, iso_of_ms = contracts.guid, contracts.ms_of_iso, contracts.iso_of_ms
 
-local function iso_of_ms(ms)
-  return ("%s.%03dZ"):format(os.date("!%Y-%m-%dT%H:%M:%S", ms // 1000), ms % 1000)
-end
 
 -- "2025-12-02T10:00:00Z", "...T10:00:00.123+00:00", "...T12:00:00+02:00" -> ms epoch, or nil
-local function ms_of_iso(s)
-  if type(s) ~= "string" then return nil end
-  local y, mo, d, h, mi, sec, rest = s:match("^(%d%d%d%d)%-(%d%d)%-(%d%d)[T ](%d%d):(%d%d):(%d%d)(.*)$")
-  if not y then return nil end
-  local frac, tz = rest:match("^%.(%d+)(.*)$")
-  if not frac then frac, tz = "0", rest end
-  local ms = math.floor(tonumber("0." .. frac) * 1000 + 0.5)
-  local off = 0
-  if tz ~= "" and tz ~= "Z" and tz ~= "z" then
-    local sign, oh, om = tz:match("^([%+%-])(%d%d):?(%d%d)$")
-    if not sign then return nil end
-    off = (tonumber(oh) * 60 + tonumber(om)) * 60
-    if sign == "-" then off = -off end
-  end
-  -- days from the civil date (proleptic Gregorian), no os.time (local time zone)
-  y, mo, d = tonumber(y), tonumber(mo), tonumber(d)
-  if mo <= 2 then y = y - 1 end
-  local era = (y >= 0 and y or y - 399) // 400
-  local yoe = y - era * 400
-  local doy = (153 * (mo + (mo > 2 and -3 or 9)) + 2) // 5 + d - 1
-  local doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
-  local days = era * 146097 + doe - 719468
-  local secs = days * 86400 + tonumber(h) * 3600 + tonumber(mi) * 60 + tonumber(sec) - off
-  return secs * 1000 + ms
-end
 M._ms_of_iso = ms_of_iso
 
 local function job_id()

@@ -9,10 +9,7 @@ local M = {}
 
 local SKIP = { id = true, createdAt = true, updatedAt = true, isDeleted = true }
 
-local function now_iso()
-  local ms = math.floor(require("nimbus.core").now() * 1000)
-  return ("%s.%03dZ"):format(os.date("!%Y-%m-%dT%H:%M:%S", ms // 1000), ms % 1000)
-end
+local now_iso = require("contracts").now_iso
 M.now_iso = now_iso
 
 function M.schema(db)

@@ -26,17 +26,8 @@ local CONTACT_FIELDS = { "id", "accountId", "firstName", "lastName", "email", "p
                          "createdAt", "updatedAt", "origin", "isDeleted" }
 
 ---------------------------------------------------------------------------- ids
-local seeded = false
-local function guid()
-  if not seeded then
-    local core = require("nimbus.core")
-    math.randomseed(math.floor(core.now() * 1000000) % 0x7fffffff, os.time())
-    seeded = true
-  end
-  local r = math.random
-  return ("%08x-%04x-4%03x-%x%03x-%04x%08x"):format(r(0, 0xffffffff), r(0, 0xffff), r(0, 0xfff),
-    r(8, 11), r(0, 0xfff), r(0, 0xffff), r(0, 0xffffffff))
-end
+local contracts = require("contracts")
+local guid, ms_of_iso, iso_of_ms = contracts.guid, contracts.ms_of_iso, contracts.iso_of_ms
 M._guid = guid
 
 local GUID_PAT = "^%x%x%x%x%x%x%x%x%-%x%x%x%x%-%x%x%x%x%-%x%x%x%x%-%x%x%x%x%x%x%x%x%x%x%x%x$"

@@ -49,45 +49,14 @@ local CONTACT_FIELDS = { "customerId", "firstName", "lastName", "email", "phone"
 
 ---------------------------------------------------------------------------- helpers
 local now_iso = audit.now_iso
+local contracts = require("contracts")
+local guid, ms_of_iso, iso_of_ms = contracts.guid, contracts.ms_of_iso, contracts.iso_of_ms
 local function now_ms() return math.floor(core.now() * 1000) end
 
-local function iso_of_ms(ms)
-  return ("%s.%03dZ"):format(os.date("!%Y-%m-%dT%H:%M:%S", ms // 1000), ms % 1000)
-end
 
 -- "2025-12-02T10:00:00Z", "...T10:00:00.123+00:00", "...T12:00:00+02:00" -> ms epoch, or nil
-local function ms_of_iso(s)
-  if type(s) ~= "string" then return nil end
-  local y, mo, d, h, mi, sec, rest = s:match("^(%d%d%d%d)-(%d%d)-(%d%d)[Tt ](%d%d):(%d%d):(%d%d)(.*)$")
-  if not y then return nil end
-  local frac = 0
-  local f, tail = rest:match("^%.(%d+)(.*)$")
-  if f then frac = math.floor(tonumber("0." .. f) * 1000 + 0.5); rest = tail end
-  local off = 0
-  if rest == "Z" or rest == "z" or rest == "" then off = 0
-  else
-    local sign, oh, om = rest:match("^([+-])(%d%d):?(%d%d)$")
-    if not sign then return nil end
-    off = (tonumber(oh) * 3600 + tonumber(om) * 60) * (sign == "-" and -1 or 1)
-  end
-  -- days from civil (Howard Hinnant), independent of the local time zone
-  y, mo, d = tonumber(y), tonumber(mo), tonumber(d)
-  if mo <= 2 then y = y - 1 end
-  local era = (y >= 0 and y or y - 399) // 400
-  local yoe = y - era * 400
-  local doy = (153 * (mo + (mo > 2 and -3 or 9)) + 2) // 5 + d - 1
-  local doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
-  local days = era * 146097 + doe - 719468
-  local secs = days * 86400 + tonumber(h) * 3600 + tonumber(mi) * 60 + tonumber(sec) - off
-  return secs * 1000 + frac
-end
 M._ms_of_iso = ms_of_iso
 
-local function guid()
-  local r = math.random
-  return ("%08x-%04x-4%03x-%x%03x-%012x"):format(r(0, 0xffffffff), r(0, 0xffff), r(0, 0xfff),
-    r(8, 11), r(0, 0xfff), r(0, 0xffffffffffff))
-end
 
 local function blank(v) return v == nil or v == NULL or (type(v) == "string" and v:match("^%s*$") ~= nil) end
 local function opt(v) if blank(v) then return nil end return v end   -- "" / null -> nil
