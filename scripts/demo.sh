@@ -10,4 +10,12 @@ cd "$(dirname "$0")/.."
 DIR=${DEMO_DIR:-build/demo}
 mkdir -p "$DIR"
 export NIMBUS_STORE="$DIR/nimbus.db"
-exec "$NH" samples/crm-erp/demo.lua --store "$NIMBUS_STORE"
+LOG="$DIR/host.log"
+echo "CrmErpDemo: store $NIMBUS_STORE, host log $LOG (tail -f it in another terminal)"
+# Ctrl-C reaches the host too (same process group): it finishes its handlers and stops.
+trap '' INT
+if ! "$NH" samples/crm-erp/demo.lua --store "$NIMBUS_STORE" 2>>"$LOG"; then
+  echo "the demo host stopped with an error; the end of $LOG:" >&2
+  tail -n 20 "$LOG" >&2
+  exit 1
+fi

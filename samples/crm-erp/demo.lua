@@ -23,11 +23,17 @@ local function publish(event_type, payload, session)
   return mid, err
 end
 
-local crm = assert(require("fake.crm_api").start{
+local function started(api, err, what, var)
+  if not api then error(("the fake %s API did not start: %s (set %s to use another port)"):format(what, err, var), 0) end
+  return api
+end
+local crm, crm_err = require("fake.crm_api").start{
   port = CRM_PORT, db = DATA .. "/crm.db", publish = publish,
   request = function(t, payload, opts) return nimbus.request(t, payload, opts) end,
-})
-local erp = assert(require("fake.erp_api").start{ port = ERP_PORT, db = DATA .. "/erp.db", publish = publish })
+}
+started(crm, crm_err, "CRM", "CRM_API_PORT")
+local erp, erp_err = require("fake.erp_api").start{ port = ERP_PORT, db = DATA .. "/erp.db", publish = publish }
+started(erp, erp_err, "ERP", "ERP_API_PORT")
 -- port 0 picks free ports (tests); the adapters call the ports actually bound
 local CRM_URL = ("http://127.0.0.1:%d"):format(crm.port)
 local ERP_URL = ("http://127.0.0.1:%d"):format(erp.port)
