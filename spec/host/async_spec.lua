@@ -53,7 +53,7 @@ describe("waiting calls outside a task", function()
     assert.matches("coroutine created inside one", err)
   end)
 
-  it("refuse a __gc metamethod (no yield across the C boundary)", function()
+  it("refuse a table.sort comparator (no yield across the C boundary)", function()
     local err
     nimbus.run(function()
       local ok, e = pcall(function()
@@ -63,6 +63,22 @@ describe("waiting calls outside a task", function()
       end)
       err = not ok and e
     end)
+    assert.is_string(err)
+    assert.matches("cannot wait here", err)
+  end)
+
+  it("refuse a __gc metamethod, without crashing the task", function()
+    local err
+    local v = nimbus.run(function()
+      setmetatable({}, { __gc = function()
+        local ok, e = pcall(nimbus.sleep, 0.01)
+        err = not ok and e
+      end })
+      collectgarbage()
+      collectgarbage()
+      return "task went on"
+    end)
+    assert.are.equal("task went on", v)
     assert.is_string(err)
     assert.matches("cannot wait here", err)
   end)

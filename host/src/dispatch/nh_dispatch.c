@@ -658,6 +658,9 @@ static void maybe_stopped(nh_dispatch_t *d)
     nh_vm_stop_timers(d->retiring[i]);
     nh_vm_cancel_all(d->retiring[i]);
   }
+  nh_log_info("dispatch", "lock renewals: %llu renewed, %llu lost, %llu handlers cancelled (cap, is_alive, lost lock)",
+              (unsigned long long)d->renewals, (unsigned long long)d->renew_failures,
+              (unsigned long long)d->cancellations);
   cb(d->stopped_data);
 }
 
