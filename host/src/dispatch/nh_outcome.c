@@ -103,7 +103,7 @@ static int is_blocker(const nh_session_state_t *st, const char *event_id)
 
 /* ---------------------------------------------------------------- routing */
 
-static int route_park(nh_dispatch_t *d, nh_job_t *job, nh_session_state_t *st)
+static int park_one(nh_dispatch_t *d, nh_job_t *job, nh_session_state_t *st)
 {
   nh_msg_t *m = &job->msg;
   char text[512];
@@ -118,6 +118,38 @@ static int route_park(nh_dispatch_t *d, nh_job_t *job, nh_session_state_t *st)
       audit_write(d, job, &a, text))
     return NH_EFAIL;
   return settle(d, job, NH_SETTLE_COMPLETE, 0, NULL);
+}
+
+#define NH_PARK_BATCH 255
+
+/* Parks the head and, where the transport can hand them over, the rest of the session's
+ * plain events queued behind it (up to a batch), so a blocked session's backlog does not
+ * hold up other sessions for one pump per message. A control message, the blocker itself
+ * or an inbox duplicate ends the batch: those are routed on their own, in order. */
+static int route_park(nh_dispatch_t *d, nh_job_t *job, nh_session_state_t *st)
+{
+  int rc = park_one(d, job, st);
+  if (rc || !d->tr->vt->session_next || job->msg.seq <= 0) return rc;
+  nh_msg_t *next = nh_xcalloc(NH_PARK_BATCH, sizeof *next);
+  int n = d->tr->vt->session_next(d->tr, job->ep->name, job->msg.session_id, job->msg.seq, NH_PARK_BATCH, next,
+                                  nh_time_now_ms());
+  int i = 0;
+  for (; i < n && rc == NH_OK; i++) {
+    nh_msg_t *m = &next[i];
+    if (m->type != NH_MT_EVENT || !m->event_id || is_blocker(st, m->event_id) || m->delivery_count > NH_MAX_DELIVERIES ||
+        (job->ep->inbox && m->message_id && nh_store_inbox_has(d->store, job->ep->name, m->message_id)))
+      break;
+    nh_job_t tmp;
+    memset(&tmp, 0, sizeof tmp);
+    tmp.d = d;
+    tmp.ep = job->ep;
+    tmp.src = NH_JOB_QUEUE;
+    tmp.msg = *m;
+    rc = park_one(d, &tmp, st);
+  }
+  for (int k = 0; k < n; k++) nh_msg_clear(&next[k]);
+  free(next);
+  return rc;
 }
 
 /* Skip: never runs the handler. */

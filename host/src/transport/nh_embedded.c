@@ -33,7 +33,7 @@ static const char *const embedded_migrations[] = {
 
 enum {
   Q_SUB_DEL, Q_SUB_ADD, Q_SUB_CONFLICT, Q_SUBSCRIBERS, Q_INSERT, Q_HEADS, Q_LOCK, Q_UNLOCK, Q_RENEW, Q_DELIVERED,
-  Q_DELETE, Q_DEAD, Q_RELEASE_LOCK, Q_RELEASED, Q_OWNERS, Q_DROP_OWNER, Q_COUNT
+  Q_DELETE, Q_DEAD, Q_RELEASE_LOCK, Q_RELEASED, Q_OWNERS, Q_SESSION_NEXT, Q_DROP_OWNER, Q_COUNT
 };
 
 static const char *const q_sql[Q_COUNT] = {
@@ -75,6 +75,11 @@ static const char *const q_sql[Q_COUNT] = {
   [Q_RELEASE_LOCK] =
     "UPDATE session_locks SET owner = NULL, locked_until = ?3 WHERE endpoint = ?1 AND session_id = ?2 AND owner = ?4",
   [Q_OWNERS] = "SELECT DISTINCT owner FROM session_locks WHERE owner IS NOT NULL",
+  [Q_SESSION_NEXT] =
+    "SELECT seq, session_id, message_id, event_id, event_type, message_type, correlation_id,"
+    " originating_message_id, parent_message_id, from_, retry_count, delivery_count, enqueued_at,"
+    " visible_at, body, error_text, error_type, releases, reply_to FROM queue"
+    " WHERE endpoint = ?1 AND session_id = ?2 AND seq > ?3 ORDER BY seq LIMIT ?4",
   [Q_DROP_OWNER] = "DELETE FROM session_locks WHERE owner = ?1",
 };
 
@@ -159,6 +164,32 @@ static int emb_lock_session(nh_transport_t *t, const char *endpoint, const char 
   return sqlite3_changes(e->db) > 0;
 }
 
+/* Reads a queue row selected with the columns of Q_HEADS into m (owned strings). */
+static void read_row(sqlite3_stmt *st, const char *endpoint, nh_msg_t *m)
+{
+  memset(m, 0, sizeof *m);
+  m->seq = sqlite3_column_int64(st, 0);
+  m->endpoint = nh_xstrdup(endpoint);
+  m->session_id = nh_sqlite_col_strdup(st, 1);
+  m->message_id = nh_sqlite_col_strdup(st, 2);
+  m->event_id = nh_sqlite_col_strdup(st, 3);
+  m->event_type = nh_sqlite_col_strdup(st, 4);
+  m->type = nh_msg_type_parse((const char *)sqlite3_column_text(st, 5));
+  m->correlation_id = nh_sqlite_col_strdup(st, 6);
+  m->originating_message_id = nh_sqlite_col_strdup(st, 7);
+  m->parent_message_id = nh_sqlite_col_strdup(st, 8);
+  m->from = nh_sqlite_col_strdup(st, 9);
+  m->retry_count = sqlite3_column_int(st, 10);
+  m->delivery_count = sqlite3_column_int(st, 11) + 1;
+  m->enqueued_at = sqlite3_column_int64(st, 12);
+  m->body = nh_sqlite_col_strdup(st, 14);
+  m->body_len = m->body ? (size_t)sqlite3_column_bytes(st, 14) : 0;
+  m->error_text = nh_sqlite_col_strdup(st, 15);
+  m->error_type = nh_sqlite_col_strdup(st, 16);
+  m->release_count = sqlite3_column_int(st, 17);
+  m->reply_to = nh_sqlite_col_strdup(st, 18);
+}
+
 static int emb_receive(nh_transport_t *t, const char *endpoint, int max, int64_t now)
 {
   embedded_t *e = (embedded_t *)t;
@@ -183,27 +214,7 @@ static int emb_receive(nh_transport_t *t, const char *endpoint, int max, int64_t
       heads = nh_xrealloc(heads, sizeof *heads * (size_t)cap);
     }
     nh_msg_t *m = &heads[n++];
-    memset(m, 0, sizeof *m);
-    m->seq = sqlite3_column_int64(st, 0);
-    m->endpoint = nh_xstrdup(endpoint);
-    m->session_id = nh_sqlite_col_strdup(st, 1);
-    m->message_id = nh_sqlite_col_strdup(st, 2);
-    m->event_id = nh_sqlite_col_strdup(st, 3);
-    m->event_type = nh_sqlite_col_strdup(st, 4);
-    m->type = nh_msg_type_parse((const char *)sqlite3_column_text(st, 5));
-    m->correlation_id = nh_sqlite_col_strdup(st, 6);
-    m->originating_message_id = nh_sqlite_col_strdup(st, 7);
-    m->parent_message_id = nh_sqlite_col_strdup(st, 8);
-    m->from = nh_sqlite_col_strdup(st, 9);
-    m->retry_count = sqlite3_column_int(st, 10);
-    m->delivery_count = sqlite3_column_int(st, 11) + 1;
-    m->enqueued_at = sqlite3_column_int64(st, 12);
-    m->body = nh_sqlite_col_strdup(st, 14);
-    m->body_len = m->body ? (size_t)sqlite3_column_bytes(st, 14) : 0;
-    m->error_text = nh_sqlite_col_strdup(st, 15);
-    m->error_type = nh_sqlite_col_strdup(st, 16);
-    m->release_count = sqlite3_column_int(st, 17);
-    m->reply_to = nh_sqlite_col_strdup(st, 18);
+    read_row(st, endpoint, m);
   }
   sqlite3_reset(st);
   sqlite3_clear_bindings(st);
@@ -379,11 +390,34 @@ static void reap_dead_owners(embedded_t *e)
   }
 }
 
+static int emb_session_next(nh_transport_t *t, const char *endpoint, const char *session, int64_t after_seq, int max,
+                            nh_msg_t *out, int64_t now)
+{
+  embedded_t *e = (embedded_t *)t;
+  sqlite3_stmt *st = e->q[Q_SESSION_NEXT];
+  nh_sqlite_bind_text(st, 1, endpoint);
+  nh_sqlite_bind_text(st, 2, session);
+  sqlite3_bind_int64(st, 3, after_seq);
+  sqlite3_bind_int(st, 4, max);
+  int n = 0;
+  while (n < max && sqlite3_step(st) == SQLITE_ROW) {
+    if (sqlite3_column_int64(st, 13) > now) break;   /* not visible yet: it and what follows wait */
+    read_row(st, endpoint, &out[n]);
+    n++;
+  }
+  sqlite3_reset(st);
+  sqlite3_clear_bindings(st);
+  /* No delivery counts: the caller settles what it takes in this same transaction, and
+   * what it leaves is delivered (and counted) by a later receive. */
+  return n;
+}
+
 static const nh_transport_vtbl_t embedded_vtbl = {
   .name = "embedded",
   .subscribe = emb_subscribe,
   .receive = emb_receive,
   .lock_session = emb_lock_session,
+  .session_next = emb_session_next,
   .unlock_session = emb_unlock_session,
   .renew = emb_renew,
   .settle = emb_settle,

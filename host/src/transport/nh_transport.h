@@ -32,6 +32,11 @@ typedef struct nh_transport_vtbl {
   /* Pull transports deliver up to `max` session heads through on_message; returns how many. */
   int (*receive)(nh_transport_t *t, const char *endpoint, int max, int64_t now);
   int (*lock_session)(nh_transport_t *t, const char *endpoint, const char *session, int64_t now);
+  /* Optional (pull transports): the next visible messages of a session this process has
+   * locked, after `after_seq`, in order; up to max into out[] (owned by the caller).
+   * Lets a blocked session's backlog be parked at once instead of one per pump. */
+  int (*session_next)(nh_transport_t *t, const char *endpoint, const char *session, int64_t after_seq, int max,
+                      nh_msg_t *out, int64_t now);
   /* 1 if this process held the lock, 0 if it had lost it, < 0 on error. */
   int (*unlock_session)(nh_transport_t *t, const char *endpoint, const char *session);
   /* Extends one session lock: 1 renewed, 0 not ours any more (lost), < 0 error. */
