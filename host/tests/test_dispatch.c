@@ -371,6 +371,40 @@ TEST(many_sessions_all_complete_in_session_order)
   env_stop(e);
 }
 
+TEST(a_blocked_backlog_is_parked_in_order_and_a_skip_behind_it_stays_in_order)
+{
+  env_t *e = env_start( basic_adapter);
+  send_event(e, "s1", "ev0", "{\"n\":0,\"fail\":true}");
+  WAIT_FOR(e, is_status(e, "ev0", NH_ST_FAILED));
+  char id[32], body[32];
+  for (int i = 1; i <= 40; i++) {
+    snprintf(id, sizeof id, "p%02d", i);
+    snprintf(body, sizeof body, "{\"n\":%d}", i);
+    send_event(e, "s1", id, body);
+  }
+  /* a control message behind the backlog stays in order: not parked with it */
+  send_full(e, "Ep", NH_MT_SKIP, "Thing", "s1", "ev0", NULL, NULL, NULL);
+  send_event(e, "s2", "other", "{\"n\":99}");
+  WAIT_FOR(e, is_status(e, "ev0", NH_ST_SKIPPED) && is_status(e, "other", NH_ST_COMPLETED) &&
+                 is_status(e, "p40", NH_ST_COMPLETED));
+  /* parked in order and replayed in order after the skip */
+  for (int i = 1; i <= 40; i++) {
+    snprintf(id, sizeof id, "p%02d", i);
+    ASSERT_EQ_STR(status_of(e, "Ep", id), NH_ST_COMPLETED);
+  }
+  const char *log = nh_test_read_file(e->log);
+  const char *prev = strstr(log, "p01:");
+  ASSERT_TRUE(prev != NULL);
+  for (int i = 2; i <= 40; i++) {
+    snprintf(id, sizeof id, "p%02d:", i);
+    const char *at = strstr(log, id);
+    ASSERT_TRUE(at != NULL && at > prev);
+    prev = at;
+  }
+  ASSERT_EQ_INT(calls(e, "p"), 40);
+  env_stop(e);
+}
+
 TEST(failure_blocks_and_parks_siblings)
 {
   env_t *e = env_start( basic_adapter);
