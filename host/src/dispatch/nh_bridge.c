@@ -13,13 +13,6 @@ struct push_ctx {
   int n;
 };
 
-static void set_str(lua_State *L, const char *k, const char *v)
-{
-  if (!v) return;
-  lua_pushstring(L, v);
-  lua_setfield(L, -2, k);
-}
-
 static int push_one(void *data, const nh_audit_t *a)
 {
   struct push_ctx *c = data;
@@ -27,19 +20,19 @@ static int push_one(void *data, const nh_audit_t *a)
   lua_State *L = c->L;
   luaL_checkstack(L, 4, "pending hand-offs");
   lua_createtable(L, 0, 10);
-  set_str(L, "endpoint", a->endpoint);
-  set_str(L, "event_id", a->event_id);
-  set_str(L, "session_id", a->session_id);
-  set_str(L, "message_id", a->message_id);
-  set_str(L, "event_type", a->event_type);
-  set_str(L, "reason", a->handoff_reason);
-  set_str(L, "external_job_id", a->external_job_id);
-  set_str(L, "correlation_id", a->correlation_id);
-  set_str(L, "payload", a->payload);   /* decoded on the Lua side */
+  nh_lua_set_str(L, "endpoint", a->endpoint);
+  nh_lua_set_str(L, "event_id", a->event_id);
+  nh_lua_set_str(L, "session_id", a->session_id);
+  nh_lua_set_str(L, "message_id", a->message_id);
+  nh_lua_set_str(L, "event_type", a->event_type);
+  nh_lua_set_str(L, "reason", a->handoff_reason);
+  nh_lua_set_str(L, "external_job_id", a->external_job_id);
+  nh_lua_set_str(L, "correlation_id", a->correlation_id);
+  nh_lua_set_str(L, "payload", a->payload);   /* decoded on the Lua side */
   if (a->expected_by) {
     char ts[40];
     nh_time_iso8601(a->expected_by, ts, sizeof ts);
-    set_str(L, "expected_by", ts);
+    nh_lua_set_str(L, "expected_by", ts);
     lua_pushinteger(L, a->expected_by);
     lua_setfield(L, -2, "expected_by_ms");
   }

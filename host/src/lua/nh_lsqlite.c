@@ -359,17 +359,41 @@ static void push_row(lua_State *L, sqlite3_stmt *st, int ncol, int names)
 
 /* ---------------------------------------------------------------- methods */
 
+/* The common start of exec/rows/first: the open db, its SQL, a prepared statement with
+ * its arguments bound, and the guard slot that resets it however the call ends. Non-zero
+ * (with c->nret results pushed) when the SQL does not prepare. */
+typedef struct call {
+  ldb_t *d;
+  const char *sql;
+  size_t len;
+  sqlite3_stmt *st;
+  int guard, nret;
+} call_t;
+
+static int call_begin(lua_State *L, call_t *c, const char *what)
+{
+  c->d = check_open(L, what);
+  c->sql = luaL_checklstring(L, 2, &c->len);
+  int nargs = lua_gettop(L) - 2;
+  int rc = acquire(L, c->d, c->sql, c->len, &c->st, what);
+  if (rc != SQLITE_OK) {
+    c->nret = return_sql_error(L, c->d, rc, c->sql, c->len);
+    return 1;
+  }
+  c->guard = lua_gettop(L);
+  bind_args(L, c->d, c->st, 3, nargs, what);
+  return 0;
+}
+
 static int l_exec(lua_State *L)
 {
-  ldb_t *d = check_open(L, "exec");
-  size_t len;
-  const char *sql = luaL_checklstring(L, 2, &len);
-  int nargs = lua_gettop(L) - 2;
-  sqlite3_stmt *st;
-  int rc = acquire(L, d, sql, len, &st, "exec");
-  if (rc != SQLITE_OK) return return_sql_error(L, d, rc, sql, len);
-  int guard = lua_gettop(L);
-  bind_args(L, d, st, 3, nargs, "exec");
+  call_t c;
+  if (call_begin(L, &c, "exec")) return c.nret;
+  ldb_t *d = c.d;
+  const char *sql = c.sql;
+  size_t len = c.len;
+  sqlite3_stmt *st = c.st;
+  int guard = c.guard, rc;
   sqlite3_int64 before = sqlite3_total_changes64(d->db);
   while ((rc = sqlite3_step(st)) == SQLITE_ROW) {}
   if (rc != SQLITE_DONE) {
@@ -389,15 +413,13 @@ static int l_exec(lua_State *L)
 
 static int l_rows(lua_State *L)
 {
-  ldb_t *d = check_open(L, "rows");
-  size_t len;
-  const char *sql = luaL_checklstring(L, 2, &len);
-  int nargs = lua_gettop(L) - 2;
-  sqlite3_stmt *st;
-  int rc = acquire(L, d, sql, len, &st, "rows");
-  if (rc != SQLITE_OK) return return_sql_error(L, d, rc, sql, len);
-  int guard = lua_gettop(L);
-  bind_args(L, d, st, 3, nargs, "rows");
+  call_t c;
+  if (call_begin(L, &c, "rows")) return c.nret;
+  ldb_t *d = c.d;
+  const char *sql = c.sql;
+  size_t len = c.len;
+  sqlite3_stmt *st = c.st;
+  int guard = c.guard, rc;
   lua_newtable(L);
   /* Column names are read after the first step: a step may re-prepare the statement
    * (the schema changed since it was cached) and `SELECT *` then has other columns. */
@@ -421,15 +443,13 @@ static int l_rows(lua_State *L)
 
 static int l_first(lua_State *L)
 {
-  ldb_t *d = check_open(L, "first");
-  size_t len;
-  const char *sql = luaL_checklstring(L, 2, &len);
-  int nargs = lua_gettop(L) - 2;
-  sqlite3_stmt *st;
-  int rc = acquire(L, d, sql, len, &st, "first");
-  if (rc != SQLITE_OK) return return_sql_error(L, d, rc, sql, len);
-  int guard = lua_gettop(L);
-  bind_args(L, d, st, 3, nargs, "first");
+  call_t c;
+  if (call_begin(L, &c, "first")) return c.nret;
+  ldb_t *d = c.d;
+  const char *sql = c.sql;
+  size_t len = c.len;
+  sqlite3_stmt *st = c.st;
+  int guard = c.guard, rc;
   rc = sqlite3_step(st);
   if (rc == SQLITE_ROW) {
     int ncol = sqlite3_column_count(st);   /* after the step, as in db:rows */

@@ -168,7 +168,7 @@ static nh_vm_t *vm_create(uv_loop_t *loop, const char *path, const char *lua_dir
   vm->path = nh_xstrdup(path ? path : "(script)");
   if (host) vm->host = *host;
   vm->has_host = host != NULL;
-  vm->run_ref = LUA_NOREF;
+  vm->run_ref = vm->alive_ref = LUA_NOREF;
   vm->mem_limit = vm_mem_limit();
   vm->L = lua_newstate(vm_alloc, vm);
   if (!vm->L) {
@@ -207,6 +207,9 @@ static int load_run_ref(nh_vm_t *vm, nh_error_t *err)
     return nh_error_set(err, NH_EFAIL, "the nimbus Lua module has no _run function (wrong NIMBUS_LUA_DIR?)");
   }
   vm->run_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  /* asked at every lock renewal of every running handler: keep it at hand too */
+  lua_getfield(L, -1, "_is_alive");
+  vm->alive_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   lua_pop(L, 1);
   return NH_OK;
 }
@@ -399,7 +402,7 @@ static void handler_done(nh_task_t *t, nh_task_status_t status, int nres)
   else nh_outcome_clear(&o);
 }
 
-static void set_str(lua_State *L, const char *k, const char *v)
+void nh_lua_set_str(lua_State *L, const char *k, const char *v)
 {
   if (!v) return;
   lua_pushstring(L, v);
@@ -420,14 +423,14 @@ int nh_vm_task_start(nh_vm_t *vm, const nh_task_args_t *a, nh_task_t **task, nh_
   if (a->body) lua_pushlstring(co, a->body, a->body_len);
   else lua_pushnil(co);
   lua_createtable(co, 0, 12);
-  set_str(co, "endpoint", a->endpoint);
-  set_str(co, "event_type", a->event_type);
-  set_str(co, "event_id", a->event_id);
-  set_str(co, "message_id", a->message_id);
-  set_str(co, "session_id", a->session_id);
-  set_str(co, "correlation_id", a->correlation_id);
-  set_str(co, "originating_message_id", a->originating_message_id);
-  set_str(co, "kind", a->kind);
+  nh_lua_set_str(co, "endpoint", a->endpoint);
+  nh_lua_set_str(co, "event_type", a->event_type);
+  nh_lua_set_str(co, "event_id", a->event_id);
+  nh_lua_set_str(co, "message_id", a->message_id);
+  nh_lua_set_str(co, "session_id", a->session_id);
+  nh_lua_set_str(co, "correlation_id", a->correlation_id);
+  nh_lua_set_str(co, "originating_message_id", a->originating_message_id);
+  nh_lua_set_str(co, "kind", a->kind);
   lua_pushinteger(co, a->retry_count);
   lua_setfield(co, -2, "retry_count");
   lua_pushinteger(co, a->delivery_count);
@@ -443,11 +446,7 @@ int nh_vm_task_start(nh_vm_t *vm, const nh_task_args_t *a, nh_task_t **task, nh_
 int nh_vm_task_alive(nh_vm_t *vm, const char *event_id, nh_error_t *err)
 {
   lua_State *L = vm->L;
-  lua_getglobal(L, "require");
-  lua_pushliteral(L, "nimbus");
-  if (nh_vm_pcall(L, 1, 1, err)) return -1;
-  lua_getfield(L, -1, "_is_alive");
-  lua_remove(L, -2);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, vm->alive_ref);
   lua_pushstring(L, event_id);
   if (nh_vm_pcall(L, 1, 1, err)) return -1;
   int alive = lua_toboolean(L, -1);

@@ -113,6 +113,9 @@ void nh_vm_task_cancel(nh_task_t *t);
 /* Cancels every suspended task of the VM (task_done with NH_OUT_CANCELLED). */
 void nh_vm_cancel_all(nh_vm_t *vm);
 
+/* t[k] = v on the table at the top of the stack; nothing when v is NULL. */
+void nh_lua_set_str(lua_State *L, const char *k, const char *v);
+
 /* Resolves the directory holding lua/nimbus: $NIMBUS_LUA_DIR, the install prefix
  * next to the executable, then the source tree the binary was built from. */
 const char *nh_vm_lua_dir(const char *argv0);

@@ -32,7 +32,7 @@ struct nh_vm {
   char *path;
   nh_vm_host_t host;
   int has_host;
-  int run_ref;
+  int run_ref, alive_ref;
   int live_tasks;
   nh_task_t *tasks;
   nh_task_t *ready, *ready_tail;   /* FIFO of tasks to resume on the next iteration */
