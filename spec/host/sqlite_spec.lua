@@ -2,7 +2,6 @@
 -- temporary directory, removed at the end.
 local nimbus = require("nimbus")
 local sqlite = require("nimbus.sqlite")
-local now = require("nimbus.core").now   -- wall clock, seconds
 
 local function tmpdir()
   local p = os.tmpname()
