@@ -5,7 +5,9 @@
 #include "nh_cli.h"
 #include "core/nh_util.h"
 #include "dispatch/nh_operator.h"
+#include "net/nh_http_client.h"
 #include "store/nh_store.h"
+#include "transport/nh_amqp.h"
 #include "transport/nh_embedded.h"
 
 #include <stdio.h>
@@ -13,6 +15,7 @@
 #include <string.h>
 #include <strings.h>
 #include <unistd.h>
+#include <uv.h>
 
 typedef struct cli_ctx {
   nh_store_t *store;
@@ -44,6 +47,100 @@ static void close_ctx(cli_ctx_t *c)
   nh_store_close(c->store);
 }
 
+#define NH_PUBLISH_CONFIRM_MS 30000
+
+typedef struct amqp_pub {
+  nh_transport_t *tr;
+  uv_timer_t poll;
+  int64_t deadline;
+  int done, failed;
+  char why[600];
+} amqp_pub_t;
+
+static void pub_finish(amqp_pub_t *p)
+{
+  p->done = 1;
+  uv_close((uv_handle_t *)&p->poll, NULL);
+  nh_amqp_shutdown(p->tr, NULL, NULL);
+}
+
+static void pub_status(void *data, nh_amqp_status_t st, const char *msg)
+{
+  amqp_pub_t *p = data;
+  if (st != NH_AMQP_FATAL || p->done) return;
+  p->failed = 1;
+  snprintf(p->why, sizeof p->why, "%s", msg);
+  pub_finish(p);
+}
+
+static void pub_poll(uv_timer_t *t)
+{
+  amqp_pub_t *p = t->data;
+  if (p->done) return;
+  if (nh_amqp_unconfirmed(p->tr) == 0) {
+    pub_finish(p);
+  } else if (nh_time_now_ms() > p->deadline) {
+    p->failed = 1;
+    snprintf(p->why, sizeof p->why, "the broker did not confirm the message within %d s (see the log above); it "
+             "stays in this store's outbox and the next host started on this store sends it",
+             NH_PUBLISH_CONFIRM_MS / 1000);
+    pub_finish(p);
+  }
+}
+
+/* `publish --transport amqp://...`: the message goes through the store's outbox like
+ * every other send, and the command returns once the broker accepted it. */
+static int publish_amqp(const char *url, const char *store_path, nh_msg_t *m, const char *to)
+{
+  nh_error_t err = {0};
+  nh_store_t *store = NULL;
+  if (nh_store_open(&store, store_path, NH_STORE_CREATE, &err)) {
+    fprintf(stderr, "nimbus-host publish: %s\n", err.msg);
+    return err.code == NH_EUSAGE ? NH_EXIT_USAGE : NH_EXIT_FAIL;
+  }
+  uv_loop_t loop;
+  uv_loop_init(&loop);
+  amqp_pub_t p;
+  memset(&p, 0, sizeof p);
+  char owner[64];
+  snprintf(owner, sizeof owner, "cli:%ld", (long)getpid());
+  p.tr = nh_amqp_new(&loop, store, url, owner, pub_status, &p, &err);
+  int rc = NH_EXIT_OK, copies = 0;
+  if (!p.tr) {
+    fprintf(stderr, "nimbus-host publish: --transport: %s\n", err.msg);
+    rc = err.code == NH_EUSAGE ? NH_EXIT_USAGE : NH_EXIT_FAIL;
+  } else if (nh_store_begin(store) || p.tr->vt->send(p.tr, m, to, &copies, &err) || nh_store_commit(store)) {
+    nh_store_rollback(store);
+    fprintf(stderr, "nimbus-host publish: %s\n", err.msg[0] ? err.msg : nh_store_errmsg(store));
+    rc = NH_EXIT_FAIL;
+  }
+  if (p.tr) {
+    if (rc == NH_EXIT_OK) {
+      p.deadline = nh_time_now_ms() + NH_PUBLISH_CONFIRM_MS;
+      uv_timer_init(&loop, &p.poll);
+      p.poll.data = &p;
+      uv_timer_start(&p.poll, pub_poll, 5, 5);
+      nh_amqp_start(p.tr);
+    } else {
+      nh_amqp_shutdown(p.tr, NULL, NULL);
+    }
+    uv_run(&loop, UV_RUN_DEFAULT);
+    if (rc == NH_EXIT_OK && !p.failed && nh_store_begin(store) == NH_OK)   /* deletes the accepted outbox row */
+      nh_store_commit(store);
+    p.tr->vt->close(p.tr);
+  }
+  nh_http_client_close();
+  uv_run(&loop, UV_RUN_DEFAULT);
+  if (rc == NH_EXIT_OK && p.failed) {
+    fprintf(stderr, "nimbus-host publish: %s\n", p.why);
+    rc = NH_EXIT_FAIL;
+  }
+  if (rc == NH_EXIT_OK) printf("%s\n", m->message_id);
+  nh_store_close(store);
+  uv_loop_close(&loop);
+  return rc;
+}
+
 int nh_cmd_publish(int argc, char **argv)
 {
   static const nh_opt_spec_t specs[] = {
@@ -55,8 +152,9 @@ int nh_cmd_publish(int argc, char **argv)
   if (a.npos < 1) return nh_usage_error("publish", "missing event type: nimbus-host publish TYPE [JSON|@file]");
   if (a.npos > 2) return nh_usage_error("publish", "too many arguments; quote the JSON payload");
   const char *transport = nh_args_get(&a, "--transport");
-  if (transport && strcmp(transport, "embedded") != 0)
-    return nh_usage_error("publish", "--transport %s is not supported yet (only the embedded default)", transport);
+  if (transport && strcmp(transport, "embedded") != 0 && !nh_amqp_is_url(transport))
+    return nh_usage_error("publish", "--transport %s: give embedded (the default) or amqp[s]://user:password@host:port[/vhost]",
+                          transport);
   const char *type = a.pos[0];
   char *body;
   if (a.npos < 2) {
@@ -68,11 +166,6 @@ int nh_cmd_publish(int argc, char **argv)
     if (!body) return nh_usage_error("publish", "cannot read %s: %s", a.pos[1] + 1, err);
   } else if (!(body = nh_cli_json_arg("publish", "the payload", a.pos[1]))) {
     return NH_EXIT_USAGE;
-  }
-  cli_ctx_t c;
-  if ((rc = open_ctx(&c, "publish", a.store, 1))) {
-    free(body);
-    return rc;
   }
   char mid[37], sess[37], corr[37];
   nh_uuid_v7(mid);
@@ -88,6 +181,16 @@ int nh_cmd_publish(int argc, char **argv)
   m.body = body;
   m.body_len = strlen(body);
   m.enqueued_at = nh_time_now_ms();
+  if (nh_amqp_is_url(transport)) {
+    rc = publish_amqp(transport, a.store, &m, nh_args_get(&a, "--to"));
+    free(body);
+    return rc;
+  }
+  cli_ctx_t c;
+  if ((rc = open_ctx(&c, "publish", a.store, 1))) {
+    free(body);
+    return rc;
+  }
   nh_error_t err = {0};
   int copies = 0;
   rc = NH_EXIT_OK;

@@ -7,6 +7,7 @@
 #include "lua/nh_vm.h"
 #include "net/nh_http_client.h"
 #include "store/nh_store.h"
+#include "transport/nh_amqp.h"
 #include "transport/nh_embedded.h"
 
 #include <signal.h>
@@ -21,16 +22,55 @@
 typedef struct host {
   uv_loop_t *loop;
   nh_dispatch_t *d;
+  nh_transport_t *tr;
+  int amqp;
   uv_signal_t sigint, sigterm, sighup;
-  int stopping;
+  int stopping, signals;
+  int status;                    /* exit status */
+  const char *store;
+  char desc[2048];
+  int no_reload;
 } host_t;
+
+static void close_signals(host_t *h)
+{
+  if (!h->signals) return;
+  h->signals = 0;
+  uv_close((uv_handle_t *)&h->sigint, NULL);
+  uv_close((uv_handle_t *)&h->sigterm, NULL);
+  uv_close((uv_handle_t *)&h->sighup, NULL);
+}
 
 static void on_stopped(void *data)
 {
   host_t *h = data;
-  uv_close((uv_handle_t *)&h->sigint, NULL);
-  uv_close((uv_handle_t *)&h->sigterm, NULL);
-  uv_close((uv_handle_t *)&h->sighup, NULL);
+  close_signals(h);
+  /* the broker connection outlives the drain: the last settlements go out first */
+  if (h->amqp) nh_amqp_shutdown(h->tr, NULL, NULL);
+}
+
+static void log_ready(host_t *h, const char *transport)
+{
+  nh_log_info("host", "ready: store %s, transport %s, endpoints: %s%s", h->store, transport, h->desc,
+              h->no_reload ? "" : " (reloading on change)");
+}
+
+/* AMQP: "ready" once connected with the topology declared; a fatal error (bad
+ * credentials, a missing vhost, TLS verification) stops the host with status 1. */
+static void on_amqp_status(void *data, nh_amqp_status_t st, const char *msg)
+{
+  host_t *h = data;
+  if (st == NH_AMQP_READY) {
+    log_ready(h, msg);
+    return;
+  }
+  nh_log_error("host", "cannot use the AMQP transport: %s; stopping", msg);
+  fprintf(stderr, "nimbus-host: AMQP transport: %s\n", msg);
+  h->status = NH_EXIT_FAIL;
+  if (!h->stopping) {
+    h->stopping = 1;
+    nh_dispatch_stop(h->d, NH_DRAIN_MS, on_stopped, h);
+  }
 }
 
 static void on_signal(uv_signal_t *s, int signum)
@@ -83,8 +123,9 @@ int nh_cmd_run(int argc, char **argv, int first)
     else return nh_usage_error("run", "--log-level must be debug, info, warn or error");
   }
   const char *transport = nh_args_get(&a, "--transport");
-  if (transport && strcmp(transport, "embedded") != 0)
-    return nh_usage_error("run", "--transport %s is not supported yet (only the embedded default)", transport);
+  if (transport && strcmp(transport, "embedded") != 0 && !nh_amqp_is_url(transport))
+    return nh_usage_error("run", "--transport %s: give embedded (the default) or amqp[s]://user:password@host:port[/vhost]",
+                          transport);
   if (nh_args_has(&a, "--admin"))
     return nh_usage_error("run", "--admin (the operator HTTP API) is not available yet");
   for (int i = 0; i < a.npos; i++)
@@ -99,15 +140,19 @@ int nh_cmd_run(int argc, char **argv, int first)
   }
   char owner[200];
   owner_id(owner, sizeof owner);
-  nh_transport_t *tr = nh_embedded_new(nh_store_db(store), owner, &err);
-  if (!tr) {
-    fprintf(stderr, "nimbus-host: store %s: %s\n", a.store, err.msg);
-    nh_store_close(store);
-    return NH_EXIT_FAIL;
-  }
   uv_loop_t loop;
   uv_loop_init(&loop);
-  host_t h = { .loop = &loop };
+  host_t h = { .loop = &loop, .store = a.store, .no_reload = nh_args_has(&a, "--no-reload") };
+  h.amqp = nh_amqp_is_url(transport);
+  nh_transport_t *tr = h.amqp ? nh_amqp_new(&loop, store, transport, owner, on_amqp_status, &h, &err)
+                              : nh_embedded_new(nh_store_db(store), owner, &err);
+  if (!tr) {
+    fprintf(stderr, "nimbus-host: %s%s: %s\n", h.amqp ? "--transport " : "store ", h.amqp ? "" : a.store, err.msg);
+    nh_store_close(store);
+    uv_loop_close(&loop);
+    return err.code == NH_EUSAGE ? NH_EXIT_USAGE : NH_EXIT_FAIL;
+  }
+  h.tr = tr;
   h.d = nh_dispatch_new(&loop, store, tr, nh_vm_lua_dir(argv[0]));
   int status = NH_EXIT_OK;
   for (int i = 0; i < a.npos && status == NH_EXIT_OK; i++) {
@@ -132,14 +177,17 @@ int nh_cmd_run(int argc, char **argv, int first)
     uv_signal_start(&h.sigint, on_signal, SIGINT);
     uv_signal_start(&h.sigterm, on_signal, SIGTERM);
     uv_signal_start(&h.sighup, on_signal, SIGHUP);
-    char desc[2048];
-    nh_dispatch_describe(h.d, desc, sizeof desc);
-    nh_log_info("host", "ready: store %s, transport embedded, endpoints: %s%s", a.store, desc,
-                nh_args_has(&a, "--no-reload") ? "" : " (reloading on change)");
+    h.signals = 1;
+    nh_dispatch_describe(h.d, h.desc, sizeof h.desc);
+    if (h.amqp) nh_amqp_start(tr);   /* logs ready: once connected */
+    else log_ready(&h, "embedded");
     nh_lasync_set_loop_running(1);
     uv_run(&loop, UV_RUN_DEFAULT);
     nh_lasync_set_loop_running(0);
     nh_log_info("host", "stopped");
+    status = h.status;
+  } else if (h.amqp) {
+    nh_amqp_shutdown(tr, NULL, NULL);
   }
   nh_dispatch_free(h.d);
   nh_http_client_close();

@@ -39,3 +39,21 @@ void nh_msg_clear(nh_msg_t *m)
   free(m->error_type);
   memset(m, 0, sizeof *m);
 }
+
+void nh_msg_copy(nh_msg_t *dst, const nh_msg_t *s)
+{
+  *dst = *s;
+  dst->endpoint = nh_xstrdup(s->endpoint);
+  dst->session_id = nh_xstrdup(s->session_id);
+  dst->message_id = nh_xstrdup(s->message_id);
+  dst->event_id = nh_xstrdup(s->event_id);
+  dst->event_type = nh_xstrdup(s->event_type);
+  dst->correlation_id = nh_xstrdup(s->correlation_id);
+  dst->originating_message_id = nh_xstrdup(s->originating_message_id);
+  dst->parent_message_id = nh_xstrdup(s->parent_message_id);
+  dst->from = nh_xstrdup(s->from);
+  dst->reply_to = nh_xstrdup(s->reply_to);
+  dst->body = s->body ? nh_xstrndup(s->body, s->body_len) : NULL;
+  dst->error_text = nh_xstrdup(s->error_text);
+  dst->error_type = nh_xstrdup(s->error_type);
+}

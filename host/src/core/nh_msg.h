@@ -21,6 +21,7 @@ typedef enum {
 
 typedef struct nh_msg {
   int64_t seq;            /* transport position (embedded: queue row id) */
+  uint64_t tr_id;         /* broker transports: the delivery this came from (not owned; 0: none) */
   char *endpoint;
   char *session_id;
   char *message_id;
@@ -45,6 +46,7 @@ typedef struct nh_msg {
 
 const char *nh_msg_type_name(nh_msg_type_t t);
 nh_msg_type_t nh_msg_type_parse(const char *s);
-void nh_msg_clear(nh_msg_t *m);   /* frees owned strings, zeroes the struct */
+void nh_msg_clear(nh_msg_t *m);
+void nh_msg_copy(nh_msg_t *dst, const nh_msg_t *src);   /* deep copy of every owned string */   /* frees owned strings, zeroes the struct */
 
 #endif

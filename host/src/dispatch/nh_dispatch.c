@@ -35,6 +35,13 @@ void nh_dispatch_kick(nh_dispatch_t *d)
 
 static void timer_cb(uv_timer_t *h) { pump(h->data); }
 
+/* A push transport (AMQP) has messages buffered: pump soon rather than at the next poll. */
+static void wake(void *data)
+{
+  nh_dispatch_t *d = data;
+  if (d->started && !d->closing) kick(d);
+}
+
 /* The endpoint being registered (pending) wins over a live one of the same name. */
 nh_endpoint_t *nh_dispatch_find_endpoint(nh_dispatch_t *d, const char *name)
 {
@@ -563,6 +570,7 @@ nh_dispatch_t *nh_dispatch_new(uv_loop_t *loop, nh_store_t *store, nh_transport_
   d->done_tail = &d->done;
   d->poll_ms = NH_POLL_MIN_MS;
   transport->on_message = on_message;
+  transport->on_wake = wake;
   transport->cb_data = d;
   uv_idle_init(loop, &d->idle);
   d->idle.data = d;

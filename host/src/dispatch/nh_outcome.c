@@ -285,7 +285,10 @@ int nh_dispatch_route(nh_dispatch_t *d, nh_job_t *job)
     }
   }
   if (!m->event_id || !*m->event_id || m->type == NH_MT_UNKNOWN) {
-    rc = route_dead_letter(d, job, m->type == NH_MT_UNKNOWN ? "unknown message type" : "message has no EventId");
+    /* a broker transport names what is wrong with a malformed message in error_text */
+    const char *why = m->type == NH_MT_UNKNOWN ? (m->error_text ? m->error_text : "unknown message type")
+                                               : "message has no EventId";
+    rc = route_dead_letter(d, job, why);
     goto out_unlock;
   }
 

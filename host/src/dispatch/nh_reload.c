@@ -26,6 +26,12 @@ int nh_dispatch_subscribe_all(nh_dispatch_t *d, nh_error_t *err)
       nh_store_rollback(d->store);
       return NH_EFAIL;
     }
+    if (d->tr->vt->set_capacity) d->tr->vt->set_capacity(d->tr, ep->name, ep->concurrency);
+  }
+  /* this process's reply queue: a broker transport declares and consumes it */
+  if (!d->started && d->tr->vt->subscribe(d->tr, d->reply_ep, NULL, NULL, 0, err)) {
+    nh_store_rollback(d->store);
+    return NH_EFAIL;
   }
   if (nh_store_commit(d->store)) return nh_error_set(err, NH_EFAIL, "store: cannot commit subscriptions");
   if (d->started) {   /* a reload may have shortened the lock: renew at a third of the new one */

@@ -212,7 +212,14 @@ int nh_store_begin(nh_store_t *s)
   }
   s->in_tx = 1;
   s->failed = s->outer_failed = 0;
+  if (s->txn_cb) s->txn_cb(s->txn_data, NH_TXN_BEGIN);
   return NH_OK;
+}
+
+void nh_store_set_txn_hook(nh_store_t *s, nh_store_txn_cb cb, void *data)
+{
+  s->txn_cb = cb;
+  s->txn_data = data;
 }
 
 int nh_store_failed(nh_store_t *s) { return s->failed || s->outer_failed; }
@@ -263,6 +270,7 @@ int nh_store_commit(nh_store_t *s)
     return NH_EFAIL;
   }
   s->in_tx = 0;
+  if (s->txn_cb) s->txn_cb(s->txn_data, NH_TXN_COMMIT);
   return NH_OK;
 }
 
@@ -274,7 +282,9 @@ void nh_store_checkpoint(nh_store_t *s)
 
 void nh_store_rollback(nh_store_t *s)
 {
+  int was = s->in_tx;
   if (sqlite3_get_autocommit(s->db) == 0) sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
   s->in_tx = 0;
   s->failed = s->outer_failed = 0;
+  if (was && s->txn_cb) s->txn_cb(s->txn_data, NH_TXN_ROLLBACK);
 }

@@ -51,6 +51,13 @@ void nh_store_close(nh_store_t *s);
 sqlite3 *nh_store_db(nh_store_t *s);
 const char *nh_store_path(nh_store_t *s);
 
+/* Told after every begin, commit and rollback of a store transaction. A broker
+ * transport cannot join the sqlite transaction, so it holds the dispositions and sends
+ * it is asked for until the transaction that recorded their effects has committed. */
+typedef enum { NH_TXN_BEGIN, NH_TXN_COMMIT, NH_TXN_ROLLBACK } nh_txn_phase_t;
+typedef void (*nh_store_txn_cb)(void *data, nh_txn_phase_t phase);
+void nh_store_set_txn_hook(nh_store_t *s, nh_store_txn_cb cb, void *data);
+
 /* BEGIN IMMEDIATE: take the write lock up front so a busy peer is waited for here
  * (busy timeout) rather than failing half-way through a batch. */
 int nh_store_begin(nh_store_t *s);

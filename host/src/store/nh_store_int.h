@@ -44,6 +44,8 @@ struct nh_store {
   sqlite3 *db;
   char *path;
   int in_tx;
+  nh_store_txn_cb txn_cb;    /* a broker transport's hook: see nh_store_set_txn_hook */
+  void *txn_data;
   int failed;        /* a statement failed since the last begin/savepoint: do not commit */
   int outer_failed;  /* ... before the current savepoint */
   sqlite3_stmt *stmt[NH_SQL_COUNT];

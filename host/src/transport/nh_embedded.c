@@ -4,6 +4,7 @@
 #include "nh_embedded.h"
 #include "core/nh_log.h"
 #include "core/nh_sqlite.h"
+#include "core/nh_strset.h"
 #include "core/nh_util.h"
 
 #include <errno.h>
@@ -129,28 +130,6 @@ static int emb_subscribe(nh_transport_t *t, const char *endpoint, const char *co
   return NH_OK;
 }
 
-/* Small open-addressing set of session ids seen during one receive scan. */
-typedef struct { char **keys; size_t cap; } seen_t;
-
-static uint64_t hash_str(const char *s)
-{
-  uint64_t h = 1469598103934665603ull;
-  while (*s) h = (h ^ (unsigned char)*s++) * 1099511628211ull;
-  return h;
-}
-
-/* Returns 1 if newly added, 0 if present. */
-static int seen_add(seen_t *set, const char *key)
-{
-  size_t i = hash_str(key) & (set->cap - 1);
-  while (set->keys[i]) {
-    if (strcmp(set->keys[i], key) == 0) return 0;
-    i = (i + 1) & (set->cap - 1);
-  }
-  set->keys[i] = nh_xstrdup(key);
-  return 1;
-}
-
 static int emb_lock_session(nh_transport_t *t, const char *endpoint, const char *session, int64_t now)
 {
   embedded_t *e = (embedded_t *)t;
@@ -199,15 +178,14 @@ static int emb_receive(nh_transport_t *t, const char *endpoint, int max, int64_t
   nh_sqlite_bind_text(st, 1, endpoint);
   sqlite3_bind_int64(st, 2, now);
   sqlite3_bind_int(st, 3, scan);
-  size_t scap = 1;
-  while (scap < (size_t)scan * 2) scap <<= 1;
-  seen_t seen = { nh_xcalloc(scap, sizeof(char *)), scap };
+  nh_strset_t seen;
+  nh_strset_init(&seen, (size_t)scan);
   /* Read the heads first, then lock: writes must not interleave with the open scan. */
   int n = 0, cap = 0;
   nh_msg_t *heads = NULL;   /* grown as rows come: an idle poll allocates nothing */
   while (n < max && sqlite3_step(st) == SQLITE_ROW) {
     const char *session = (const char *)sqlite3_column_text(st, 1);
-    if (!seen_add(&seen, session)) continue;
+    if (!nh_strset_add(&seen, session)) continue;
     if (sqlite3_column_int64(st, 13) > now) continue;   /* head not visible yet: session waits */
     if (n == cap) {
       cap = cap ? cap * 2 : 16;
@@ -218,8 +196,7 @@ static int emb_receive(nh_transport_t *t, const char *endpoint, int max, int64_t
   }
   sqlite3_reset(st);
   sqlite3_clear_bindings(st);
-  for (size_t i = 0; i < scap; i++) free(seen.keys[i]);
-  free(seen.keys);
+  nh_strset_free(&seen);
 
   int delivered = 0;
   for (int i = 0; i < n; i++) {

@@ -1,5 +1,5 @@
 /* The transport interface: one vtable, implemented by the embedded (sqlite) queue and,
- * later, AMQP 1.0. Transports never see Lua; they trade nh_msg_t with the dispatcher. */
+ * AMQP 1.0 (nh_amqp.h). Transports never see Lua; they trade nh_msg_t with the dispatcher. */
 #ifndef NH_TRANSPORT_H
 #define NH_TRANSPORT_H
 
@@ -45,6 +45,9 @@ typedef struct nh_transport_vtbl {
   /* to_endpoint NULL: fan out by event type, one copy (fresh EventId) per subscriber. */
   int (*send)(nh_transport_t *t, const nh_msg_t *m, const char *to_endpoint, int *copies, nh_error_t *err);
   void (*close)(nh_transport_t *t);
+  /* Optional: how many messages of an endpoint the dispatcher can take at once (its
+   * concurrency); a broker transport grants credit up to this and no further. */
+  void (*set_capacity)(nh_transport_t *t, const char *endpoint, int n);
 } nh_transport_vtbl_t;
 
 struct nh_transport {
@@ -52,6 +55,7 @@ struct nh_transport {
   unsigned caps;
   int64_t lock_ms;               /* lock duration */
   nh_transport_msg_cb on_message;
+  void (*on_wake)(void *cb_data);   /* a push transport has new messages: pump soon */
   void *cb_data;
 };
 

@@ -1,0 +1,935 @@
+/* The AMQP 1.0 transport. How it keeps the host's guarantees on a broker that cannot
+ * join a sqlite transaction:
+ *
+ * - Receiving: one receiver per endpoint queue (/amq/queue/<endpoint>), credit topped
+ *   up to twice the endpoint's concurrency minus what is buffered or in a handler, so
+ *   a slow handler means no credit and the broker keeps the messages. Deliveries are
+ *   buffered in arrival order; receive() hands out session heads only (the first
+ *   buffered message of each session whose store lock this process can take), which
+ *   keeps per-session FIFO on brokers that do not enforce group exclusivity.
+ * - Settling: a settlement asked for inside a store transaction is held until that
+ *   transaction commits, then sent (accepted / rejected with the reason); a rollback
+ *   drops it and puts the messages handed out in that transaction back. Deliveries of
+ *   a lost connection are never settled afterwards: the broker redelivers them and
+ *   the store's processed table settles an already recorded outcome without running
+ *   the handler again.
+ * - Attempts: a broker may not count deliveries (RabbitMQ does not), so redeliveries
+ *   are counted in the store (amqp_deliveries), only for messages the broker marks as
+ *   not first acquired: nothing is written on the happy path.
+ * - Sending: messages go to an outbox table in the same transaction as the outcome
+ *   that published them; after the commit they are sent (events to the topic
+ *   exchange, routing key = subject = event type; replies to /amq/queue/<queue>) and
+ *   deleted once the broker accepted them. A crash in between sends them again
+ *   (at least once; receivers see the same MessageId and so the same EventId).
+ * - Control messages (resubmit, skip, hand-off settlement) and session locks stay in
+ *   the store (the embedded transport on the same file): operators act on the store
+ *   whatever the broker, and their requests are serialised with the session's work. */
+#include "nh_amqp.h"
+#include "nh_amqp_int.h"
+#include "nh_embedded.h"
+#include "core/nh_log.h"
+#include "core/nh_sqlite.h"
+#include "core/nh_strset.h"
+#include "core/nh_util.h"
+
+#include <proton/condition.h>
+#include <proton/connection.h>
+#include <proton/delivery.h>
+#include <proton/disposition.h>
+#include <proton/event.h>
+#include <proton/link.h>
+#include <proton/session.h>
+#include <proton/terminus.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NH_BUCKETS 4096
+#define NH_OUTBOX_BATCH 256
+#define NH_REPLY_WINDOW 256
+#define NH_MIN_WINDOW 16
+
+static const char *const amqp_migrations[] = {
+  "CREATE TABLE amqp_outbox (seq INTEGER PRIMARY KEY AUTOINCREMENT, address TEXT NOT NULL, message BLOB NOT NULL,"
+  "  created_at INTEGER NOT NULL);"
+  "CREATE TABLE amqp_deliveries (endpoint TEXT NOT NULL, message_id TEXT NOT NULL, count INTEGER NOT NULL,"
+  "  PRIMARY KEY (endpoint, message_id)) WITHOUT ROWID;",
+};
+
+enum { A_OUT_ADD, A_OUT_NEXT, A_OUT_DEL, A_DLV_BUMP, A_DLV_DEL, A_OUT_LEFT, A_COUNT };
+
+static const char *const a_sql[A_COUNT] = {
+  [A_OUT_ADD] = "INSERT INTO amqp_outbox(address, message, created_at) VALUES (?1, ?2, ?3)",
+  [A_OUT_NEXT] = "SELECT seq, address, message FROM amqp_outbox WHERE seq > ?1 ORDER BY seq LIMIT ?2",
+  [A_OUT_DEL] = "DELETE FROM amqp_outbox WHERE seq = ?1",
+  [A_DLV_BUMP] = "INSERT INTO amqp_deliveries(endpoint, message_id, count) VALUES (?1, ?2, 1)"
+                 " ON CONFLICT(endpoint, message_id) DO UPDATE SET count = count + 1 RETURNING count",
+  [A_DLV_DEL] = "DELETE FROM amqp_deliveries WHERE endpoint = ?1 AND message_id = ?2",
+  [A_OUT_LEFT] = "SELECT count(*) FROM amqp_outbox WHERE seq > ?1",
+};
+
+typedef struct aep aep_t;
+typedef struct amqp amqp_t;
+
+typedef struct rec {
+  uint64_t id;                   /* arrival order; the handle in nh_msg_t.tr_id */
+  struct rec *hnext;             /* hash chain */
+  struct rec *prev, *next;       /* the endpoint's buffer, while buffered */
+  aep_t *ep;
+  pn_delivery_t *dlv;
+  nh_msg_t msg;
+  int buffered;
+  int handouts;                  /* times handed to the dispatcher by this process */
+  int base;                      /* deliveries before this process saw it (store count) */
+  int redelivered;               /* the broker says another consumer had it first */
+  int persisted;                 /* an amqp_deliveries row exists */
+} rec_t;
+
+struct aep {
+  struct amqp *a;
+  char *name;
+  char **types;
+  int ntypes;
+  int capacity;
+  int reply;                     /* this process's reply queue */
+  int declared;
+  nh_rmq_decl_t *decl;
+  pn_link_t *link;
+  int attached;
+  rec_t *head, *tail;
+  int nbuf, inflight;
+  aep_t *next;
+};
+
+typedef struct sender {
+  char *address;
+  pn_link_t *link;
+  struct sender *next;
+} sender_t;
+
+typedef struct pend {
+  uint64_t id;
+  nh_settle_t how;
+  char *reason;
+} pend_t;
+
+struct amqp {
+  nh_transport_t base;
+  nh_transport_t *emb;
+  uv_loop_t *loop;
+  nh_store_t *store;
+  sqlite3 *db;
+  sqlite3_stmt *q[A_COUNT];
+  nh_amqp_url_t url;
+  nh_amqp_conn_t *conn;
+  pn_session_t *ssn;
+  pn_message_t *pm;
+  char *buf;
+  size_t bufcap;
+  aep_t *eps;
+  sender_t *senders;
+  rec_t *buckets[NH_BUCKETS];
+  uint64_t next_id;
+  pend_t *pend;                  /* settlements waiting for the open transaction */
+  int npend, cpend;
+  uint64_t *txh;                 /* deliveries handed out in the open transaction */
+  int ntxh, ctxh;
+  int64_t *acked;                /* outbox rows the broker accepted, to delete */
+  int nacked, cacked, deleting;
+  int64_t last_sent;             /* highest outbox seq sent on this connection */
+  int unconfirmed;               /* sent on this connection, outcome not back yet */
+  int outbox_dirty;
+  int in_tx;
+  int started, ready_sent, fatal, shutting_down;
+  nh_amqp_status_cb status_cb;
+  void *status_data;
+  void (*shutdown_cb)(void *);
+  void *shutdown_data;
+};
+
+static void outbox_pump(amqp_t *a);
+static void check_ready(amqp_t *a);
+
+int nh_amqp_is_url(const char *s)
+{
+  return s && (strncmp(s, "amqp://", 7) == 0 || strncmp(s, "amqps://", 8) == 0);
+}
+
+const char *nh_amqp_describe(nh_transport_t *t) { return ((amqp_t *)t)->url.display; }
+
+static void status(amqp_t *a, nh_amqp_status_t st, const char *msg)
+{
+  if (st == NH_AMQP_FATAL) {
+    if (a->fatal) return;
+    a->fatal = 1;
+  }
+  if (a->status_cb) a->status_cb(a->status_data, st, msg);
+}
+
+static void wake(amqp_t *a)
+{
+  if (a->base.on_wake) a->base.on_wake(a->base.cb_data);
+}
+
+/* ---------------------------------------------------------------- deliveries */
+
+static rec_t *rec_get(amqp_t *a, uint64_t id)
+{
+  for (rec_t *r = a->buckets[id & (NH_BUCKETS - 1)]; r; r = r->hnext)
+    if (r->id == id) return r;
+  return NULL;
+}
+
+static void buf_remove(rec_t *r)
+{
+  aep_t *ep = r->ep;
+  if (!r->buffered) return;
+  if (r->prev) r->prev->next = r->next;
+  else ep->head = r->next;
+  if (r->next) r->next->prev = r->prev;
+  else ep->tail = r->prev;
+  r->prev = r->next = NULL;
+  r->buffered = 0;
+  ep->nbuf--;
+}
+
+/* Back into the buffer at its arrival position, ahead of its session's later messages. */
+static void buf_insert(rec_t *r)
+{
+  aep_t *ep = r->ep;
+  if (r->buffered) return;
+  rec_t *at = ep->tail;
+  while (at && at->id > r->id) at = at->prev;
+  r->prev = at;
+  r->next = at ? at->next : ep->head;
+  if (r->next) r->next->prev = r;
+  else ep->tail = r;
+  if (at) at->next = r;
+  else ep->head = r;
+  r->buffered = 1;
+  ep->nbuf++;
+}
+
+static void rec_free(amqp_t *a, rec_t *r)
+{
+  rec_t **pp = &a->buckets[r->id & (NH_BUCKETS - 1)];
+  while (*pp && *pp != r) pp = &(*pp)->hnext;
+  if (*pp) *pp = r->hnext;
+  buf_remove(r);
+  nh_msg_clear(&r->msg);
+  free(r);
+}
+
+/* Every delivery of a connection that is gone: the broker gives them to a consumer again. */
+static void recs_drop_all(amqp_t *a)
+{
+  for (int i = 0; i < NH_BUCKETS; i++) {
+    rec_t *r = a->buckets[i];
+    while (r) {
+      rec_t *next = r->hnext;
+      nh_msg_clear(&r->msg);
+      free(r);
+      r = next;
+    }
+    a->buckets[i] = NULL;
+  }
+  for (aep_t *ep = a->eps; ep; ep = ep->next) {
+    ep->head = ep->tail = NULL;
+    ep->nbuf = ep->inflight = 0;
+    ep->link = NULL;
+    ep->attached = 0;
+  }
+  a->ntxh = 0;
+}
+
+static aep_t *ep_find(amqp_t *a, const char *name)
+{
+  for (aep_t *ep = a->eps; ep; ep = ep->next)
+    if (strcmp(ep->name, name) == 0) return ep;
+  return NULL;
+}
+
+static aep_t *ep_by_link(amqp_t *a, pn_link_t *l)
+{
+  for (aep_t *ep = a->eps; ep; ep = ep->next)
+    if (ep->link == l) return ep;
+  return NULL;
+}
+
+/* Credit = free capacity: at most twice the endpoint's concurrency buffered or running. */
+static void topup(aep_t *ep)
+{
+  if (!ep->link || !ep->attached) return;
+  int window = ep->reply ? NH_REPLY_WINDOW : ep->capacity * 2;
+  if (window < NH_MIN_WINDOW) window = NH_MIN_WINDOW;
+  int have = ep->nbuf + ep->inflight + pn_link_credit(ep->link);
+  if (have < window) pn_link_flow(ep->link, window - have);
+}
+
+static void *grow(void *p, int *cap, int need, size_t size)
+{
+  if (need <= *cap) return p;
+  int n = *cap ? *cap * 2 : 64;
+  while (n < need) n *= 2;
+  *cap = n;
+  return nh_xrealloc(p, size * (size_t)n);
+}
+
+/* ---------------------------------------------------------------- the vtable */
+
+static int am_subscribe(nh_transport_t *t, const char *endpoint, const char *const *types, const int *commands, int n,
+                        nh_error_t *err);
+
+static int am_lock_session(nh_transport_t *t, const char *endpoint, const char *session, int64_t now)
+{
+  amqp_t *a = (amqp_t *)t;
+  a->emb->lock_ms = t->lock_ms;
+  return a->emb->vt->lock_session(a->emb, endpoint, session, now);
+}
+
+static int am_unlock_session(nh_transport_t *t, const char *endpoint, const char *session)
+{
+  amqp_t *a = (amqp_t *)t;
+  return a->emb->vt->unlock_session(a->emb, endpoint, session);
+}
+
+static int am_renew(nh_transport_t *t, const char *endpoint, const char *session, int64_t now)
+{
+  amqp_t *a = (amqp_t *)t;
+  a->emb->lock_ms = t->lock_ms;
+  return a->emb->vt->renew(a->emb, endpoint, session, now);
+}
+
+static int handout(amqp_t *a, rec_t *r)
+{
+  aep_t *ep = r->ep;
+  if (r->redelivered && !r->persisted) {
+    sqlite3_stmt *st = a->q[A_DLV_BUMP];
+    nh_sqlite_bind_text(st, 1, ep->name);
+    nh_sqlite_bind_text(st, 2, r->msg.message_id);
+    int rc = sqlite3_step(st);
+    int count = rc == SQLITE_ROW ? sqlite3_column_int(st, 0) : -1;
+    sqlite3_reset(st);
+    sqlite3_clear_bindings(st);
+    if (count < 0) {
+      nh_log_error("amqp", "counting a redelivery: %s", sqlite3_errmsg(a->db));
+      return NH_EFAIL;
+    }
+    r->base = count;
+    r->persisted = 1;
+  }
+  buf_remove(r);
+  r->handouts++;
+  ep->inflight++;
+  a->txh = grow(a->txh, &a->ctxh, a->ntxh + 1, sizeof *a->txh);
+  a->txh[a->ntxh++] = r->id;
+  nh_msg_t *m = nh_xmalloc(sizeof *m);
+  nh_msg_copy(m, &r->msg);
+  m->tr_id = r->id;
+  m->delivery_count = r->base + r->handouts;
+  a->base.on_message(a->base.cb_data, m);
+  return NH_OK;
+}
+
+static int am_receive(nh_transport_t *t, const char *endpoint, int max, int64_t now)
+{
+  amqp_t *a = (amqp_t *)t;
+  a->emb->on_message = t->on_message;
+  a->emb->cb_data = t->cb_data;
+  a->emb->lock_ms = t->lock_ms;
+  int n = a->emb->vt->receive(a->emb, endpoint, max, now);   /* control messages in the store */
+  if (n < 0) return n;
+  aep_t *ep = ep_find(a, endpoint);
+  if (!ep || !ep->head || n >= max) return n;
+  int rc = NH_OK;
+  if (ep->reply) {   /* replies: one per request, matched by correlation id; no session order */
+    while (ep->head && n < max && rc == NH_OK) {
+      rc = handout(a, ep->head);
+      n++;
+    }
+  } else {
+    nh_strset_t seen;
+    nh_strset_init(&seen, (size_t)ep->nbuf);
+    for (rec_t *r = ep->head, *next; r && n < max && rc == NH_OK; r = next) {
+      next = r->next;
+      if (!nh_strset_add(&seen, r->msg.session_id)) continue;   /* not its session's head */
+      int got = a->emb->vt->lock_session(a->emb, endpoint, r->msg.session_id, now);
+      if (got < 0) rc = NH_EFAIL;
+      else if (got == 1 && (rc = handout(a, r)) == NH_OK) n++;
+    }
+    nh_strset_free(&seen);
+  }
+  topup(ep);
+  return rc ? rc : n;
+}
+
+static int am_settle(nh_transport_t *t, const nh_msg_t *m, nh_settle_t how, int64_t delay_ms, const char *reason)
+{
+  amqp_t *a = (amqp_t *)t;
+  if (m->seq > 0 || m->tr_id == 0) return a->emb->vt->settle(a->emb, m, how, delay_ms, reason);
+  rec_t *r = rec_get(a, m->tr_id);
+  if (!r) {
+    /* its connection is gone: the broker redelivers it; only the session hold applies */
+    return how == NH_SETTLE_RELEASE ? a->emb->vt->settle(a->emb, m, how, delay_ms, reason) : NH_OK;
+  }
+  if (how == NH_SETTLE_RELEASE) {
+    /* Kept here, unsettled, in its place; the store's session hold (delay) keeps the
+     * session's later messages behind it. A transient release is not a delivery. */
+    if (!r->buffered) {
+      r->ep->inflight--;
+      if (delay_ms > 0) {
+        r->handouts--;
+        r->msg.release_count++;
+      }
+      buf_insert(r);
+    }
+    return a->emb->vt->settle(a->emb, m, how, delay_ms, reason);
+  }
+  if (r->persisted) {
+    nh_sqlite_bind_text(a->q[A_DLV_DEL], 1, r->ep->name);
+    nh_sqlite_bind_text(a->q[A_DLV_DEL], 2, r->msg.message_id);
+    if (nh_sqlite_step_done(a->db, a->q[A_DLV_DEL], "amqp delivery count")) return NH_EFAIL;
+  }
+  a->pend = grow(a->pend, &a->cpend, a->npend + 1, sizeof *a->pend);
+  a->pend[a->npend++] = (pend_t){ r->id, how, nh_xstrdup(reason) };
+  return NH_OK;
+}
+
+static int outbox_add(amqp_t *a, const char *address, const nh_msg_t *m, const char *to, nh_error_t *err)
+{
+  nh_amqp_msg_encode(a->pm, m, to);
+  size_t size;
+  int rc;
+  for (;;) {
+    size = a->bufcap;
+    rc = pn_message_encode(a->pm, a->buf, &size);
+    if (rc != PN_OVERFLOW) break;
+    a->bufcap = a->bufcap ? a->bufcap * 2 : 4096;
+    a->buf = nh_xrealloc(a->buf, a->bufcap);
+  }
+  if (rc != 0) return nh_error_set(err, NH_EFAIL, "cannot encode the AMQP message (proton error %d)", rc);
+  sqlite3_stmt *st = a->q[A_OUT_ADD];
+  nh_sqlite_bind_text(st, 1, address);
+  sqlite3_bind_blob(st, 2, a->buf, (int)size, SQLITE_TRANSIENT);
+  sqlite3_bind_int64(st, 3, nh_time_now_ms());
+  if (nh_sqlite_step_done(a->db, st, "amqp outbox"))
+    return nh_error_set(err, NH_EFAIL, "amqp outbox: %s", sqlite3_errmsg(a->db));
+  a->outbox_dirty = 1;
+  if (!a->in_tx) outbox_pump(a);
+  return NH_OK;
+}
+
+static int am_send(nh_transport_t *t, const nh_msg_t *m, const char *to_endpoint, int *copies, nh_error_t *err)
+{
+  amqp_t *a = (amqp_t *)t;
+  *copies = 0;
+  if (to_endpoint && m->type != NH_MT_EVENT && m->type != NH_MT_REPLY)
+    return a->emb->vt->send(a->emb, m, to_endpoint, copies, err);   /* operator control messages */
+  char address[600];
+  if (to_endpoint) snprintf(address, sizeof address, "/amq/queue/%s", to_endpoint);
+  else snprintf(address, sizeof address, "/exchange/%s", a->url.exchange);   /* subject = routing key */
+  int rc = outbox_add(a, address, m, to_endpoint, err);
+  if (rc == NH_OK) *copies = 1;   /* the broker fans out; how many copies is not known here */
+  return rc;
+}
+
+static void am_set_capacity(nh_transport_t *t, const char *endpoint, int n)
+{
+  aep_t *ep = ep_find((amqp_t *)t, endpoint);
+  if (ep) {
+    ep->capacity = n;
+    topup(ep);
+  }
+}
+
+/* ---------------------------------------------------------------- after the store transaction */
+
+static void apply_settlements(amqp_t *a)
+{
+  for (int i = 0; i < a->npend; i++) {
+    pend_t *p = &a->pend[i];
+    rec_t *r = rec_get(a, p->id);
+    if (r && r->dlv) {
+      if (p->how == NH_SETTLE_DEAD_LETTER) {
+        pn_disposition_t *ds = pn_delivery_local(r->dlv);
+        pn_condition_t *cond = pn_disposition_condition(ds);
+        const char *why = p->reason ? p->reason : "dead-lettered by nimbus-host";
+        pn_condition_set_name(cond, "nimbus:dead-letter");
+        pn_condition_set_description(cond, why);
+        pn_data_t *info = pn_condition_info(cond);
+        pn_data_put_map(info);
+        pn_data_enter(info);
+        pn_data_put_symbol(info, pn_bytes(strlen("DeadLetterReason"), "DeadLetterReason"));
+        pn_data_put_string(info, pn_bytes(strlen(why), why));
+        pn_data_put_symbol(info, pn_bytes(strlen("DeadLetterErrorDescription"), "DeadLetterErrorDescription"));
+        pn_data_put_string(info, pn_bytes(strlen(why), why));
+        pn_data_exit(info);
+        pn_delivery_update(r->dlv, PN_REJECTED);
+      } else {
+        pn_delivery_update(r->dlv, PN_ACCEPTED);
+      }
+      pn_delivery_settle(r->dlv);
+      r->ep->inflight--;
+      topup(r->ep);
+      rec_free(a, r);
+    }
+    free(p->reason);
+  }
+  a->npend = 0;
+}
+
+static void txn_hook(void *data, nh_txn_phase_t phase)
+{
+  amqp_t *a = data;
+  switch (phase) {
+  case NH_TXN_BEGIN:
+    a->in_tx = 1;
+    /* accepted outbox rows go with this transaction (and come back if it rolls back) */
+    for (int i = 0; i < a->nacked; i++) {
+      sqlite3_bind_int64(a->q[A_OUT_DEL], 1, a->acked[i]);
+      nh_sqlite_step_done(a->db, a->q[A_OUT_DEL], "amqp outbox delete");
+    }
+    a->deleting = a->nacked;
+    break;
+  case NH_TXN_COMMIT:
+    a->in_tx = 0;
+    if (a->deleting) {
+      memmove(a->acked, a->acked + a->deleting, sizeof *a->acked * (size_t)(a->nacked - a->deleting));
+      a->nacked -= a->deleting;
+      a->deleting = 0;
+    }
+    a->ntxh = 0;
+    apply_settlements(a);
+    if (a->outbox_dirty) outbox_pump(a);
+    if (a->conn) nh_amqp_conn_flush(a->conn);
+    break;
+  case NH_TXN_ROLLBACK:
+    a->in_tx = 0;
+    a->deleting = 0;
+    a->outbox_dirty = 0;
+    for (int i = 0; i < a->npend; i++) free(a->pend[i].reason);
+    a->npend = 0;
+    for (int i = 0; i < a->ntxh; i++) {   /* handed out for nothing: give them back */
+      rec_t *r = rec_get(a, a->txh[i]);
+      if (r && !r->buffered) {
+        r->ep->inflight--;
+        r->handouts--;
+        buf_insert(r);
+      }
+    }
+    if (a->ntxh) wake(a);
+    a->ntxh = 0;
+    break;
+  }
+}
+
+/* ---------------------------------------------------------------- the outbox */
+
+static sender_t *sender_for(amqp_t *a, const char *address)
+{
+  for (sender_t *s = a->senders; s; s = s->next)
+    if (strcmp(s->address, address) == 0) return s;
+  sender_t *s = nh_xcalloc(1, sizeof *s);
+  s->address = nh_xstrdup(address);
+  char name[700];
+  snprintf(name, sizeof name, "nh-send:%s", address);
+  s->link = pn_sender(a->ssn, name);
+  pn_terminus_set_address(pn_link_target(s->link), address);
+  pn_link_set_snd_settle_mode(s->link, PN_SND_UNSETTLED);
+  pn_link_open(s->link);
+  s->next = a->senders;
+  a->senders = s;
+  return s;
+}
+
+static void outbox_pump(amqp_t *a)
+{
+  a->outbox_dirty = 0;
+  if (!a->ssn || a->in_tx) return;
+  sqlite3_stmt *st = a->q[A_OUT_NEXT];
+  int more = 1;
+  while (more) {
+    more = 0;
+    sqlite3_bind_int64(st, 1, a->last_sent);
+    sqlite3_bind_int(st, 2, NH_OUTBOX_BATCH);
+    int rows = 0, blocked = 0;
+    while (!blocked && sqlite3_step(st) == SQLITE_ROW) {
+      rows++;
+      int64_t seq = sqlite3_column_int64(st, 0);
+      sender_t *s = sender_for(a, (const char *)sqlite3_column_text(st, 1));
+      if (pn_link_credit(s->link) <= 0) {   /* resumed by PN_LINK_FLOW */
+        blocked = 1;
+        break;
+      }
+      pn_delivery(s->link, pn_dtag((const char *)&seq, sizeof seq));
+      pn_link_send(s->link, sqlite3_column_blob(st, 2), (size_t)sqlite3_column_bytes(st, 2));
+      pn_link_advance(s->link);
+      a->last_sent = seq;
+      a->unconfirmed++;
+    }
+    sqlite3_reset(st);
+    if (!blocked && rows == NH_OUTBOX_BATCH) more = 1;
+  }
+  if (a->conn) nh_amqp_conn_flush(a->conn);
+}
+
+static void on_sent_outcome(amqp_t *a, pn_delivery_t *d)
+{
+  uint64_t state = pn_delivery_remote_state(d);
+  if (!state && !pn_delivery_settled(d)) return;
+  pn_delivery_tag_t tag = pn_delivery_tag(d);
+  int64_t seq = 0;
+  if (tag.size == sizeof seq) memcpy(&seq, tag.start, sizeof seq);
+  pn_link_t *l = pn_delivery_link(d);
+  const char *addr = pn_terminus_get_address(pn_link_target(l));
+  if (state == PN_ACCEPTED || state == 0) {
+    a->acked = grow(a->acked, &a->cacked, a->nacked + 1, sizeof *a->acked);
+    a->acked[a->nacked++] = seq;
+  } else if (state == PN_REJECTED) {
+    pn_condition_t *c = pn_disposition_condition(pn_delivery_remote(d));
+    nh_log_error("amqp", "the broker rejected outbox message %lld to %s: %s %s; it is dropped from the outbox",
+                 (long long)seq, addr ? addr : "?", pn_condition_get_name(c) ? pn_condition_get_name(c) : "",
+                 pn_condition_get_description(c) ? pn_condition_get_description(c) : "");
+    a->acked = grow(a->acked, &a->cacked, a->nacked + 1, sizeof *a->acked);
+    a->acked[a->nacked++] = seq;
+  } else {   /* released / modified: send it again */
+    nh_log_warn("amqp", "the broker released outbox message %lld to %s; sending it again", (long long)seq,
+                addr ? addr : "?");
+    if (seq <= a->last_sent) a->last_sent = seq - 1;
+    a->outbox_dirty = 1;
+  }
+  pn_delivery_settle(d);
+  if (a->unconfirmed > 0) a->unconfirmed--;
+}
+
+int nh_amqp_unconfirmed(nh_transport_t *t)
+{
+  amqp_t *a = (amqp_t *)t;
+  sqlite3_stmt *st = a->q[A_OUT_LEFT];
+  sqlite3_bind_int64(st, 1, a->last_sent);
+  int left = sqlite3_step(st) == SQLITE_ROW ? sqlite3_column_int(st, 0) : 0;
+  sqlite3_reset(st);
+  return left + a->unconfirmed;
+}
+
+/* ---------------------------------------------------------------- connection events */
+
+static void attach(amqp_t *a, aep_t *ep)
+{
+  if (!a->ssn || ep->link || !ep->declared) return;
+  char addr[600], name[700];
+  snprintf(addr, sizeof addr, "/amq/queue/%s", ep->name);
+  snprintf(name, sizeof name, "nh-recv:%s", ep->name);
+  ep->link = pn_receiver(a->ssn, name);
+  pn_terminus_set_address(pn_link_source(ep->link), addr);
+  pn_link_set_snd_settle_mode(ep->link, PN_SND_UNSETTLED);
+  pn_link_set_rcv_settle_mode(ep->link, PN_RCV_FIRST);
+  pn_link_open(ep->link);
+}
+
+static void on_up(void *data, pn_connection_t *c)
+{
+  amqp_t *a = data;
+  a->ssn = pn_session(c);
+  pn_session_open(a->ssn);
+  a->last_sent = 0;
+  a->unconfirmed = 0;
+  for (aep_t *ep = a->eps; ep; ep = ep->next) attach(a, ep);
+  outbox_pump(a);
+}
+
+static void on_down(void *data, const char *why, int fatal)
+{
+  amqp_t *a = data;
+  a->ssn = NULL;
+  for (sender_t *s = a->senders; s;) {
+    sender_t *next = s->next;
+    free(s->address);
+    free(s);
+    s = next;
+  }
+  a->senders = NULL;
+  recs_drop_all(a);
+  a->unconfirmed = 0;
+  a->last_sent = 0;
+  if (fatal && !a->shutting_down) status(a, NH_AMQP_FATAL, why);
+}
+
+static void receive_delivery(amqp_t *a, aep_t *ep, pn_delivery_t *d)
+{
+  pn_link_t *l = pn_delivery_link(d);
+  size_t size = pn_delivery_pending(d);
+  if (size > a->bufcap) {
+    a->bufcap = size;
+    a->buf = nh_xrealloc(a->buf, a->bufcap);
+  }
+  ssize_t got = pn_link_recv(l, a->buf, size);
+  pn_link_advance(l);
+  rec_t *r = nh_xcalloc(1, sizeof *r);
+  r->id = ++a->next_id;
+  r->ep = ep;
+  r->dlv = d;
+  pn_message_clear(a->pm);
+  if (got < 0 || pn_message_decode(a->pm, a->buf, (size_t)got) != 0) {
+    char id[37];
+    nh_uuid_v7(id);
+    memset(&r->msg, 0, sizeof r->msg);
+    r->msg.endpoint = nh_xstrdup(ep->name);
+    r->msg.message_id = nh_xstrdup(id);
+    r->msg.session_id = nh_xstrdup(id);
+    char eid[37];
+    nh_amqp_event_id(ep->name, id, eid);
+    r->msg.event_id = nh_xstrdup(eid);
+    r->msg.type = NH_MT_UNKNOWN;
+    r->msg.error_text = nh_xstrdup("the AMQP message could not be decoded");
+    r->msg.enqueued_at = nh_time_now_ms();
+  } else {
+    nh_amqp_msg_decode(a->pm, ep->name, &r->msg);
+    r->redelivered = !pn_message_is_first_acquirer(a->pm) || pn_message_get_delivery_count(a->pm) > 0;
+  }
+  rec_t **b = &a->buckets[r->id & (NH_BUCKETS - 1)];
+  r->hnext = *b;
+  *b = r;
+  r->buffered = 0;
+  buf_insert(r);
+}
+
+static void link_lost(amqp_t *a, pn_link_t *l, pn_condition_t *cond)
+{
+  const char *addr = pn_link_is_receiver(l) ? pn_terminus_get_address(pn_link_source(l))
+                                            : pn_terminus_get_address(pn_link_target(l));
+  const char *name = cond ? pn_condition_get_name(cond) : NULL, *desc = cond ? pn_condition_get_description(cond) : NULL;
+  nh_log_error("amqp", "the broker closed the link %s: %s%s%s; reconnecting", addr ? addr : "?",
+               name ? name : "no reason given", desc ? ": " : "", desc ? desc : "");
+  /* a detached link (queue deleted, say) ends the connection: the reconnect declares
+   * the topology again and attaches every link afresh */
+  pn_connection_close(pn_session_connection(pn_link_session(l)));
+}
+
+static void on_event(void *data, pn_event_t *e)
+{
+  amqp_t *a = data;
+  switch (pn_event_type(e)) {
+  case PN_LINK_REMOTE_OPEN: {
+    pn_link_t *l = pn_event_link(e);
+    if (pn_link_is_receiver(l)) {
+      aep_t *ep = ep_by_link(a, l);
+      if (ep) {
+        ep->attached = 1;
+        topup(ep);
+        check_ready(a);
+      }
+    } else {
+      outbox_pump(a);
+    }
+    break;
+  }
+  case PN_LINK_REMOTE_CLOSE:
+  case PN_LINK_REMOTE_DETACH:   /* RabbitMQ answers with detach, not close (env-probe) */
+    if (!a->shutting_down) link_lost(a, pn_event_link(e), pn_link_remote_condition(pn_event_link(e)));
+    break;
+  case PN_SESSION_REMOTE_CLOSE:
+    if (!a->shutting_down) {
+      pn_condition_t *c = pn_session_remote_condition(pn_event_session(e));
+      nh_log_error("amqp", "the broker ended the AMQP session: %s %s; reconnecting",
+                   pn_condition_get_name(c) ? pn_condition_get_name(c) : "",
+                   pn_condition_get_description(c) ? pn_condition_get_description(c) : "");
+      pn_connection_close(pn_session_connection(pn_event_session(e)));
+    }
+    break;
+  case PN_LINK_FLOW:
+    if (pn_link_is_sender(pn_event_link(e))) outbox_pump(a);
+    break;
+  case PN_DELIVERY: {
+    pn_delivery_t *d = pn_event_delivery(e);
+    pn_link_t *l = pn_delivery_link(d);
+    if (pn_link_is_receiver(l)) {
+      aep_t *ep = ep_by_link(a, l);
+      if (!ep || !pn_delivery_readable(d) || pn_delivery_partial(d)) break;
+      receive_delivery(a, ep, d);
+      wake(a);
+    } else if (pn_delivery_updated(d)) {
+      on_sent_outcome(a, d);
+      if (a->outbox_dirty) outbox_pump(a);
+    }
+    break;
+  }
+  default:
+    break;
+  }
+}
+
+static void check_ready(amqp_t *a)
+{
+  if (a->ready_sent || !a->ssn) return;
+  for (aep_t *ep = a->eps; ep; ep = ep->next)
+    if (!ep->declared || !ep->attached) return;
+  a->ready_sent = 1;
+  status(a, NH_AMQP_READY, a->url.display);
+}
+
+/* ---------------------------------------------------------------- topology */
+
+static void declared(void *data, const char *why, int fatal);
+
+static void declare(amqp_t *a, aep_t *ep)
+{
+  if (ep->decl) nh_rmq_cancel(ep->decl);
+  ep->decl = nh_rmq_declare(a->loop, &a->url, ep->name, ep->reply, (const char *const *)ep->types, ep->ntypes,
+                            declared, ep);
+}
+
+static void declared(void *data, const char *why, int fatal)
+{
+  aep_t *ep = data;
+  amqp_t *a = ep->a;
+  nh_rmq_cancel(ep->decl);
+  ep->decl = NULL;
+  if (why) {   /* transient failures are retried inside; this one is final */
+    status(a, NH_AMQP_FATAL, why);
+    return;
+  }
+  (void)fatal;
+  nh_log_debug("amqp", "%s: queue and bindings declared", ep->name);
+  ep->declared = 1;
+  attach(a, ep);
+  if (a->conn) nh_amqp_conn_flush(a->conn);
+  check_ready(a);
+}
+
+static int am_subscribe(nh_transport_t *t, const char *endpoint, const char *const *types, const int *commands, int n,
+                        nh_error_t *err)
+{
+  amqp_t *a = (amqp_t *)t;
+  int reply = strncmp(endpoint, "_reply.", 7) == 0;
+  if (!reply && a->emb->vt->subscribe(a->emb, endpoint, types, commands, n, err)) return NH_EFAIL;
+  aep_t *ep = ep_find(a, endpoint);
+  if (!ep) {
+    ep = nh_xcalloc(1, sizeof *ep);
+    ep->a = a;
+    ep->name = nh_xstrdup(endpoint);
+    ep->reply = reply;
+    ep->capacity = 64;
+    ep->next = a->eps;
+    a->eps = ep;
+  }
+  for (int i = 0; i < ep->ntypes; i++) free(ep->types[i]);
+  free(ep->types);
+  ep->types = nh_xcalloc((size_t)(n > 0 ? n : 1), sizeof(char *));
+  ep->ntypes = n;
+  for (int i = 0; i < n; i++) ep->types[i] = nh_xstrdup(types[i]);
+  if (a->started) declare(a, ep);   /* a reload: new bindings (old ones stay, see docs) */
+  return NH_OK;
+}
+
+/* ---------------------------------------------------------------- lifecycle */
+
+void nh_amqp_start(nh_transport_t *t)
+{
+  amqp_t *a = (amqp_t *)t;
+  if (a->started) return;
+  a->started = 1;
+  for (aep_t *ep = a->eps; ep; ep = ep->next) declare(a, ep);
+  nh_amqp_conn_start(a->conn);
+}
+
+static void conn_closed(void *data)
+{
+  amqp_t *a = data;
+  if (a->shutdown_cb) {
+    void (*cb)(void *) = a->shutdown_cb;
+    a->shutdown_cb = NULL;
+    cb(a->shutdown_data);
+  }
+}
+
+void nh_amqp_shutdown(nh_transport_t *t, void (*done)(void *), void *data)
+{
+  amqp_t *a = (amqp_t *)t;
+  a->shutting_down = 1;
+  a->shutdown_cb = done;
+  a->shutdown_data = data;
+  for (aep_t *ep = a->eps; ep; ep = ep->next) {
+    nh_rmq_cancel(ep->decl);
+    ep->decl = NULL;
+  }
+  nh_amqp_conn_close(a->conn, conn_closed, a);
+}
+
+static void am_close(nh_transport_t *t)
+{
+  amqp_t *a = (amqp_t *)t;
+  nh_store_set_txn_hook(a->store, NULL, NULL);
+  recs_drop_all(a);
+  for (aep_t *ep = a->eps; ep;) {
+    aep_t *next = ep->next;
+    for (int i = 0; i < ep->ntypes; i++) free(ep->types[i]);
+    free(ep->types);
+    free(ep->name);
+    free(ep);
+    ep = next;
+  }
+  on_down(a, "closed", 0);
+  for (int i = 0; i < a->npend; i++) free(a->pend[i].reason);
+  free(a->pend);
+  free(a->txh);
+  free(a->acked);
+  free(a->buf);
+  if (a->pm) pn_message_free(a->pm);
+  for (int i = 0; i < A_COUNT; i++) sqlite3_finalize(a->q[i]);
+  nh_amqp_conn_free(a->conn);
+  nh_amqp_url_clear(&a->url);
+  if (a->emb) a->emb->vt->close(a->emb);
+  free(a);
+}
+
+static const nh_transport_vtbl_t amqp_vtbl = {
+  .name = "amqp",
+  .subscribe = am_subscribe,
+  .receive = am_receive,
+  .lock_session = am_lock_session,
+  .session_next = NULL,   /* the broker's backlog is not ours to read ahead */
+  .unlock_session = am_unlock_session,
+  .renew = am_renew,
+  .settle = am_settle,
+  .send = am_send,
+  .close = am_close,
+  .set_capacity = am_set_capacity,
+};
+
+nh_transport_t *nh_amqp_new(uv_loop_t *loop, nh_store_t *store, const char *url, const char *owner,
+                            nh_amqp_status_cb cb, void *cb_data, nh_error_t *err)
+{
+  amqp_t *a = nh_xcalloc(1, sizeof *a);
+  a->base.vt = &amqp_vtbl;
+  a->base.caps = NH_CAP_DEAD_LETTER | NH_CAP_SCHEDULED_SEND;
+  a->base.lock_ms = 30000;
+  a->loop = loop;
+  a->store = store;
+  a->db = nh_store_db(store);
+  a->status_cb = cb;
+  a->status_data = cb_data;
+  if (nh_amqp_url_parse(url, &a->url, err)) {
+    free(a);
+    return NULL;
+  }
+  if (nh_sqlite_migrate(a->db, "amqp", amqp_migrations, (int)(sizeof amqp_migrations / sizeof amqp_migrations[0]),
+                        err) ||
+      !(a->emb = nh_embedded_new(a->db, owner, err))) {
+    nh_amqp_url_clear(&a->url);
+    free(a);
+    return NULL;
+  }
+  for (int i = 0; i < A_COUNT; i++) {
+    if (sqlite3_prepare_v3(a->db, a_sql[i], -1, SQLITE_PREPARE_PERSISTENT, &a->q[i], NULL) != SQLITE_OK) {
+      nh_error_set(err, NH_EFAIL, "amqp transport: %s", sqlite3_errmsg(a->db));
+      am_close(&a->base);
+      return NULL;
+    }
+  }
+  a->pm = pn_message();
+  nh_amqp_conn_cbs_t cbs = { on_up, on_event, on_down };
+  a->conn = nh_amqp_conn_new(loop, &a->url, owner, &cbs, a);
+  nh_store_set_txn_hook(store, txn_hook, a);
+  return &a->base;
+}

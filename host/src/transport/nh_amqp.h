@@ -1,0 +1,41 @@
+/* The AMQP 1.0 transport (qpid-proton's connection driver on the host's libuv loop).
+ *
+ * Events travel over the broker: publishing sends to a topic exchange (routing key =
+ * event type), each endpoint consumes its own durable queue bound to its types. The
+ * store stays the source of truth: session locks, operator control messages and the
+ * outbox of messages to send live in the same sqlite file, so an outcome, the
+ * messages it publishes and the settlement of the message that caused it are decided
+ * in one local transaction; the broker is told after it commits. */
+#ifndef NH_AMQP_H
+#define NH_AMQP_H
+
+#include <uv.h>
+
+#include "nh_transport.h"
+#include "store/nh_store.h"
+
+typedef enum {
+  NH_AMQP_READY,   /* connected, topology declared, every receiver attached (first time only) */
+  NH_AMQP_FATAL,   /* a configuration error retrying cannot fix (credentials, vhost, TLS) */
+} nh_amqp_status_t;
+
+typedef void (*nh_amqp_status_cb)(void *data, nh_amqp_status_t status, const char *msg);
+
+/* 1 if `s` names an AMQP transport (amqp:// or amqps://). */
+int nh_amqp_is_url(const char *s);
+
+/* Parses the URL and prepares the transport; nothing connects before nh_amqp_start.
+ * amqp[s]://user:password@host[:port][/vhost][?management=URL&ca=FILE&verify=0&idle=S&exchange=NAME] */
+nh_transport_t *nh_amqp_new(uv_loop_t *loop, nh_store_t *store, const char *url, const char *owner,
+                            nh_amqp_status_cb cb, void *cb_data, nh_error_t *err);
+/* Connects (and reconnects with backoff until stopped). Call after subscribing. */
+void nh_amqp_start(nh_transport_t *t);
+/* Closes the connection cleanly (after the last disposition is written) and every
+ * handle; `done` runs when the transport no longer holds the loop. */
+void nh_amqp_shutdown(nh_transport_t *t, void (*done)(void *), void *data);
+/* Messages in the store's outbox not yet accepted by the broker. */
+int nh_amqp_unconfirmed(nh_transport_t *t);
+/* "amqp://user@host:port/vhost" (no password) for logs. */
+const char *nh_amqp_describe(nh_transport_t *t);
+
+#endif

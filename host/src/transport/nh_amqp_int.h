@@ -1,0 +1,75 @@
+/* AMQP transport internals shared by its files. */
+#ifndef NH_AMQP_INT_H
+#define NH_AMQP_INT_H
+
+#include <proton/connection_driver.h>
+#include <proton/message.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "core/nh_error.h"
+#include "core/nh_msg.h"
+
+/* ---------------------------------------------------------------- URL (nh_amqp_url.c) */
+
+typedef struct nh_amqp_url {
+  int tls;
+  char *user, *password, *host, *vhost;   /* vhost NULL: the broker's default */
+  int port;
+  char *management;                       /* RabbitMQ management API base, no trailing / */
+  char *ca;                               /* TLS: trusted CA file (default: the system's) */
+  int verify;                             /* TLS: verify the peer's name and chain */
+  int idle_ms;                            /* AMQP idle time-out we announce */
+  char *exchange;                         /* the topic exchange events are published to */
+  char *display;                          /* the URL without the password */
+} nh_amqp_url_t;
+
+int nh_amqp_url_parse(const char *s, nh_amqp_url_t *u, nh_error_t *err);
+void nh_amqp_url_clear(nh_amqp_url_t *u);
+
+/* ---------------------------------------------------------------- connection (nh_amqp_conn.c) */
+
+typedef struct nh_amqp_conn nh_amqp_conn_t;
+
+typedef struct nh_amqp_conn_cbs {
+  void (*on_up)(void *data, pn_connection_t *c);     /* remote open: begin sessions, attach links */
+  void (*on_event)(void *data, pn_event_t *e);       /* every other event */
+  /* The connection is gone (before any reconnect). fatal: no reconnect will follow. */
+  void (*on_down)(void *data, const char *why, int fatal);
+} nh_amqp_conn_cbs_t;
+
+nh_amqp_conn_t *nh_amqp_conn_new(uv_loop_t *loop, const nh_amqp_url_t *url, const char *container,
+                                 const nh_amqp_conn_cbs_t *cbs, void *data);
+void nh_amqp_conn_start(nh_amqp_conn_t *c);
+/* Runs proton's events and writes what it produced; call after changing link state. */
+void nh_amqp_conn_flush(nh_amqp_conn_t *c);
+/* Closes cleanly and for good (no reconnect); `done` runs once the handles are closed,
+ * after which the caller frees with nh_amqp_conn_free. */
+void nh_amqp_conn_close(nh_amqp_conn_t *c, void (*done)(void *), void *data);
+void nh_amqp_conn_free(nh_amqp_conn_t *c);
+pn_connection_t *nh_amqp_conn_pn(nh_amqp_conn_t *c);   /* NULL while not open */
+
+/* ---------------------------------------------------------------- messages (nh_amqp_msg.c) */
+
+/* nh_msg_t -> AMQP message: the NimBus wire properties as application properties,
+ * SessionId as group-id, the JSON payload as one data section, durable. */
+void nh_amqp_msg_encode(pn_message_t *pm, const nh_msg_t *m, const char *to);
+/* AMQP message -> nh_msg_t (owned strings). A message the host cannot take is returned
+ * with type NH_MT_UNKNOWN and error_text saying why (it is then dead-lettered). */
+void nh_amqp_msg_decode(pn_message_t *pm, const char *endpoint, nh_msg_t *m);
+/* The EventId an endpoint gives a message whose publisher set none: a name-based
+ * (version 5) UUID of the endpoint and MessageId, so a redelivered copy gets the same. */
+void nh_amqp_event_id(const char *endpoint, const char *message_id, char out[37]);
+
+/* ---------------------------------------------------------------- RabbitMQ topology (nh_amqp_rmq.c) */
+
+typedef struct nh_rmq_decl nh_rmq_decl_t;
+/* Declares exchange, the queue `queue` and one binding per routing key through the
+ * management API, in order, asynchronously. done(data, NULL, 0) on success;
+ * done(data, why, fatal) on failure (fatal: credentials, vhost, inequivalent queue). */
+nh_rmq_decl_t *nh_rmq_declare(uv_loop_t *loop, const nh_amqp_url_t *url, const char *queue, int reply_queue,
+                              const char *const *keys, int nkeys, void (*done)(void *, const char *, int),
+                              void *data);
+void nh_rmq_cancel(nh_rmq_decl_t *decl);
+
+#endif

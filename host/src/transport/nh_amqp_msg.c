@@ -1,0 +1,238 @@
+/* Mapping between nh_msg_t and AMQP messages (the NimBus wire contract of
+ * reference/nimbus-runtime.md section 2 on AMQP 1.0):
+ *   properties: message-id, correlation-id, group-id = SessionId, subject = EventTypeId,
+ *               reply-to, content-type application/json, creation-time = enqueued at
+ *   application-properties: MessageType, EventTypeId, EventId (when known), To, From,
+ *               OriginatingMessageId, ParentMessageId ("self" when none), RetryCount,
+ *               ReplyTo, ErrorText / ErrorType (error replies)
+ *   body: one data section holding the JSON payload; header durable. */
+#include "nh_amqp_int.h"
+#include "core/nh_util.h"
+
+#include <inttypes.h>
+#include <openssl/evp.h>
+#include <proton/codec.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void put_prop(pn_data_t *p, const char *key, const char *val)
+{
+  if (!val) return;
+  pn_data_put_string(p, pn_bytes(strlen(key), key));
+  pn_data_put_string(p, pn_bytes(strlen(val), val));
+}
+
+static pn_atom_t atom_str(const char *s)
+{
+  pn_atom_t a;
+  memset(&a, 0, sizeof a);
+  a.type = PN_STRING;
+  a.u.as_bytes = pn_bytes(strlen(s), s);
+  return a;
+}
+
+void nh_amqp_msg_encode(pn_message_t *pm, const nh_msg_t *m, const char *to)
+{
+  pn_message_clear(pm);
+  pn_message_set_durable(pm, true);
+  if (m->message_id) pn_message_set_id(pm, atom_str(m->message_id));
+  if (m->correlation_id) pn_message_set_correlation_id(pm, atom_str(m->correlation_id));
+  if (m->session_id) pn_message_set_group_id(pm, m->session_id);
+  if (m->event_type) pn_message_set_subject(pm, m->event_type);
+  if (m->reply_to) pn_message_set_reply_to(pm, m->reply_to);
+  pn_message_set_content_type(pm, "application/json");
+  pn_message_set_creation_time(pm, m->enqueued_at ? m->enqueued_at : nh_time_now_ms());
+  pn_data_t *p = pn_message_properties(pm);
+  pn_data_put_map(p);
+  pn_data_enter(p);
+  put_prop(p, "MessageType", nh_msg_type_name(m->type));
+  put_prop(p, "EventTypeId", m->event_type);
+  put_prop(p, "EventId", m->event_id);
+  put_prop(p, "To", to ? to : m->event_type);
+  put_prop(p, "From", m->from);
+  put_prop(p, "OriginatingMessageId", m->originating_message_id ? m->originating_message_id : "self");
+  put_prop(p, "ParentMessageId", m->parent_message_id ? m->parent_message_id : "self");
+  put_prop(p, "ReplyTo", m->reply_to);
+  put_prop(p, "ErrorText", m->error_text);
+  put_prop(p, "ErrorType", m->error_type);
+  pn_data_put_string(p, pn_bytes(strlen("RetryCount"), "RetryCount"));
+  pn_data_put_int(p, m->retry_count);
+  pn_data_exit(p);
+  pn_data_t *b = pn_message_body(pm);
+  pn_message_set_inferred(pm, true);   /* a binary body goes out as a data section */
+  pn_data_put_binary(b, pn_bytes(m->body_len, m->body ? m->body : ""));
+}
+
+/* ---------------------------------------------------------------- decode */
+
+static char *atom_text(pn_atom_t a)
+{
+  char buf[64];
+  switch (a.type) {
+  case PN_STRING:
+  case PN_SYMBOL:
+  case PN_BINARY:
+    return a.u.as_bytes.size ? nh_xstrndup(a.u.as_bytes.start, a.u.as_bytes.size) : NULL;
+  case PN_ULONG:
+    snprintf(buf, sizeof buf, "%" PRIu64, (uint64_t)a.u.as_ulong);
+    return nh_xstrdup(buf);
+  case PN_UUID: {
+    const unsigned char *u = (const unsigned char *)a.u.as_uuid.bytes;
+    snprintf(buf, sizeof buf, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1],
+             u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+    return nh_xstrdup(buf);
+  }
+  default:
+    return NULL;
+  }
+}
+
+/* The value at the cursor as text (strings, symbols, numbers, booleans). */
+static char *data_text(pn_data_t *d)
+{
+  char buf[64];
+  switch (pn_data_type(d)) {
+  case PN_STRING: {
+    pn_bytes_t b = pn_data_get_string(d);
+    return nh_xstrndup(b.start, b.size);
+  }
+  case PN_SYMBOL: {
+    pn_bytes_t b = pn_data_get_symbol(d);
+    return nh_xstrndup(b.start, b.size);
+  }
+  case PN_INT: snprintf(buf, sizeof buf, "%d", pn_data_get_int(d)); return nh_xstrdup(buf);
+  case PN_UINT: snprintf(buf, sizeof buf, "%u", pn_data_get_uint(d)); return nh_xstrdup(buf);
+  case PN_LONG: snprintf(buf, sizeof buf, "%" PRId64, (int64_t)pn_data_get_long(d)); return nh_xstrdup(buf);
+  case PN_ULONG: snprintf(buf, sizeof buf, "%" PRIu64, (uint64_t)pn_data_get_ulong(d)); return nh_xstrdup(buf);
+  case PN_SHORT: snprintf(buf, sizeof buf, "%d", pn_data_get_short(d)); return nh_xstrdup(buf);
+  case PN_BOOL: return nh_xstrdup(pn_data_get_bool(d) ? "true" : "false");
+  default: return NULL;
+  }
+}
+
+static void malformed(nh_msg_t *m, const char *why)
+{
+  if (m->type == NH_MT_UNKNOWN && m->error_text) return;   /* keep the first reason */
+  m->type = NH_MT_UNKNOWN;
+  free(m->error_text);
+  m->error_text = nh_xstrdup(why);
+}
+
+void nh_amqp_msg_decode(pn_message_t *pm, const char *endpoint, nh_msg_t *m)
+{
+  memset(m, 0, sizeof *m);
+  m->endpoint = nh_xstrdup(endpoint);
+  m->message_id = atom_text(pn_message_get_id(pm));
+  m->correlation_id = atom_text(pn_message_get_correlation_id(pm));
+  m->session_id = nh_xstrdup(pn_message_get_group_id(pm));
+  m->reply_to = nh_xstrdup(pn_message_get_reply_to(pm));
+  int64_t created = pn_message_get_creation_time(pm);
+  m->enqueued_at = created > 0 ? created : nh_time_now_ms();
+  char *mtype = NULL, *etype = NULL, *retry = NULL;
+  pn_data_t *p = pn_message_properties(pm);
+  pn_data_rewind(p);
+  if (pn_data_next(p) && pn_data_type(p) == PN_MAP) {
+    pn_data_enter(p);
+    while (pn_data_next(p)) {
+      char *key = data_text(p);
+      if (!pn_data_next(p)) {
+        free(key);
+        break;
+      }
+      char **slot = NULL;
+      if (!key) continue;
+      if (strcmp(key, "MessageType") == 0) slot = &mtype;
+      else if (strcmp(key, "EventTypeId") == 0) slot = &etype;
+      else if (strcmp(key, "EventId") == 0) slot = &m->event_id;
+      else if (strcmp(key, "From") == 0) slot = &m->from;
+      else if (strcmp(key, "OriginatingMessageId") == 0) slot = &m->originating_message_id;
+      else if (strcmp(key, "ParentMessageId") == 0) slot = &m->parent_message_id;
+      else if (strcmp(key, "RetryCount") == 0) slot = &retry;
+      else if (strcmp(key, "ErrorText") == 0) slot = &m->error_text;
+      else if (strcmp(key, "ErrorType") == 0) slot = &m->error_type;
+      else if (strcmp(key, "ReplyTo") == 0 && !m->reply_to) slot = &m->reply_to;
+      free(key);
+      if (slot) {
+        free(*slot);
+        *slot = data_text(p);
+      }
+    }
+    pn_data_exit(p);
+  }
+  /* "self" is NimBus's way of saying "this message is the origin" */
+  if (m->originating_message_id && strcmp(m->originating_message_id, "self") == 0) {
+    free(m->originating_message_id);
+    m->originating_message_id = NULL;
+  }
+  if (m->parent_message_id && strcmp(m->parent_message_id, "self") == 0) {
+    free(m->parent_message_id);
+    m->parent_message_id = NULL;
+  }
+  m->retry_count = retry ? atoi(retry) : 0;
+  free(retry);
+  m->event_type = etype ? etype : nh_xstrdup(pn_message_get_subject(pm));
+  m->type = mtype ? nh_msg_type_parse(mtype) : NH_MT_EVENT;
+
+  /* the body: a data section (or an amqp-value string/binary) holding JSON */
+  pn_data_t *b = pn_message_body(pm);
+  pn_data_rewind(b);
+  if (pn_data_next(b)) {
+    pn_type_t t = pn_data_type(b);
+    if (t == PN_BINARY || t == PN_STRING) {
+      pn_bytes_t v = t == PN_BINARY ? pn_data_get_binary(b) : pn_data_get_string(b);
+      m->body = nh_xstrndup(v.start, v.size);
+      m->body_len = v.size;
+    } else if (t != PN_NULL) {
+      malformed(m, "the body is not a data section or a string (expected UTF-8 JSON)");
+    }
+  }
+
+  if (!m->message_id) {
+    char id[37];
+    nh_uuid_v7(id);
+    m->message_id = nh_xstrdup(id);
+    malformed(m, "the message has no message-id");
+  }
+  if (!mtype) malformed(m, "the message has no MessageType application property");
+  else if (m->type == NH_MT_UNKNOWN) {
+    char why[200];
+    snprintf(why, sizeof why, "unknown MessageType %.100s", mtype);
+    malformed(m, why);
+  }
+  free(mtype);
+  if (!m->event_type || !*m->event_type) malformed(m, "the message has no EventTypeId (application property or subject)");
+  if (!m->session_id || !*m->session_id) {
+    free(m->session_id);
+    m->session_id = nh_xstrdup(m->message_id);   /* so it can still be locked and dead-lettered */
+    malformed(m, "the message has no group-id (SessionId)");
+  }
+  if (!m->event_id || !*m->event_id) {
+    char eid[37];
+    nh_amqp_event_id(endpoint, m->message_id, eid);
+    free(m->event_id);
+    m->event_id = nh_xstrdup(eid);
+  }
+}
+
+/* RFC 9562 version 5: SHA-1 of a namespace and a name. The namespace is nimbus-host's
+ * own; the name is "endpoint\nmessage-id". */
+void nh_amqp_event_id(const char *endpoint, const char *message_id, char out[37])
+{
+  static const unsigned char ns[16] = { 0x6f, 0x1c, 0x2b, 0x0e, 0x8a, 0x2d, 0x4b, 0x7e,
+                                        0x9c, 0x55, 0x2d, 0x1f, 0x0e, 0x7a, 0x9b, 0x31 };
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+  EVP_DigestInit_ex(ctx, EVP_sha1(), NULL);
+  EVP_DigestUpdate(ctx, ns, sizeof ns);
+  EVP_DigestUpdate(ctx, endpoint, strlen(endpoint));
+  EVP_DigestUpdate(ctx, "\n", 1);
+  EVP_DigestUpdate(ctx, message_id, strlen(message_id));
+  EVP_DigestFinal_ex(ctx, md, &len);
+  EVP_MD_CTX_free(ctx);
+  md[6] = (unsigned char)((md[6] & 0x0f) | 0x50);
+  md[8] = (unsigned char)((md[8] & 0x3f) | 0x80);
+  snprintf(out, 37, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", md[0], md[1], md[2],
+           md[3], md[4], md[5], md[6], md[7], md[8], md[9], md[10], md[11], md[12], md[13], md[14], md[15]);
+}

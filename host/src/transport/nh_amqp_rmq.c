@@ -1,0 +1,221 @@
+/* RabbitMQ topology through its management HTTP API, on the loop (nh_http_client):
+ * the topic exchange events are published to, one durable queue per endpoint bound to
+ * the endpoint's event types, and beside it a dead-letter queue `<endpoint>.dead-letter`
+ * fed through the exchange `<exchange>.dead-letter`, so a dead-lettered message stays
+ * readable on the broker. Reply queues are not durable and expire 10 minutes after
+ * their process stopped consuming. Every call is idempotent, so it runs again after a
+ * reconnect or a reload without harm. */
+#include "nh_amqp_int.h"
+#include "core/nh_log.h"
+#include "core/nh_util.h"
+#include "net/nh_http_client.h"
+
+#include <curl/curl.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NH_RMQ_RETRY_MIN_MS 500
+#define NH_RMQ_RETRY_MAX_MS 10000
+#define NH_REPLY_QUEUE_EXPIRES_MS 600000
+
+typedef struct step {
+  const char *method;
+  char *path;   /* after /api */
+  char *body;
+  const char *what;
+} step_t;
+
+struct nh_rmq_decl {
+  uv_loop_t *loop;
+  const nh_amqp_url_t *url;
+  char *base;           /* management URL with the credentials in it */
+  step_t *steps;
+  int nsteps, at;
+  int64_t retry_ms;
+  nh_http_call_t *call;
+  uv_timer_t timer;
+  void (*done)(void *, const char *, int);
+  void *data;
+  char *queue;
+};
+
+static char *esc(const char *s)
+{
+  char *e = curl_easy_escape(NULL, s, 0);
+  char *out = nh_xstrdup(e);
+  curl_free(e);
+  return out;
+}
+
+static void add(nh_rmq_decl_t *d, const char *method, const char *what, json_t *body, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+static void add(nh_rmq_decl_t *d, const char *method, const char *what, json_t *body, const char *fmt, ...)
+{
+  char path[2048];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(path, sizeof path, fmt, ap);
+  va_end(ap);
+  d->steps = nh_xrealloc(d->steps, sizeof *d->steps * (size_t)(d->nsteps + 1));
+  step_t *s = &d->steps[d->nsteps++];
+  s->method = method;
+  s->path = nh_xstrdup(path);
+  s->body = json_dumps(body, JSON_COMPACT);
+  s->what = what;
+  json_decref(body);
+}
+
+static void run_step(nh_rmq_decl_t *d);
+
+static void timer_cb(uv_timer_t *t) { run_step(t->data); }
+
+static void finish(nh_rmq_decl_t *d, const char *why, int fatal)
+{
+  void (*cb)(void *, const char *, int) = d->done;
+  d->done = NULL;
+  if (cb) cb(d->data, why, fatal);   /* may cancel (free) d */
+}
+
+static void on_done(void *data, nh_http_res_t *res)
+{
+  nh_rmq_decl_t *d = data;
+  d->call = NULL;
+  step_t *s = &d->steps[d->at];
+  char why[1024];
+  if (res->status >= 200 && res->status < 300) {
+    d->retry_ms = NH_RMQ_RETRY_MIN_MS;
+    if (++d->at == d->nsteps) {
+      finish(d, NULL, 0);
+      return;
+    }
+    run_step(d);
+    return;
+  }
+  int fatal = 0;
+  if (res->status == 401 || res->status == 403) {
+    snprintf(why, sizeof why, "the RabbitMQ management API at %s refused user %s (HTTP %ld): authentication failed; "
+             "check the user and password in --transport", d->url->management, d->url->user ? d->url->user : "(none)",
+             res->status);
+    fatal = 1;
+  } else if (res->status == 404) {
+    snprintf(why, sizeof why, "%s: not found (HTTP 404) at %s: does the vhost %s exist?", s->what, d->url->management,
+             d->url->vhost ? d->url->vhost : "/");
+    fatal = 1;
+  } else if (res->status == 400 || res->status == 406) {
+    snprintf(why, sizeof why, "%s: the broker refused it (HTTP %ld): %.400s", s->what, res->status,
+             res->body ? res->body : "");
+    fatal = 1;
+  } else if (res->status == 0) {
+    snprintf(why, sizeof why, "cannot reach the RabbitMQ management API at %s (%s); is the rabbitmq_management "
+             "plugin enabled? (give its address with ?management=URL)", d->url->management, res->error);
+  } else {
+    snprintf(why, sizeof why, "%s: HTTP %ld from %s: %.300s", s->what, res->status, d->url->management,
+             res->body ? res->body : "");
+  }
+  if (fatal) {
+    finish(d, why, 1);
+    return;
+  }
+  nh_log_warn("amqp", "%s; retrying in %.1f s", why, (double)d->retry_ms / 1000.0);
+  uv_timer_start(&d->timer, timer_cb, (uint64_t)d->retry_ms, 0);
+  d->retry_ms = d->retry_ms * 2 > NH_RMQ_RETRY_MAX_MS ? NH_RMQ_RETRY_MAX_MS : d->retry_ms * 2;
+}
+
+static void run_step(nh_rmq_decl_t *d)
+{
+  step_t *s = &d->steps[d->at];
+  char url[4096];
+  snprintf(url, sizeof url, "%s/api%s", d->base, s->path);
+  static const char *const hdrs[] = { "Content-Type: application/json" };
+  nh_http_req_t req = { .method = s->method, .url = url, .headers = hdrs, .nheaders = 1, .body = s->body,
+                        .body_len = s->body ? strlen(s->body) : 0, .timeout_s = 10 };
+  nh_error_t err = {0};
+  d->call = nh_http_request(d->loop, &req, on_done, d, &err);
+  if (!d->call) finish(d, err.msg, 1);
+}
+
+static char *base_with_credentials(const nh_amqp_url_t *u)
+{
+  CURLU *h = curl_url();
+  char *out = NULL;
+  if (curl_url_set(h, CURLUPART_URL, u->management, 0) == CURLUE_OK) {
+    if (u->user) curl_url_set(h, CURLUPART_USER, u->user, CURLU_URLENCODE);
+    if (u->password) curl_url_set(h, CURLUPART_PASSWORD, u->password, CURLU_URLENCODE);
+    char *s = NULL;
+    if (curl_url_get(h, CURLUPART_URL, &s, 0) == CURLUE_OK) {
+      out = nh_xstrdup(s);
+      curl_free(s);
+    }
+  }
+  curl_url_cleanup(h);
+  if (!out) out = nh_xstrdup(u->management);
+  size_t n = strlen(out);
+  while (n > 0 && out[n - 1] == '/') out[--n] = '\0';
+  return out;
+}
+
+nh_rmq_decl_t *nh_rmq_declare(uv_loop_t *loop, const nh_amqp_url_t *url, const char *queue, int reply_queue,
+                              const char *const *keys, int nkeys, void (*done)(void *, const char *, int), void *data)
+{
+  nh_rmq_decl_t *d = nh_xcalloc(1, sizeof *d);
+  d->loop = loop;
+  d->url = url;
+  d->done = done;
+  d->data = data;
+  d->queue = nh_xstrdup(queue);
+  d->retry_ms = NH_RMQ_RETRY_MIN_MS;
+  d->base = base_with_credentials(url);
+  uv_timer_init(loop, &d->timer);
+  d->timer.data = d;
+  char *vh = esc(url->vhost ? url->vhost : "/");
+  char *q = esc(queue);
+  if (reply_queue) {
+    add(d, "PUT", "declaring the reply queue", json_pack("{s:b, s:b, s:{s:i}}", "durable", 0, "auto_delete", 0,
+        "arguments", "x-expires", NH_REPLY_QUEUE_EXPIRES_MS), "/queues/%s/%s", vh, q);
+  } else {
+    char dlx[512], dlq[512];
+    snprintf(dlx, sizeof dlx, "%s.dead-letter", url->exchange);
+    snprintf(dlq, sizeof dlq, "%s.dead-letter", queue);
+    char *ex = esc(url->exchange), *dx = esc(dlx), *dq = esc(dlq);
+    add(d, "PUT", "declaring the exchange", json_pack("{s:s, s:b}", "type", "topic", "durable", 1),
+        "/exchanges/%s/%s", vh, ex);
+    add(d, "PUT", "declaring the dead-letter exchange", json_pack("{s:s, s:b}", "type", "direct", "durable", 1),
+        "/exchanges/%s/%s", vh, dx);
+    add(d, "PUT", "declaring the dead-letter queue", json_pack("{s:b}", "durable", 1), "/queues/%s/%s", vh, dq);
+    add(d, "POST", "binding the dead-letter queue", json_pack("{s:s}", "routing_key", queue), "/bindings/%s/e/%s/q/%s",
+        vh, dx, dq);
+    add(d, "PUT", "declaring the endpoint queue",
+        json_pack("{s:b, s:{s:s, s:s}}", "durable", 1, "arguments", "x-dead-letter-exchange", dlx,
+                  "x-dead-letter-routing-key", queue),
+        "/queues/%s/%s", vh, q);
+    for (int i = 0; i < nkeys; i++)
+      add(d, "POST", "binding the endpoint queue", json_pack("{s:s}", "routing_key", keys[i]),
+          "/bindings/%s/e/%s/q/%s", vh, ex, q);
+    free(ex);
+    free(dx);
+    free(dq);
+  }
+  free(vh);
+  free(q);
+  uv_timer_start(&d->timer, timer_cb, 0, 0);   /* never calls back before the caller has d */
+  return d;
+}
+
+static void timer_closed(uv_handle_t *h) { free(h->data); }
+
+void nh_rmq_cancel(nh_rmq_decl_t *d)
+{
+  if (!d) return;
+  if (d->call) nh_http_cancel(d->call);
+  for (int i = 0; i < d->nsteps; i++) {
+    free(d->steps[i].path);
+    free(d->steps[i].body);
+  }
+  free(d->steps);
+  free(d->base);
+  free(d->queue);
+  uv_close((uv_handle_t *)&d->timer, timer_closed);
+}
