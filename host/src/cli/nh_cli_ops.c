@@ -51,41 +51,81 @@ static void close_ctx(cli_ctx_t *c)
 
 typedef struct amqp_pub {
   nh_transport_t *tr;
+  nh_store_t *store;
+  nh_msg_t *m;
+  const char *to;
   uv_timer_t poll;
+  int polling;
   int64_t deadline;
-  int done, failed;
-  char why[600];
+  int done, failed, sent;
+  char why[1024];
 } amqp_pub_t;
 
 static void pub_finish(amqp_pub_t *p)
 {
+  if (p->done) return;
   p->done = 1;
-  uv_close((uv_handle_t *)&p->poll, NULL);
+  if (p->polling) uv_close((uv_handle_t *)&p->poll, NULL);
   nh_amqp_shutdown(p->tr, NULL, NULL);
+}
+
+static void pub_fail(amqp_pub_t *p, const char *why)
+{
+  if (p->done) return;
+  p->failed = 1;
+  snprintf(p->why, sizeof p->why, "%s", why);
+  pub_finish(p);
 }
 
 static void pub_status(void *data, nh_amqp_status_t st, const char *msg)
 {
-  amqp_pub_t *p = data;
-  if (st != NH_AMQP_FATAL || p->done) return;
-  p->failed = 1;
-  snprintf(p->why, sizeof p->why, "%s", msg);
-  pub_finish(p);
+  if (st == NH_AMQP_FATAL) pub_fail(data, msg);
 }
 
 static void pub_poll(uv_timer_t *t)
 {
   amqp_pub_t *p = t->data;
   if (p->done) return;
-  if (nh_amqp_unconfirmed(p->tr) == 0) {
+  if (p->sent && nh_amqp_unconfirmed(p->tr) == 0) {
     pub_finish(p);
   } else if (nh_time_now_ms() > p->deadline) {
-    p->failed = 1;
-    snprintf(p->why, sizeof p->why, "the broker did not confirm the message within %d s (see the log above); it "
-             "stays in this store's outbox and the next host started on this store sends it",
-             NH_PUBLISH_CONFIRM_MS / 1000);
-    pub_finish(p);
+    char why[300];
+    snprintf(why, sizeof why, "the broker did not confirm the message within %d s (see the log above); it stays in "
+             "this store's outbox and the next host started on this store sends it", NH_PUBLISH_CONFIRM_MS / 1000);
+    pub_fail(p, why);
   }
+}
+
+/* Someone consumes it (RabbitMQ drops what no binding routes): queue it, send it. */
+static void pub_probed(void *data, int found, const char *why)
+{
+  amqp_pub_t *p = data;
+  if (found < 0) {
+    pub_fail(p, why);
+    return;
+  }
+  if (found == 0) {
+    char msg[600];
+    if (p->to)
+      snprintf(msg, sizeof msg, "the broker has no queue %s, so nothing was sent; start a host with that endpoint "
+               "first (it declares its queue)", p->to);
+    else
+      snprintf(msg, sizeof msg, "no endpoint subscribes to %s (no queue is bound to it on the broker), so nothing "
+               "was sent; start a host whose adapter handles it (ep:on(\"%s\", ...)) first, or address an endpoint "
+               "with --to", p->m->event_type, p->m->event_type);
+    pub_fail(p, msg);
+    return;
+  }
+  nh_error_t err = {0};
+  int copies = 0;
+  if (nh_store_begin(p->store) || p->tr->vt->send(p->tr, p->m, p->to, &copies, &err) || nh_store_commit(p->store)) {
+    nh_store_rollback(p->store);
+    pub_fail(p, err.msg[0] ? err.msg : nh_store_errmsg(p->store));
+    return;
+  }
+  p->sent = 1;
+  p->deadline = nh_time_now_ms() + NH_PUBLISH_CONFIRM_MS;
+  nh_amqp_start(p->tr);
 }
 
 /* `publish --transport amqp://...`: the message goes through the store's outbox like
@@ -102,40 +142,37 @@ static int publish_amqp(const char *url, const char *store_path, nh_msg_t *m, co
   uv_loop_init(&loop);
   amqp_pub_t p;
   memset(&p, 0, sizeof p);
-  char owner[64];
-  snprintf(owner, sizeof owner, "cli:%ld", (long)getpid());
+  p.store = store;
+  p.m = m;
+  p.to = to;
+  char owner[200], hostn[128] = "localhost";
+  gethostname(hostn, sizeof hostn - 1);
+  snprintf(owner, sizeof owner, "%s:%ld:publish", hostn, (long)getpid());
   p.tr = nh_amqp_new(&loop, store, url, owner, pub_status, &p, &err);
-  int rc = NH_EXIT_OK, copies = 0;
+  int rc = NH_EXIT_OK;
   if (!p.tr) {
     fprintf(stderr, "nimbus-host publish: --transport: %s\n", err.msg);
     rc = err.code == NH_EUSAGE ? NH_EXIT_USAGE : NH_EXIT_FAIL;
-  } else if (nh_store_begin(store) || p.tr->vt->send(p.tr, m, to, &copies, &err) || nh_store_commit(store)) {
-    nh_store_rollback(store);
-    fprintf(stderr, "nimbus-host publish: %s\n", err.msg[0] ? err.msg : nh_store_errmsg(store));
-    rc = NH_EXIT_FAIL;
-  }
-  if (p.tr) {
-    if (rc == NH_EXIT_OK) {
-      p.deadline = nh_time_now_ms() + NH_PUBLISH_CONFIRM_MS;
-      uv_timer_init(&loop, &p.poll);
-      p.poll.data = &p;
-      uv_timer_start(&p.poll, pub_poll, 5, 5);
-      nh_amqp_start(p.tr);
-    } else {
-      nh_amqp_shutdown(p.tr, NULL, NULL);
-    }
+  } else {
+    uv_timer_init(&loop, &p.poll);
+    p.poll.data = &p;
+    p.polling = 1;
+    uv_timer_start(&p.poll, pub_poll, 5, 5);
+    p.deadline = nh_time_now_ms() + NH_PUBLISH_CONFIRM_MS;
+    if (nh_amqp_probe(p.tr, m->event_type, to, pub_probed, &p, &err)) pub_fail(&p, err.msg);
     uv_run(&loop, UV_RUN_DEFAULT);
-    if (rc == NH_EXIT_OK && !p.failed && nh_store_begin(store) == NH_OK)   /* deletes the accepted outbox row */
+    if (p.sent && !p.failed && nh_store_begin(store) == NH_OK)   /* deletes the accepted outbox row */
       nh_store_commit(store);
     p.tr->vt->close(p.tr);
+    nh_http_client_close();
+    uv_run(&loop, UV_RUN_DEFAULT);
+    if (p.failed) {
+      fprintf(stderr, "nimbus-host publish: %s\n", p.why);
+      rc = NH_EXIT_FAIL;
+    } else {
+      printf("%s\n", m->message_id);
+    }
   }
-  nh_http_client_close();
-  uv_run(&loop, UV_RUN_DEFAULT);
-  if (rc == NH_EXIT_OK && p.failed) {
-    fprintf(stderr, "nimbus-host publish: %s\n", p.why);
-    rc = NH_EXIT_FAIL;
-  }
-  if (rc == NH_EXIT_OK) printf("%s\n", m->message_id);
   nh_store_close(store);
   uv_loop_close(&loop);
   return rc;

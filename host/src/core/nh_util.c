@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -172,4 +173,14 @@ char *nh_file_read(const char *path, size_t *len, const char **err)
   buf[n] = '\0';
   if (len) *len = n;
   return buf;
+}
+
+int nh_owner_dead(const char *owner)
+{
+  char self[128] = "";
+  gethostname(self, sizeof self - 1);
+  size_t n = strlen(self);
+  if (!owner || strncmp(owner, self, n) != 0 || owner[n] != ':') return 0;
+  long pid = strtol(owner + n + 1, NULL, 10);
+  return pid > 0 && kill((pid_t)pid, 0) != 0 && errno == ESRCH;
 }

@@ -26,6 +26,10 @@ void *nh_xrealloc(void *p, size_t n);
 char *nh_xstrdup(const char *s);       /* NULL in, NULL out */
 char *nh_xstrndup(const char *s, size_t n);
 
+/* Owners of locks and outbox rows are "hostname:pid:tag". 1 if `owner` names a
+ * process on this machine that no longer runs (its leftovers can be taken over). */
+int nh_owner_dead(const char *owner);
+
 /* Reads a whole file; returns NULL and sets *err (static text) on failure. */
 char *nh_file_read(const char *path, size_t *len, const char **err);
 

@@ -30,7 +30,7 @@ static void audit_load(nh_dispatch_t *d, nh_job_t *job, nh_audit_t *a)
   }
   set(&a->session_id, m->session_id);
   if (m->event_type) set(&a->event_type, m->event_type);
-  if (m->type == NH_MT_EVENT || m->type == NH_MT_RESUBMIT) {
+  if (m->type == NH_MT_EVENT || m->type == NH_MT_RESUBMIT || m->type == NH_MT_UNKNOWN) {   /* unknown: malformed */
     set(&a->message_id, m->message_id);
     if (m->correlation_id) set(&a->correlation_id, m->correlation_id);
     if (m->originating_message_id) set(&a->originating_message_id, m->originating_message_id);

@@ -50,22 +50,25 @@
 #define NH_MIN_WINDOW 16
 
 static const char *const amqp_migrations[] = {
-  "CREATE TABLE amqp_outbox (seq INTEGER PRIMARY KEY AUTOINCREMENT, address TEXT NOT NULL, message BLOB NOT NULL,"
-  "  created_at INTEGER NOT NULL);"
+  "CREATE TABLE amqp_outbox (seq INTEGER PRIMARY KEY AUTOINCREMENT, owner TEXT NOT NULL, address TEXT NOT NULL,"
+  "  message BLOB NOT NULL, created_at INTEGER NOT NULL);"
   "CREATE TABLE amqp_deliveries (endpoint TEXT NOT NULL, message_id TEXT NOT NULL, count INTEGER NOT NULL,"
   "  PRIMARY KEY (endpoint, message_id)) WITHOUT ROWID;",
 };
 
-enum { A_OUT_ADD, A_OUT_NEXT, A_OUT_DEL, A_DLV_BUMP, A_DLV_DEL, A_OUT_LEFT, A_COUNT };
+enum { A_OUT_ADD, A_OUT_NEXT, A_OUT_DEL, A_DLV_BUMP, A_DLV_DEL, A_OUT_LEFT, A_OUT_OWNERS, A_OUT_CLAIM, A_COUNT };
 
 static const char *const a_sql[A_COUNT] = {
-  [A_OUT_ADD] = "INSERT INTO amqp_outbox(address, message, created_at) VALUES (?1, ?2, ?3)",
-  [A_OUT_NEXT] = "SELECT seq, address, message FROM amqp_outbox WHERE seq > ?1 ORDER BY seq LIMIT ?2",
+  [A_OUT_ADD] = "INSERT INTO amqp_outbox(address, message, created_at, owner) VALUES (?1, ?2, ?3, ?4)",
+  /* each process sends its own rows (a CLI publish shares the host's store) */
+  [A_OUT_NEXT] = "SELECT seq, address, message FROM amqp_outbox WHERE seq > ?1 AND owner = ?3 ORDER BY seq LIMIT ?2",
   [A_OUT_DEL] = "DELETE FROM amqp_outbox WHERE seq = ?1",
   [A_DLV_BUMP] = "INSERT INTO amqp_deliveries(endpoint, message_id, count) VALUES (?1, ?2, 1)"
                  " ON CONFLICT(endpoint, message_id) DO UPDATE SET count = count + 1 RETURNING count",
   [A_DLV_DEL] = "DELETE FROM amqp_deliveries WHERE endpoint = ?1 AND message_id = ?2",
-  [A_OUT_LEFT] = "SELECT count(*) FROM amqp_outbox WHERE seq > ?1",
+  [A_OUT_LEFT] = "SELECT count(*) FROM amqp_outbox WHERE seq > ?1 AND owner = ?2",
+  [A_OUT_OWNERS] = "SELECT DISTINCT owner FROM amqp_outbox WHERE owner <> ?1",
+  [A_OUT_CLAIM] = "UPDATE amqp_outbox SET owner = ?1 WHERE owner = ?2",
 };
 
 typedef struct aep aep_t;
@@ -119,6 +122,7 @@ struct amqp {
   uv_loop_t *loop;
   nh_store_t *store;
   sqlite3 *db;
+  char *owner;
   sqlite3_stmt *q[A_COUNT];
   nh_amqp_url_t url;
   nh_amqp_conn_t *conn;
@@ -156,6 +160,13 @@ int nh_amqp_is_url(const char *s)
 }
 
 const char *nh_amqp_describe(nh_transport_t *t) { return ((amqp_t *)t)->url.display; }
+
+int nh_amqp_probe(nh_transport_t *t, const char *event_type, const char *to, void (*done)(void *, int, const char *),
+                  void *data, nh_error_t *err)
+{
+  amqp_t *a = (amqp_t *)t;
+  return nh_rmq_probe(a->loop, &a->url, event_type, to, done, data, err);
+}
 
 static void status(amqp_t *a, nh_amqp_status_t st, const char *msg)
 {
@@ -238,6 +249,7 @@ static void recs_drop_all(amqp_t *a)
     ep->nbuf = ep->inflight = 0;
     ep->link = NULL;
     ep->attached = 0;
+    ep->declared = 0;   /* declared again on the next connection */
   }
   a->ntxh = 0;
 }
@@ -412,6 +424,7 @@ static int outbox_add(amqp_t *a, const char *address, const nh_msg_t *m, const c
   nh_sqlite_bind_text(st, 1, address);
   sqlite3_bind_blob(st, 2, a->buf, (int)size, SQLITE_TRANSIENT);
   sqlite3_bind_int64(st, 3, nh_time_now_ms());
+  nh_sqlite_bind_text(st, 4, a->owner);
   if (nh_sqlite_step_done(a->db, st, "amqp outbox"))
     return nh_error_set(err, NH_EFAIL, "amqp outbox: %s", sqlite3_errmsg(a->db));
   a->outbox_dirty = 1;
@@ -552,6 +565,7 @@ static void outbox_pump(amqp_t *a)
     more = 0;
     sqlite3_bind_int64(st, 1, a->last_sent);
     sqlite3_bind_int(st, 2, NH_OUTBOX_BATCH);
+    nh_sqlite_bind_text(st, 3, a->owner);
     int rows = 0, blocked = 0;
     while (!blocked && sqlite3_step(st) == SQLITE_ROW) {
       rows++;
@@ -602,11 +616,34 @@ static void on_sent_outcome(amqp_t *a, pn_delivery_t *d)
   if (a->unconfirmed > 0) a->unconfirmed--;
 }
 
+/* Rows left by processes of this machine that stopped before the broker took them. */
+static void outbox_claim(amqp_t *a)
+{
+  char *dead[64];
+  int n = 0;
+  sqlite3_stmt *st = a->q[A_OUT_OWNERS];
+  nh_sqlite_bind_text(st, 1, a->owner);
+  while (n < 64 && sqlite3_step(st) == SQLITE_ROW) {
+    const char *o = (const char *)sqlite3_column_text(st, 0);
+    if (nh_owner_dead(o)) dead[n++] = nh_xstrdup(o);
+  }
+  sqlite3_reset(st);
+  for (int i = 0; i < n; i++) {
+    nh_sqlite_bind_text(a->q[A_OUT_CLAIM], 1, a->owner);
+    nh_sqlite_bind_text(a->q[A_OUT_CLAIM], 2, dead[i]);
+    if (nh_sqlite_step_done(a->db, a->q[A_OUT_CLAIM], "amqp outbox claim") == NH_OK && sqlite3_changes(a->db) > 0)
+      nh_log_info("amqp", "sending %d outbox message(s) left by %s (no longer running)", sqlite3_changes(a->db),
+                  dead[i]);
+    free(dead[i]);
+  }
+}
+
 int nh_amqp_unconfirmed(nh_transport_t *t)
 {
   amqp_t *a = (amqp_t *)t;
   sqlite3_stmt *st = a->q[A_OUT_LEFT];
   sqlite3_bind_int64(st, 1, a->last_sent);
+  nh_sqlite_bind_text(st, 2, a->owner);
   int left = sqlite3_step(st) == SQLITE_ROW ? sqlite3_column_int(st, 0) : 0;
   sqlite3_reset(st);
   return left + a->unconfirmed;
@@ -627,6 +664,8 @@ static void attach(amqp_t *a, aep_t *ep)
   pn_link_open(ep->link);
 }
 
+static void declare(amqp_t *a, aep_t *ep);
+
 static void on_up(void *data, pn_connection_t *c)
 {
   amqp_t *a = data;
@@ -634,7 +673,12 @@ static void on_up(void *data, pn_connection_t *c)
   pn_session_open(a->ssn);
   a->last_sent = 0;
   a->unconfirmed = 0;
-  for (aep_t *ep = a->eps; ep; ep = ep->next) attach(a, ep);
+  /* Declared again on every connection: a restarted broker has lost the reply queue
+   * (not durable), and attaching to a missing queue ends the whole AMQP session. */
+  for (aep_t *ep = a->eps; ep; ep = ep->next) {
+    if (ep->declared) attach(a, ep);
+    else if (!ep->decl) declare(a, ep);   /* one in progress attaches when it is done */
+  }
   outbox_pump(a);
 }
 
@@ -880,6 +924,7 @@ static void am_close(nh_transport_t *t)
   nh_amqp_conn_free(a->conn);
   nh_amqp_url_clear(&a->url);
   if (a->emb) a->emb->vt->close(a->emb);
+  free(a->owner);
   free(a);
 }
 
@@ -909,7 +954,9 @@ nh_transport_t *nh_amqp_new(uv_loop_t *loop, nh_store_t *store, const char *url,
   a->db = nh_store_db(store);
   a->status_cb = cb;
   a->status_data = cb_data;
+  a->owner = nh_xstrdup(owner);
   if (nh_amqp_url_parse(url, &a->url, err)) {
+    free(a->owner);
     free(a);
     return NULL;
   }
@@ -917,6 +964,7 @@ nh_transport_t *nh_amqp_new(uv_loop_t *loop, nh_store_t *store, const char *url,
                         err) ||
       !(a->emb = nh_embedded_new(a->db, owner, err))) {
     nh_amqp_url_clear(&a->url);
+    free(a->owner);
     free(a);
     return NULL;
   }
@@ -927,6 +975,7 @@ nh_transport_t *nh_amqp_new(uv_loop_t *loop, nh_store_t *store, const char *url,
       return NULL;
     }
   }
+  outbox_claim(a);
   a->pm = pn_message();
   nh_amqp_conn_cbs_t cbs = { on_up, on_event, on_down };
   a->conn = nh_amqp_conn_new(loop, &a->url, owner, &cbs, a);

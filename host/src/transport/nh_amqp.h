@@ -35,6 +35,10 @@ void nh_amqp_start(nh_transport_t *t);
 void nh_amqp_shutdown(nh_transport_t *t, void (*done)(void *), void *data);
 /* Messages in the store's outbox not yet accepted by the broker. */
 int nh_amqp_unconfirmed(nh_transport_t *t);
+/* Asks the broker whether the exchange routes `event_type` to any queue (to == NULL) or
+ * whether the queue `to` exists: done(data, 1|0, NULL) or done(data, -1, why). */
+int nh_amqp_probe(nh_transport_t *t, const char *event_type, const char *to, void (*done)(void *, int, const char *),
+                  void *data, nh_error_t *err);
 /* "amqp://user@host:port/vhost" (no password) for logs. */
 const char *nh_amqp_describe(nh_transport_t *t);
 

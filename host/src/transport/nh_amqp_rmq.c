@@ -219,3 +219,75 @@ void nh_rmq_cancel(nh_rmq_decl_t *d)
   free(d->queue);
   uv_close((uv_handle_t *)&d->timer, timer_closed);
 }
+
+/* ---------------------------------------------------------------- is anyone listening? */
+
+typedef struct probe {
+  const nh_amqp_url_t *url;
+  char *key, *queue;
+  void (*done)(void *, int, const char *);
+  void *data;
+} probe_t;
+
+static void probe_done(void *data, nh_http_res_t *res)
+{
+  probe_t *p = data;
+  char why[1024] = "";
+  int found = -1;
+  if (res->status == 401 || res->status == 403) {
+    snprintf(why, sizeof why, "the RabbitMQ management API at %s refused user %s (HTTP %ld): authentication failed; "
+             "check the user and password in --transport", p->url->management, p->url->user ? p->url->user : "(none)",
+             res->status);
+  } else if (res->status == 404) {
+    found = 0;   /* no such exchange or queue: nobody consumes it */
+  } else if (res->status == 200 && p->queue) {
+    found = 1;
+  } else if (res->status == 200) {
+    json_t *arr = json_loadb(res->body ? res->body : "", res->body_len, 0, NULL);
+    found = 0;
+    size_t i;
+    json_t *b;
+    json_array_foreach(arr, i, b) {
+      const char *rk = json_string_value(json_object_get(b, "routing_key"));
+      if (rk && (strcmp(rk, p->key) == 0 || strcmp(rk, "#") == 0)) found = 1;
+    }
+    json_decref(arr);
+  } else if (res->status == 0) {
+    snprintf(why, sizeof why, "cannot reach the RabbitMQ management API at %s (%s); is the rabbitmq_management "
+             "plugin enabled? (give its address with ?management=URL)", p->url->management, res->error);
+  } else {
+    snprintf(why, sizeof why, "HTTP %ld from the management API at %s", res->status, p->url->management);
+  }
+  p->done(p->data, found, found < 0 ? why : NULL);
+  free(p->key);
+  free(p->queue);
+  free(p);
+}
+
+int nh_rmq_probe(uv_loop_t *loop, const nh_amqp_url_t *url, const char *routing_key, const char *queue,
+                 void (*done)(void *, int, const char *), void *data, nh_error_t *err)
+{
+  probe_t *p = nh_xcalloc(1, sizeof *p);
+  p->url = url;
+  p->key = nh_xstrdup(routing_key);
+  p->queue = nh_xstrdup(queue);
+  p->done = done;
+  p->data = data;
+  char *base = base_with_credentials(url);
+  char *vh = esc(url->vhost ? url->vhost : "/");
+  char *name = esc(queue ? queue : url->exchange);
+  char path[4096];
+  if (queue) snprintf(path, sizeof path, "%s/api/queues/%s/%s", base, vh, name);
+  else snprintf(path, sizeof path, "%s/api/exchanges/%s/%s/bindings/source", base, vh, name);
+  free(base);
+  free(vh);
+  free(name);
+  nh_http_req_t req = { .method = "GET", .url = path, .timeout_s = 10 };
+  if (!nh_http_request(loop, &req, probe_done, p, err)) {
+    free(p->key);
+    free(p->queue);
+    free(p);
+    return NH_EFAIL;
+  }
+  return NH_OK;
+}

@@ -7,11 +7,8 @@
 #include "core/nh_strset.h"
 #include "core/nh_util.h"
 
-#include <errno.h>
-#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 static const char *const embedded_migrations[] = {
   "CREATE TABLE subscriptions (event_type TEXT NOT NULL, endpoint TEXT NOT NULL, command INTEGER NOT NULL DEFAULT 0,"
@@ -346,17 +343,12 @@ static void emb_close(nh_transport_t *t)
  * otherwise keep its sessions idle until the lock expires; free those at once. */
 static void reap_dead_owners(embedded_t *e)
 {
-  char self[128] = "";
-  gethostname(self, sizeof self - 1);
-  size_t selflen = strlen(self);
   char *dead[64];
   int n = 0;
   sqlite3_stmt *st = e->q[Q_OWNERS];
   while (n < 64 && sqlite3_step(st) == SQLITE_ROW) {
     const char *o = (const char *)sqlite3_column_text(st, 0);
-    if (strncmp(o, self, selflen) != 0 || o[selflen] != ':') continue;
-    long pid = strtol(o + selflen + 1, NULL, 10);
-    if (pid > 0 && kill((pid_t)pid, 0) != 0 && errno == ESRCH) dead[n++] = nh_xstrdup(o);
+    if (nh_owner_dead(o)) dead[n++] = nh_xstrdup(o);
   }
   sqlite3_reset(st);
   for (int i = 0; i < n; i++) {
