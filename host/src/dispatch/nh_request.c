@@ -58,6 +58,31 @@ static void req_timeout(uv_timer_t *h)
   done(ud, NULL, msg, "ETIMEDOUT");
 }
 
+/* The broker knows no queue for the request type: end the request now rather than at
+ * its time-out (it may have been answered or timed out meanwhile: look it up). */
+typedef struct probe_ctx {
+  nh_dispatch_t *d;
+  char corr[37];
+  char *type;
+} probe_ctx_t;
+
+static void probed(void *data, int found)
+{
+  probe_ctx_t *c = data;
+  nh_pending_req_t *p = c->d->requests;
+  while (p && strcmp(p->corr, c->corr) != 0) p = p->next;
+  if (p && found == 0 && !p->got) {
+    char msg[300];
+    snprintf(msg, sizeof msg, "no endpoint replies to %s (declare one with ep:reply)", c->type);
+    void (*done)(void *, const char *, const char *, const char *) = p->done;
+    void *ud = p->ud;
+    req_end(c->d, p);
+    done(ud, NULL, msg, "ENOREPLIER");
+  }
+  free(c->type);
+  free(c);
+}
+
 void *nh_dispatch_request(void *data, const char *type, const char *body, size_t len, const char *session,
                           double timeout_s, void (*done)(void *, const char *, const char *, const char *), void *ud,
                           nh_error_t *err)
@@ -100,6 +125,16 @@ void *nh_dispatch_request(void *data, const char *type, const char *body, size_t
   p->next = d->requests;
   if (d->requests) d->requests->prev = p;
   d->requests = p;
+  if (d->tr->vt->probe) {
+    probe_ctx_t *c = nh_xcalloc(1, sizeof *c);
+    c->d = d;
+    memcpy(c->corr, p->corr, sizeof c->corr);
+    c->type = nh_xstrdup(type);
+    if (d->tr->vt->probe(d->tr, type, probed, c)) {
+      free(c->type);
+      free(c);
+    }
+  }
   nh_dispatch_kick(d);
   return p;
 }

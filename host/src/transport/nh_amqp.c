@@ -149,6 +149,7 @@ struct amqp {
   void *status_data;
   void (*shutdown_cb)(void *);
   void *shutdown_data;
+  struct aprobe *probes;
 };
 
 static void outbox_pump(amqp_t *a);
@@ -161,11 +162,57 @@ int nh_amqp_is_url(const char *s)
 
 const char *nh_amqp_describe(nh_transport_t *t) { return ((amqp_t *)t)->url.display; }
 
+/* Probes in flight: a shutdown answers them "unknown" so their owners can free. */
+typedef struct aprobe {
+  amqp_t *a;
+  nh_rmq_probe_t *h;
+  void (*done)(void *, int, const char *);
+  void *data;
+  struct aprobe *next;
+} aprobe_t;
+
+static void aprobe_unlink(aprobe_t *p)
+{
+  aprobe_t **pp = &p->a->probes;
+  while (*pp && *pp != p) pp = &(*pp)->next;
+  if (*pp) *pp = p->next;
+}
+
+static void aprobe_done(void *data, int found, const char *why)
+{
+  aprobe_t *p = data;
+  aprobe_unlink(p);
+  p->done(p->data, found, why);
+  free(p);
+}
+
 int nh_amqp_probe(nh_transport_t *t, const char *event_type, const char *to, void (*done)(void *, int, const char *),
                   void *data, nh_error_t *err)
 {
   amqp_t *a = (amqp_t *)t;
-  return nh_rmq_probe(a->loop, &a->url, event_type, to, done, data, err);
+  aprobe_t *p = nh_xcalloc(1, sizeof *p);
+  p->a = a;
+  p->done = done;
+  p->data = data;
+  p->h = nh_rmq_probe(a->loop, &a->url, event_type, to, aprobe_done, p, err);
+  if (!p->h) {
+    free(p);
+    return NH_EFAIL;
+  }
+  p->next = a->probes;
+  a->probes = p;
+  return NH_OK;
+}
+
+static void probes_cancel(amqp_t *a)
+{
+  while (a->probes) {
+    aprobe_t *p = a->probes;
+    a->probes = p->next;
+    nh_rmq_probe_cancel(p->h);
+    p->done(p->data, -1, "the transport is shutting down");
+    free(p);
+  }
 }
 
 static void status(amqp_t *a, nh_amqp_status_t st, const char *msg)
@@ -897,6 +944,7 @@ void nh_amqp_shutdown(nh_transport_t *t, void (*done)(void *), void *data)
     nh_rmq_cancel(ep->decl);
     ep->decl = NULL;
   }
+  probes_cancel(a);
   nh_amqp_conn_close(a->conn, conn_closed, a);
 }
 
@@ -904,6 +952,7 @@ static void am_close(nh_transport_t *t)
 {
   amqp_t *a = (amqp_t *)t;
   nh_store_set_txn_hook(a->store, NULL, NULL);
+  probes_cancel(a);
   recs_drop_all(a);
   for (aep_t *ep = a->eps; ep;) {
     aep_t *next = ep->next;
@@ -928,6 +977,32 @@ static void am_close(nh_transport_t *t)
   free(a);
 }
 
+typedef struct vprobe {
+  void (*done)(void *, int);
+  void *data;
+} vprobe_t;
+
+static void vprobe_done(void *data, int found, const char *why)
+{
+  vprobe_t *v = data;
+  if (why) nh_log_debug("amqp", "probe: %s", why);
+  v->done(v->data, found);
+  free(v);
+}
+
+static int am_probe(nh_transport_t *t, const char *event_type, void (*done)(void *, int), void *data)
+{
+  vprobe_t *v = nh_xmalloc(sizeof *v);
+  v->done = done;
+  v->data = data;
+  nh_error_t err = {0};
+  if (nh_amqp_probe(t, event_type, NULL, vprobe_done, v, &err)) {
+    free(v);
+    return NH_EFAIL;
+  }
+  return NH_OK;
+}
+
 static const nh_transport_vtbl_t amqp_vtbl = {
   .name = "amqp",
   .subscribe = am_subscribe,
@@ -940,6 +1015,7 @@ static const nh_transport_vtbl_t amqp_vtbl = {
   .send = am_send,
   .close = am_close,
   .set_capacity = am_set_capacity,
+  .probe = am_probe,
 };
 
 nh_transport_t *nh_amqp_new(uv_loop_t *loop, nh_store_t *store, const char *url, const char *owner,

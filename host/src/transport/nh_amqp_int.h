@@ -73,7 +73,9 @@ nh_rmq_decl_t *nh_rmq_declare(uv_loop_t *loop, const nh_amqp_url_t *url, const c
 void nh_rmq_cancel(nh_rmq_decl_t *decl);
 /* Does anything consume `routing_key` on the exchange (a binding with that key or #),
  * or, with `queue`, does that queue exist? done(data, 1|0, NULL), or (data, -1, why). */
-int nh_rmq_probe(uv_loop_t *loop, const nh_amqp_url_t *url, const char *routing_key, const char *queue,
-                 void (*done)(void *, int, const char *), void *data, nh_error_t *err);
+typedef struct nh_rmq_probe nh_rmq_probe_t;
+nh_rmq_probe_t *nh_rmq_probe(uv_loop_t *loop, const nh_amqp_url_t *url, const char *routing_key, const char *queue,
+                             void (*done)(void *, int, const char *), void *data, nh_error_t *err);
+void nh_rmq_probe_cancel(nh_rmq_probe_t *p);   /* done is not called */
 
 #endif

@@ -222,16 +222,32 @@ void nh_rmq_cancel(nh_rmq_decl_t *d)
 
 /* ---------------------------------------------------------------- is anyone listening? */
 
-typedef struct probe {
+struct nh_rmq_probe {
+  nh_http_call_t *call;
   const nh_amqp_url_t *url;
   char *key, *queue;
   void (*done)(void *, int, const char *);
   void *data;
-} probe_t;
+};
+typedef struct nh_rmq_probe probe_t;
+
+static void probe_free(probe_t *p)
+{
+  free(p->key);
+  free(p->queue);
+  free(p);
+}
+
+void nh_rmq_probe_cancel(nh_rmq_probe_t *p)
+{
+  if (p->call) nh_http_cancel(p->call);
+  probe_free(p);
+}
 
 static void probe_done(void *data, nh_http_res_t *res)
 {
   probe_t *p = data;
+  p->call = NULL;
   char why[1024] = "";
   int found = -1;
   if (res->status == 401 || res->status == 403) {
@@ -259,13 +275,11 @@ static void probe_done(void *data, nh_http_res_t *res)
     snprintf(why, sizeof why, "HTTP %ld from the management API at %s", res->status, p->url->management);
   }
   p->done(p->data, found, found < 0 ? why : NULL);
-  free(p->key);
-  free(p->queue);
-  free(p);
+  probe_free(p);
 }
 
-int nh_rmq_probe(uv_loop_t *loop, const nh_amqp_url_t *url, const char *routing_key, const char *queue,
-                 void (*done)(void *, int, const char *), void *data, nh_error_t *err)
+nh_rmq_probe_t *nh_rmq_probe(uv_loop_t *loop, const nh_amqp_url_t *url, const char *routing_key, const char *queue,
+                             void (*done)(void *, int, const char *), void *data, nh_error_t *err)
 {
   probe_t *p = nh_xcalloc(1, sizeof *p);
   p->url = url;
@@ -283,11 +297,10 @@ int nh_rmq_probe(uv_loop_t *loop, const nh_amqp_url_t *url, const char *routing_
   free(vh);
   free(name);
   nh_http_req_t req = { .method = "GET", .url = path, .timeout_s = 10 };
-  if (!nh_http_request(loop, &req, probe_done, p, err)) {
-    free(p->key);
-    free(p->queue);
-    free(p);
-    return NH_EFAIL;
+  p->call = nh_http_request(loop, &req, probe_done, p, err);
+  if (!p->call) {
+    probe_free(p);
+    return NULL;
   }
-  return NH_OK;
+  return p;
 }

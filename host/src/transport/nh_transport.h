@@ -48,6 +48,9 @@ typedef struct nh_transport_vtbl {
   /* Optional: how many messages of an endpoint the dispatcher can take at once (its
    * concurrency); a broker transport grants credit up to this and no further. */
   void (*set_capacity)(nh_transport_t *t, const char *endpoint, int n);
+  /* Optional, for transports whose send cannot tell how many endpoints consume a type
+   * (a broker's fan-out): asks, and calls done(data, 1 | 0 | -1 unknown) later. */
+  int (*probe)(nh_transport_t *t, const char *event_type, void (*done)(void *, int), void *data);
 } nh_transport_vtbl_t;
 
 struct nh_transport {
