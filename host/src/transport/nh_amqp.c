@@ -953,7 +953,7 @@ static void am_close(nh_transport_t *t)
   amqp_t *a = (amqp_t *)t;
   nh_store_set_txn_hook(a->store, NULL, NULL);
   probes_cancel(a);
-  recs_drop_all(a);
+  on_down(a, "closed", 0);   /* senders and deliveries */
   for (aep_t *ep = a->eps; ep;) {
     aep_t *next = ep->next;
     for (int i = 0; i < ep->ntypes; i++) free(ep->types[i]);
@@ -962,7 +962,6 @@ static void am_close(nh_transport_t *t)
     free(ep);
     ep = next;
   }
-  on_down(a, "closed", 0);
   for (int i = 0; i < a->npend; i++) free(a->pend[i].reason);
   free(a->pend);
   free(a->txh);
