@@ -1,0 +1,196 @@
+/* Unit tests for the AMQP transport's pure parts: the transport URL, the NimBus wire
+ * mapping (nh_msg_t <-> AMQP message, through a real proton encode/decode), malformed
+ * messages, and the name-based EventId. The broker paths run in the functional specs
+ * against RabbitMQ (the functional specs under ctest -L amqp). */
+#include "nh_test.h"
+
+#include "transport/nh_amqp.h"
+#include "transport/nh_amqp_int.h"
+
+#include <proton/codec.h>
+
+TEST(url_full)
+{
+  nh_amqp_url_t u;
+  nh_error_t err = {0};
+  ASSERT_EQ_INT(nh_amqp_url_parse("amqps://us%40er:p%3Ass@broker.example:5999/my%2Fvhost?management=http://m:1/&ca=/x/ca.pem"
+                                  "&verify=0&idle=2.5&exchange=ev",
+                                  &u, &err),
+                NH_OK);
+  ASSERT_EQ_INT(u.tls, 1);
+  ASSERT_EQ_STR(u.user, "us@er");
+  ASSERT_EQ_STR(u.password, "p:ss");
+  ASSERT_EQ_STR(u.host, "broker.example");
+  ASSERT_EQ_INT(u.port, 5999);
+  ASSERT_EQ_STR(u.vhost, "my/vhost");
+  ASSERT_EQ_STR(u.management, "http://m:1");
+  ASSERT_EQ_STR(u.ca, "/x/ca.pem");
+  ASSERT_EQ_INT(u.verify, 0);
+  ASSERT_EQ_INT(u.idle_ms, 2500);
+  ASSERT_EQ_STR(u.exchange, "ev");
+  ASSERT_TRUE(strstr(u.display, "p:ss") == NULL);   /* never the password in logs */
+  nh_amqp_url_clear(&u);
+}
+
+TEST(url_defaults)
+{
+  nh_amqp_url_t u;
+  nh_error_t err = {0};
+  ASSERT_EQ_INT(nh_amqp_url_parse("amqp://guest:guest@127.0.0.1", &u, &err), NH_OK);
+  ASSERT_EQ_INT(u.tls, 0);
+  ASSERT_EQ_INT(u.port, 5672);
+  ASSERT_NULL(u.vhost);
+  ASSERT_EQ_STR(u.exchange, "nimbus.events");
+  ASSERT_EQ_STR(u.management, "http://127.0.0.1:15672");
+  ASSERT_EQ_INT(u.verify, 1);
+  nh_amqp_url_clear(&u);
+  ASSERT_EQ_INT(nh_amqp_url_parse("amqps://h", &u, &err), NH_OK);
+  ASSERT_EQ_INT(u.port, 5671);
+  nh_amqp_url_clear(&u);
+}
+
+TEST(url_errors_say_what_is_wrong)
+{
+  nh_amqp_url_t u;
+  nh_error_t err = {0};
+  ASSERT_EQ_INT(nh_amqp_url_parse("http://h:5672", &u, &err), NH_EUSAGE);
+  ASSERT_CONTAINS(err.msg, "amqp:// or amqps://");
+  ASSERT_EQ_INT(nh_amqp_url_parse("amqp://h?colour=blue", &u, &err), NH_EUSAGE);
+  ASSERT_CONTAINS(err.msg, "unknown parameter colour");
+  ASSERT_EQ_INT(nh_amqp_url_parse("amqp://h?profile=servicebus", &u, &err), NH_EUSAGE);
+  ASSERT_CONTAINS(err.msg, "Service Bus");
+  ASSERT_EQ_INT(nh_amqp_url_parse("amqp://h:99999", &u, &err), NH_EUSAGE);
+  ASSERT_TRUE(nh_amqp_is_url("amqp://x") && nh_amqp_is_url("amqps://x") && !nh_amqp_is_url("embedded"));
+}
+
+/* encode -> bytes -> decode, as it crosses the wire */
+static void round_trip(const nh_msg_t *in, const char *to, const char *endpoint, nh_msg_t *out)
+{
+  pn_message_t *pm = pn_message();
+  nh_amqp_msg_encode(pm, in, to);
+  char buf[8192];
+  size_t n = sizeof buf;
+  ASSERT_EQ_INT(pn_message_encode(pm, buf, &n), 0);
+  pn_message_free(pm);
+  pm = pn_message();
+  ASSERT_EQ_INT(pn_message_decode(pm, buf, n), 0);
+  nh_amqp_msg_decode(pm, endpoint, out);
+  pn_message_free(pm);
+}
+
+TEST(mapping_round_trip)
+{
+  nh_msg_t m;
+  memset(&m, 0, sizeof m);
+  m.message_id = "m-1";
+  m.session_id = "acct-42";
+  m.event_type = "CrmAccountCreated";
+  m.type = NH_MT_EVENT;
+  m.correlation_id = "c-1";
+  m.originating_message_id = "o-1";
+  m.from = "CrmEndpoint";
+  m.retry_count = 2;
+  m.enqueued_at = 1700000000123;
+  m.body = "{\"AccountId\":\"42\"}";
+  m.body_len = strlen(m.body);
+  nh_msg_t got;
+  round_trip(&m, NULL, "ErpEndpoint", &got);
+  ASSERT_EQ_INT(got.type, NH_MT_EVENT);
+  ASSERT_NULL(got.error_text);
+  ASSERT_EQ_STR(got.endpoint, "ErpEndpoint");
+  ASSERT_EQ_STR(got.message_id, "m-1");
+  ASSERT_EQ_STR(got.session_id, "acct-42");
+  ASSERT_EQ_STR(got.event_type, "CrmAccountCreated");
+  ASSERT_EQ_STR(got.correlation_id, "c-1");
+  ASSERT_EQ_STR(got.originating_message_id, "o-1");
+  ASSERT_NULL(got.parent_message_id);   /* "self" on the wire */
+  ASSERT_EQ_STR(got.from, "CrmEndpoint");
+  ASSERT_EQ_INT(got.retry_count, 2);
+  ASSERT_TRUE(got.enqueued_at == 1700000000123);
+  ASSERT_EQ_STR(got.body, "{\"AccountId\":\"42\"}");
+  ASSERT_EQ_INT((int)got.body_len, (int)strlen(m.body));
+  /* no EventId on the wire: the endpoint derives one, the same for a redelivered copy */
+  char eid[37];
+  nh_amqp_event_id("ErpEndpoint", "m-1", eid);
+  ASSERT_EQ_STR(got.event_id, eid);
+  nh_msg_clear(&got);
+}
+
+TEST(mapping_keeps_a_publisher_event_id_and_reply_fields)
+{
+  nh_msg_t m;
+  memset(&m, 0, sizeof m);
+  m.message_id = "m-2";
+  m.session_id = "s";
+  m.event_type = "CreditChecked";
+  m.event_id = "e-given";
+  m.type = NH_MT_REPLY;
+  m.reply_to = "_reply.x";
+  m.error_text = "boom";
+  m.error_type = "Err";
+  nh_msg_t got;
+  round_trip(&m, "_reply.x", "_reply.x", &got);
+  ASSERT_EQ_INT(got.type, NH_MT_REPLY);
+  ASSERT_EQ_STR(got.event_id, "e-given");
+  ASSERT_EQ_STR(got.reply_to, "_reply.x");
+  ASSERT_EQ_STR(got.error_text, "boom");
+  ASSERT_EQ_STR(got.error_type, "Err");
+  ASSERT_EQ_INT((int)got.body_len, 0);
+  nh_msg_clear(&got);
+}
+
+TEST(malformed_messages_name_the_problem)
+{
+  pn_message_t *pm = pn_message();
+  nh_msg_t got;
+  /* nothing but a body */
+  pn_data_put_string(pn_message_body(pm), pn_bytes(2, "{}"));
+  nh_amqp_msg_decode(pm, "Ep", &got);
+  ASSERT_EQ_INT(got.type, NH_MT_UNKNOWN);
+  ASSERT_CONTAINS(got.error_text, "no message-id");
+  ASSERT_NOT_NULL(got.message_id);   /* minted, so the audit row has one */
+  ASSERT_NOT_NULL(got.session_id);
+  ASSERT_NOT_NULL(got.event_id);
+  nh_msg_clear(&got);
+  /* an id and a group, but no MessageType */
+  pn_atom_t id = { .type = PN_STRING };
+  id.u.as_bytes = pn_bytes(3, "m-3");
+  pn_message_set_id(pm, id);
+  pn_message_set_group_id(pm, "g");
+  pn_message_set_subject(pm, "T");
+  nh_amqp_msg_decode(pm, "Ep", &got);
+  ASSERT_EQ_INT(got.type, NH_MT_UNKNOWN);
+  ASSERT_CONTAINS(got.error_text, "no MessageType");
+  ASSERT_EQ_STR(got.message_id, "m-3");
+  nh_msg_clear(&got);
+  /* a map body is not JSON text */
+  pn_data_t *p = pn_message_properties(pm);
+  pn_data_put_map(p);
+  pn_data_enter(p);
+  pn_data_put_string(p, pn_bytes(11, "MessageType"));
+  pn_data_put_string(p, pn_bytes(12, "EventRequest"));
+  pn_data_exit(p);
+  pn_data_t *b = pn_message_body(pm);
+  pn_data_clear(b);
+  pn_data_put_map(b);
+  nh_amqp_msg_decode(pm, "Ep", &got);
+  ASSERT_EQ_INT(got.type, NH_MT_UNKNOWN);
+  ASSERT_CONTAINS(got.error_text, "not a data section");
+  nh_msg_clear(&got);
+  pn_message_free(pm);
+}
+
+TEST(event_id_is_a_v5_uuid_per_endpoint)
+{
+  char a[37], b[37], c[37];
+  nh_amqp_event_id("ErpEndpoint", "m-1", a);
+  nh_amqp_event_id("ErpEndpoint", "m-1", b);
+  nh_amqp_event_id("CrmEndpoint", "m-1", c);
+  ASSERT_EQ_STR(a, b);
+  ASSERT_NE_STR(a, c);   /* each consuming endpoint's copy is its own audit event */
+  ASSERT_EQ_INT((int)strlen(a), 36);
+  ASSERT_TRUE(a[14] == '5');
+  ASSERT_TRUE(a[19] == '8' || a[19] == '9' || a[19] == 'a' || a[19] == 'b');
+}
+
+NH_TEST_MAIN()
