@@ -159,7 +159,10 @@ static int publish_amqp(const char *url, const char *store_path, nh_msg_t *m, co
     p.polling = 1;
     uv_timer_start(&p.poll, pub_poll, 5, 5);
     p.deadline = nh_time_now_ms() + NH_PUBLISH_CONFIRM_MS;
-    if (nh_amqp_probe(p.tr, m->event_type, to, pub_probed, &p, &err)) pub_fail(&p, err.msg);
+    if (nh_amqp_probe(p.tr, m->event_type, to, pub_probed, &p, &err)) {
+      if (err.code == NH_ENOTFOUND) pub_probed(&p, 1, NULL);   /* management=none: nobody to ask */
+      else pub_fail(&p, err.msg);
+    }
     uv_run(&loop, UV_RUN_DEFAULT);
     if (p.sent && !p.failed && nh_store_begin(store) == NH_OK)   /* deletes the accepted outbox row */
       nh_store_commit(store);

@@ -190,6 +190,7 @@ int nh_amqp_probe(nh_transport_t *t, const char *event_type, const char *to, voi
                   void *data, nh_error_t *err)
 {
   amqp_t *a = (amqp_t *)t;
+  if (a->url.no_management) return nh_error_set(err, NH_ENOTFOUND, "no management API to ask (management=none)");
   aprobe_t *p = nh_xcalloc(1, sizeof *p);
   p->a = a;
   p->done = done;
@@ -865,6 +866,13 @@ static void declared(void *data, const char *why, int fatal);
 
 static void declare(amqp_t *a, aep_t *ep)
 {
+  if (a->url.no_management) {   /* provisioned outside the host */
+    ep->declared = 1;
+    if (ep->reply) ep->attached = 1;   /* no reply queue without the API: requests time out */
+    else attach(a, ep);
+    check_ready(a);
+    return;
+  }
   if (ep->decl) nh_rmq_cancel(ep->decl);
   ep->decl = nh_rmq_declare(a->loop, &a->url, ep->name, ep->reply, (const char *const *)ep->types, ep->ntypes,
                             declared, ep);

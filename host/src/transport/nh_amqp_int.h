@@ -17,6 +17,7 @@ typedef struct nh_amqp_url {
   char *user, *password, *host, *vhost;   /* vhost NULL: the broker's default */
   int port;
   char *management;                       /* RabbitMQ management API base, no trailing / */
+  int no_management;                      /* management=none: queues and bindings exist already */
   char *ca;                               /* TLS: trusted CA file (default: the system's) */
   int verify;                             /* TLS: verify the peer's name and chain */
   int idle_ms;                            /* AMQP idle time-out we announce */

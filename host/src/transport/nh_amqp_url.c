@@ -29,6 +29,7 @@ static char *unescape(const char *s, size_t n)
 static int query_param(nh_amqp_url_t *u, const char *key, const char *val, nh_error_t *err)
 {
   if (strcmp(key, "management") == 0) {
+    u->no_management = strcmp(val, "none") == 0;
     free(u->management);
     u->management = nh_xstrdup(val);
     size_t n = strlen(u->management);
