@@ -701,7 +701,7 @@ int nh_amqp_unconfirmed(nh_transport_t *t)
 
 static void attach(amqp_t *a, aep_t *ep)
 {
-  if (!a->ssn || ep->link || !ep->declared) return;
+  if (!a->ssn || ep->link || !ep->declared || (ep->reply && a->url.no_management)) return;
   char addr[600], name[700];
   snprintf(addr, sizeof addr, "/amq/queue/%s", ep->name);
   snprintf(name, sizeof name, "nh-recv:%s", ep->name);
