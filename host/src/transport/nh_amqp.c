@@ -86,11 +86,14 @@ typedef struct rec {
   int base;                      /* deliveries before this process saw it (store count) */
   int redelivered;               /* the broker says another consumer had it first */
   int persisted;                 /* an amqp_deliveries row exists */
+  int lock_lost;                 /* Service Bus: a renew-lock answer said the lock is gone */
 } rec_t;
 
 struct aep {
   struct amqp *a;
   char *name;
+  char *address;                 /* the receiver's source */
+  char *entity;                  /* Service Bus: the subscription path (token audience) */
   char **types;
   int ntypes;
   int capacity;
@@ -150,6 +153,8 @@ struct amqp {
   void (*shutdown_cb)(void *);
   void *shutdown_data;
   struct aprobe *probes;
+  nh_sb_t *sb;                   /* Service Bus profile */
+  int topic_ok;                  /* Service Bus: the token for the topic was accepted */
 };
 
 static void outbox_pump(amqp_t *a);
@@ -190,7 +195,7 @@ int nh_amqp_probe(nh_transport_t *t, const char *event_type, const char *to, voi
                   void *data, nh_error_t *err)
 {
   amqp_t *a = (amqp_t *)t;
-  if (a->url.no_management) return nh_error_set(err, NH_ENOTFOUND, "no management API to ask (management=none)");
+  if (a->url.no_management || a->sb) return nh_error_set(err, NH_ENOTFOUND, "no management API to ask");
   aprobe_t *p = nh_xcalloc(1, sizeof *p);
   p->a = a;
   p->done = done;
@@ -353,9 +358,45 @@ static int am_unlock_session(nh_transport_t *t, const char *endpoint, const char
   return a->emb->vt->unlock_session(a->emb, endpoint, session);
 }
 
+typedef struct renew_ctx {
+  amqp_t *a;
+  uint64_t id;
+} renew_ctx_t;
+
+static void lock_answer(void *data, int code, const char *desc)
+{
+  renew_ctx_t *c = data;
+  rec_t *r = rec_get(c->a, c->id);
+  if (r && code != 200) {
+    nh_log_warn("amqp", "%s: renewing the lock of %s failed (status %d%s%s)", r->ep->name, r->msg.message_id, code,
+                desc ? ": " : "", desc ? desc : "");
+    r->lock_lost = 1;
+  }
+  free(c);
+}
+
+/* Service Bus: renew the peek-lock of the session's message in a handler. The answer
+ * comes later; a refused renewal makes the next one report the lock lost. */
+static int sb_renew(amqp_t *a, const char *endpoint, const char *session)
+{
+  for (int i = 0; i < NH_BUCKETS; i++)
+    for (rec_t *r = a->buckets[i]; r; r = r->hnext) {
+      if (r->buffered || !r->dlv || strcmp(r->ep->name, endpoint) != 0 || strcmp(r->msg.session_id, session) != 0)
+        continue;
+      if (r->lock_lost) return 0;
+      renew_ctx_t *c = nh_xmalloc(sizeof *c);
+      c->a = a;
+      c->id = r->id;
+      nh_sb_renew_lock(a->sb, r->ep->entity, r->dlv, lock_answer, c);
+    }
+  if (a->conn) nh_amqp_conn_flush(a->conn);
+  return 1;
+}
+
 static int am_renew(nh_transport_t *t, const char *endpoint, const char *session, int64_t now)
 {
   amqp_t *a = (amqp_t *)t;
+  if (a->sb && a->ssn && sb_renew(a, endpoint, session) == 0) return 0;
   a->emb->lock_ms = t->lock_ms;
   return a->emb->vt->renew(a->emb, endpoint, session, now);
 }
@@ -487,7 +528,11 @@ static int am_send(nh_transport_t *t, const nh_msg_t *m, const char *to_endpoint
   if (to_endpoint && m->type != NH_MT_EVENT && m->type != NH_MT_REPLY)
     return a->emb->vt->send(a->emb, m, to_endpoint, copies, err);   /* operator control messages */
   char address[600];
-  if (to_endpoint) snprintf(address, sizeof address, "/amq/queue/%s", to_endpoint);
+  if (a->sb && to_endpoint)
+    return nh_error_set(err, NH_EUSAGE, "the Service Bus profile sends to the topic %s only: no --to %s and no "
+                        "replies (request/reply needs the generic profile)", a->url.exchange, to_endpoint);
+  if (a->sb) snprintf(address, sizeof address, "%s", a->url.exchange);   /* subscriptions filter on the label */
+  else if (to_endpoint) snprintf(address, sizeof address, "/amq/queue/%s", to_endpoint);
   else snprintf(address, sizeof address, "/exchange/%s", a->url.exchange);   /* subject = routing key */
   int rc = outbox_add(a, address, m, to_endpoint, err);
   if (rc == NH_OK) *copies = 1;   /* the broker fans out; how many copies is not known here */
@@ -515,7 +560,7 @@ static void apply_settlements(amqp_t *a)
         pn_disposition_t *ds = pn_delivery_local(r->dlv);
         pn_condition_t *cond = pn_disposition_condition(ds);
         const char *why = p->reason ? p->reason : "dead-lettered by nimbus-host";
-        pn_condition_set_name(cond, "nimbus:dead-letter");
+        pn_condition_set_name(cond, a->sb ? "com.microsoft:dead-letter" : "nimbus:dead-letter");
         pn_condition_set_description(cond, why);
         pn_data_t *info = pn_condition_info(cond);
         pn_data_put_map(info);
@@ -529,7 +574,8 @@ static void apply_settlements(amqp_t *a)
       } else {
         pn_delivery_update(r->dlv, PN_ACCEPTED);
       }
-      pn_delivery_settle(r->dlv);
+      /* rcv-settle-mode second (Service Bus): settled when the broker confirms */
+      if (!a->sb) pn_delivery_settle(r->dlv);
       r->ep->inflight--;
       topup(r->ep);
       rec_free(a, r);
@@ -606,7 +652,7 @@ static sender_t *sender_for(amqp_t *a, const char *address)
 static void outbox_pump(amqp_t *a)
 {
   a->outbox_dirty = 0;
-  if (!a->ssn || a->in_tx) return;
+  if (!a->ssn || a->in_tx || (a->sb && !a->topic_ok)) return;
   sqlite3_stmt *st = a->q[A_OUT_NEXT];
   int more = 1;
   while (more) {
@@ -701,18 +747,38 @@ int nh_amqp_unconfirmed(nh_transport_t *t)
 
 static void attach(amqp_t *a, aep_t *ep)
 {
-  if (!a->ssn || ep->link || !ep->declared || (ep->reply && a->url.no_management)) return;
-  char addr[600], name[700];
-  snprintf(addr, sizeof addr, "/amq/queue/%s", ep->name);
+  if (!a->ssn || ep->link || !ep->declared || (ep->reply && (a->url.no_management || a->sb))) return;
+  char name[700];
   snprintf(name, sizeof name, "nh-recv:%s", ep->name);
   ep->link = pn_receiver(a->ssn, name);
-  pn_terminus_set_address(pn_link_source(ep->link), addr);
+  pn_terminus_set_address(pn_link_source(ep->link), ep->address);
   pn_link_set_snd_settle_mode(ep->link, PN_SND_UNSETTLED);
-  pn_link_set_rcv_settle_mode(ep->link, PN_RCV_FIRST);
+  /* Service Bus peek-lock is mode second; RabbitMQ settles on our disposition */
+  pn_link_set_rcv_settle_mode(ep->link, a->sb ? PN_RCV_SECOND : PN_RCV_FIRST);
   pn_link_open(ep->link);
 }
 
 static void declare(amqp_t *a, aep_t *ep);
+
+static void token_refused(amqp_t *a, const char *entity, int code, const char *desc)
+{
+  char why[1024];
+  snprintf(why, sizeof why, "Service Bus refused the SAS token for sb://%s/%s (status %d%s%s): check the key name "
+           "(user) and key (password) in --transport and that the policy may send/listen there",
+           a->url.host, entity, code, desc ? ": " : "", desc ? desc : "");
+  status(a, NH_AMQP_FATAL, why);
+}
+
+static void topic_token(void *data, int code, const char *desc)
+{
+  amqp_t *a = data;
+  if (code != 200 && code != 202) {
+    token_refused(a, a->url.exchange, code, desc);
+    return;
+  }
+  a->topic_ok = 1;
+  outbox_pump(a);
+}
 
 static void on_up(void *data, pn_connection_t *c)
 {
@@ -721,6 +787,11 @@ static void on_up(void *data, pn_connection_t *c)
   pn_session_open(a->ssn);
   a->last_sent = 0;
   a->unconfirmed = 0;
+  if (a->sb) {
+    nh_sb_up(a->sb, a->ssn);
+    a->topic_ok = 0;
+    nh_sb_put_token(a->sb, a->url.exchange, topic_token, a);
+  }
   /* Declared again on every connection: a restarted broker has lost the reply queue
    * (not durable), and attaching to a missing queue ends the whole AMQP session. */
   for (aep_t *ep = a->eps; ep; ep = ep->next) {
@@ -734,6 +805,8 @@ static void on_down(void *data, const char *why, int fatal)
 {
   amqp_t *a = data;
   a->ssn = NULL;
+  a->topic_ok = 0;
+  if (a->sb) nh_sb_down(a->sb);
   for (sender_t *s = a->senders; s;) {
     sender_t *next = s->next;
     free(s->address);
@@ -791,6 +864,18 @@ static void link_lost(amqp_t *a, pn_link_t *l, pn_condition_t *cond)
   const char *addr = pn_link_is_receiver(l) ? pn_terminus_get_address(pn_link_source(l))
                                             : pn_terminus_get_address(pn_link_target(l));
   const char *name = cond ? pn_condition_get_name(cond) : NULL, *desc = cond ? pn_condition_get_description(cond) : NULL;
+  if (a->sb && name && (strcmp(name, "amqp:not-found") == 0 || strcmp(name, "amqp:unauthorized-access") == 0)) {
+    /* the topology is provisioned outside the host: say what is missing and stop */
+    char why[1400];
+    if (strcmp(name, "amqp:not-found") == 0)
+      snprintf(why, sizeof why, "Service Bus: %s does not exist on %s (%s): create the topic %s and, per endpoint, a "
+               "subscription named after it with a filter on its event types (sys.Label)", addr ? addr : "?",
+               a->url.host, desc ? desc : name, a->url.exchange);
+    else
+      snprintf(why, sizeof why, "Service Bus refused access to %s: %s", addr ? addr : "?", desc ? desc : name);
+    status(a, NH_AMQP_FATAL, why);
+    return;
+  }
   nh_log_error("amqp", "the broker closed the link %s: %s%s%s; reconnecting", addr ? addr : "?",
                name ? name : "no reason given", desc ? ": " : "", desc ? desc : "");
   /* a detached link (queue deleted, say) ends the connection: the reconnect declares
@@ -801,6 +886,7 @@ static void link_lost(amqp_t *a, pn_link_t *l, pn_condition_t *cond)
 static void on_event(void *data, pn_event_t *e)
 {
   amqp_t *a = data;
+  if (a->sb && nh_sb_event(a->sb, e)) return;
   switch (pn_event_type(e)) {
   case PN_LINK_REMOTE_OPEN: {
     pn_link_t *l = pn_event_link(e);
@@ -837,6 +923,16 @@ static void on_event(void *data, pn_event_t *e)
     pn_link_t *l = pn_delivery_link(d);
     if (pn_link_is_receiver(l)) {
       aep_t *ep = ep_by_link(a, l);
+      if (!pn_delivery_readable(d) && pn_delivery_updated(d)) {   /* mode second: the broker's answer */
+        if (pn_delivery_remote_state(d) == PN_REJECTED) {
+          pn_condition_t *c = pn_disposition_condition(pn_delivery_remote(d));
+          nh_log_warn("amqp", "the broker refused a settlement on %s: %s %s (the message comes back)",
+                      ep ? ep->name : "?", pn_condition_get_name(c) ? pn_condition_get_name(c) : "",
+                      pn_condition_get_description(c) ? pn_condition_get_description(c) : "");
+        }
+        if (pn_delivery_settled(d)) pn_delivery_settle(d);
+        break;
+      }
       if (!ep || !pn_delivery_readable(d) || pn_delivery_partial(d)) break;
       receive_delivery(a, ep, d);
       wake(a);
@@ -864,8 +960,31 @@ static void check_ready(amqp_t *a)
 
 static void declared(void *data, const char *why, int fatal);
 
+static void sub_token(void *data, int code, const char *desc)
+{
+  aep_t *ep = data;
+  amqp_t *a = ep->a;
+  if (code != 200 && code != 202) {
+    token_refused(a, ep->entity, code, desc);
+    return;
+  }
+  ep->declared = 1;
+  attach(a, ep);
+  if (a->conn) nh_amqp_conn_flush(a->conn);
+  check_ready(a);
+}
+
 static void declare(amqp_t *a, aep_t *ep)
 {
+  if (a->sb) {   /* the topology exists already; the token opens it (on a connection) */
+    if (ep->reply) {   /* no reply queues on Service Bus: nimbus.request times out */
+      ep->declared = ep->attached = 1;
+      check_ready(a);
+    } else if (a->ssn) {
+      nh_sb_put_token(a->sb, ep->entity, sub_token, ep);
+    }
+    return;
+  }
   if (a->url.no_management) {   /* provisioned outside the host */
     ep->declared = 1;
     if (ep->reply) ep->attached = 1;   /* no reply queue without the API: requests time out */
@@ -908,6 +1027,15 @@ static int am_subscribe(nh_transport_t *t, const char *endpoint, const char *con
     ep->a = a;
     ep->name = nh_xstrdup(endpoint);
     ep->reply = reply;
+    char buf[1024];
+    if (a->sb) {
+      snprintf(buf, sizeof buf, "%s/Subscriptions/%s", a->url.exchange, endpoint);
+      ep->entity = nh_xstrdup(buf);
+      ep->address = nh_xstrdup(buf);
+    } else {
+      snprintf(buf, sizeof buf, "/amq/queue/%s", endpoint);
+      ep->address = nh_xstrdup(buf);
+    }
     ep->capacity = 64;
     ep->next = a->eps;
     a->eps = ep;
@@ -967,6 +1095,8 @@ static void am_close(nh_transport_t *t)
     for (int i = 0; i < ep->ntypes; i++) free(ep->types[i]);
     free(ep->types);
     free(ep->name);
+    free(ep->address);
+    free(ep->entity);
     free(ep);
     ep = next;
   }
@@ -978,6 +1108,7 @@ static void am_close(nh_transport_t *t)
   if (a->pm) pn_message_free(a->pm);
   for (int i = 0; i < A_COUNT; i++) sqlite3_finalize(a->q[i]);
   nh_amqp_conn_free(a->conn);
+  nh_sb_free(a->sb);
   nh_amqp_url_clear(&a->url);
   if (a->emb) a->emb->vt->close(a->emb);
   free(a->owner);
@@ -1059,6 +1190,7 @@ nh_transport_t *nh_amqp_new(uv_loop_t *loop, nh_store_t *store, const char *url,
     }
   }
   outbox_claim(a);
+  if (a->url.servicebus) a->sb = nh_sb_new(&a->url);
   a->pm = pn_message();
   nh_amqp_conn_cbs_t cbs = { on_up, on_event, on_down };
   a->conn = nh_amqp_conn_new(loop, &a->url, owner, &cbs, a);

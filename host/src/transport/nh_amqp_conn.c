@@ -280,11 +280,15 @@ static int setup_transport(nh_amqp_conn_t *c)
   pn_connection_set_container(pc, c->container);
   /* RabbitMQ picks the vhost from the open frame's hostname ("vhost:NAME") */
   char hostname[512];
-  if (u->vhost) snprintf(hostname, sizeof hostname, "vhost:%s", u->vhost);
+  if (u->vhost && !u->servicebus) snprintf(hostname, sizeof hostname, "vhost:%s", u->vhost);
   else snprintf(hostname, sizeof hostname, "%s", u->host);
   pn_connection_set_hostname(pc, hostname);
   pn_transport_set_idle_timeout(t, (pn_millis_t)u->idle_ms);
-  if (u->user && *u->user) {
+  if (u->servicebus) {
+    /* Service Bus: SASL ANONYMOUS, then a SAS token per entity over $cbs (the key
+     * itself never crosses the wire) */
+    pn_sasl_allowed_mechs(pn_sasl(t), "ANONYMOUS");
+  } else if (u->user && *u->user) {
     pn_connection_set_user(pc, u->user);
     pn_connection_set_password(pc, u->password ? u->password : "");
     pn_sasl_t *sasl = pn_sasl(t);

@@ -18,6 +18,7 @@ typedef struct nh_amqp_url {
   int port;
   char *management;                       /* RabbitMQ management API base, no trailing / */
   int no_management;                      /* management=none: queues and bindings exist already */
+  int servicebus;                         /* the Azure Service Bus profile (CBS, $management) */
   char *ca;                               /* TLS: trusted CA file (default: the system's) */
   int verify;                             /* TLS: verify the peer's name and chain */
   int idle_ms;                            /* AMQP idle time-out we announce */
@@ -78,5 +79,24 @@ typedef struct nh_rmq_probe nh_rmq_probe_t;
 nh_rmq_probe_t *nh_rmq_probe(uv_loop_t *loop, const nh_amqp_url_t *url, const char *routing_key, const char *queue,
                              void (*done)(void *, int, const char *), void *data, nh_error_t *err);
 void nh_rmq_probe_cancel(nh_rmq_probe_t *p);   /* done is not called */
+
+/* ---------------------------------------------------------------- Azure Service Bus (nh_amqp_sb.c) */
+
+#define NH_SB_TOKEN_TTL_S 3600   /* SAS tokens are put again well before this */
+
+typedef struct nh_sb nh_sb_t;
+nh_sb_t *nh_sb_new(const nh_amqp_url_t *url);
+void nh_sb_free(nh_sb_t *sb);
+void nh_sb_up(nh_sb_t *sb, pn_session_t *ssn);   /* a new connection: start over */
+void nh_sb_down(nh_sb_t *sb);                    /* unanswered requests are dropped, not called */
+/* put-token for sb://<host>/<entity>; done(data, status-code, status-description). */
+void nh_sb_put_token(nh_sb_t *sb, const char *entity, void (*done)(void *, int, const char *), void *data);
+/* com.microsoft:renew-lock of one peek-locked delivery of `entity`; done(data, statusCode, why). */
+void nh_sb_renew_lock(nh_sb_t *sb, const char *entity, pn_delivery_t *dlv, void (*done)(void *, int, const char *),
+                      void *data);
+/* 1 if the event belongs to one of its links (handled). */
+int nh_sb_event(nh_sb_t *sb, pn_event_t *e);
+int nh_sb_sas_token(const char *audience, const char *key_name, const char *key, int64_t expiry, char *out,
+                    size_t outlen);
 
 #endif

@@ -49,11 +49,9 @@ static int query_param(nh_amqp_url_t *u, const char *key, const char *val, nh_er
     free(u->exchange);
     u->exchange = nh_xstrdup(val);
   } else if (strcmp(key, "profile") == 0) {
-    if (strcmp(val, "generic") != 0)
-      return nh_error_set(err, NH_EUSAGE,
-                          "profile=%s is not available: only the generic profile (RabbitMQ and other AMQP 1.0 "
-                          "brokers) is implemented; the Azure Service Bus profile is not built yet",
-                          val);
+    if (strcmp(val, "servicebus") == 0) u->servicebus = 1;
+    else if (strcmp(val, "generic") == 0) u->servicebus = 0;
+    else return nh_error_set(err, NH_EUSAGE, "profile=%s: give generic (RabbitMQ and other brokers) or servicebus", val);
   } else {
     return nh_error_set(err, NH_EUSAGE,
                         "unknown parameter %s in the transport URL (known: management, ca, verify, idle, exchange, "
@@ -90,6 +88,9 @@ int nh_amqp_url_parse(const char *s, nh_amqp_url_t *u, nh_error_t *err)
   }
   u->user = part(h, CURLUPART_USER);
   u->password = part(h, CURLUPART_PASSWORD);
+  size_t hl = strlen(u->host);
+  const char *sfx = ".servicebus.windows.net";
+  if (hl > strlen(sfx) && strcmp(u->host + hl - strlen(sfx), sfx) == 0) u->servicebus = 1;   /* ?profile= overrides */
   char *port = part(h, CURLUPART_PORT);
   u->port = port ? atoi(port) : (u->tls ? 5671 : 5672);
   free(port);
