@@ -154,6 +154,8 @@ struct amqp {
   void *shutdown_data;
   struct aprobe *probes;
   nh_sb_t *sb;                   /* Service Bus profile */
+  uv_timer_t sb_refresh;         /* puts the tokens again before they expire */
+  int sb_timer;
   int topic_ok;                  /* Service Bus: the token for the topic was accepted */
 };
 
@@ -1051,11 +1053,31 @@ static int am_subscribe(nh_transport_t *t, const char *endpoint, const char *con
 
 /* ---------------------------------------------------------------- lifecycle */
 
+/* Tokens live NH_SB_TOKEN_TTL_S; Service Bus detaches an entity's links when its token
+ * expires, so every token is put again at three quarters of that. */
+static void sb_refresh_cb(uv_timer_t *h)
+{
+  amqp_t *a = h->data;
+  if (!a->ssn) return;
+  nh_log_debug("amqp", "refreshing the Service Bus tokens");
+  nh_sb_put_token(a->sb, a->url.exchange, topic_token, a);
+  for (aep_t *ep = a->eps; ep; ep = ep->next)
+    if (!ep->reply && ep->declared) nh_sb_put_token(a->sb, ep->entity, sub_token, ep);
+  if (a->conn) nh_amqp_conn_flush(a->conn);
+}
+
 void nh_amqp_start(nh_transport_t *t)
 {
   amqp_t *a = (amqp_t *)t;
   if (a->started) return;
   a->started = 1;
+  if (a->sb) {
+    uint64_t every = (uint64_t)NH_SB_TOKEN_TTL_S * 750;
+    uv_timer_init(a->loop, &a->sb_refresh);
+    a->sb_refresh.data = a;
+    a->sb_timer = 1;
+    uv_timer_start(&a->sb_refresh, sb_refresh_cb, every, every);
+  }
   for (aep_t *ep = a->eps; ep; ep = ep->next) declare(a, ep);
   nh_amqp_conn_start(a->conn);
 }
@@ -1081,6 +1103,10 @@ void nh_amqp_shutdown(nh_transport_t *t, void (*done)(void *), void *data)
     ep->decl = NULL;
   }
   probes_cancel(a);
+  if (a->sb_timer) {
+    a->sb_timer = 0;
+    uv_close((uv_handle_t *)&a->sb_refresh, NULL);
+  }
   nh_amqp_conn_close(a->conn, conn_closed, a);
 }
 
