@@ -79,7 +79,12 @@ static void pub_fail(amqp_pub_t *p, const char *why)
 
 static void pub_status(void *data, nh_amqp_status_t st, const char *msg)
 {
-  if (st == NH_AMQP_FATAL) pub_fail(data, msg);
+  amqp_pub_t *p = data;
+  if (st != NH_AMQP_FATAL) return;
+  /* refused for good (credentials, TLS): nothing may be sent later behind the user's back */
+  if (p->sent) nh_amqp_outbox_discard(p->tr);
+  p->sent = 0;
+  pub_fail(p, msg);
 }
 
 static void pub_poll(uv_timer_t *t)

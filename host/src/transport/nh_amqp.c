@@ -56,7 +56,7 @@ static const char *const amqp_migrations[] = {
   "  PRIMARY KEY (endpoint, message_id)) WITHOUT ROWID;",
 };
 
-enum { A_OUT_ADD, A_OUT_NEXT, A_OUT_DEL, A_DLV_BUMP, A_DLV_DEL, A_OUT_LEFT, A_OUT_OWNERS, A_OUT_CLAIM, A_COUNT };
+enum { A_OUT_ADD, A_OUT_NEXT, A_OUT_DEL, A_DLV_BUMP, A_DLV_DEL, A_OUT_LEFT, A_OUT_OWNERS, A_OUT_CLAIM, A_OUT_DROP, A_COUNT };
 
 static const char *const a_sql[A_COUNT] = {
   [A_OUT_ADD] = "INSERT INTO amqp_outbox(address, message, created_at, owner) VALUES (?1, ?2, ?3, ?4)",
@@ -69,6 +69,7 @@ static const char *const a_sql[A_COUNT] = {
   [A_OUT_LEFT] = "SELECT count(*) FROM amqp_outbox WHERE seq > ?1 AND owner = ?2",
   [A_OUT_OWNERS] = "SELECT DISTINCT owner FROM amqp_outbox WHERE owner <> ?1",
   [A_OUT_CLAIM] = "UPDATE amqp_outbox SET owner = ?1 WHERE owner = ?2",
+  [A_OUT_DROP] = "DELETE FROM amqp_outbox WHERE owner = ?1",
 };
 
 typedef struct aep aep_t;
@@ -732,6 +733,13 @@ static void outbox_claim(amqp_t *a)
                   dead[i]);
     free(dead[i]);
   }
+}
+
+int nh_amqp_outbox_discard(nh_transport_t *t)
+{
+  amqp_t *a = (amqp_t *)t;
+  nh_sqlite_bind_text(a->q[A_OUT_DROP], 1, a->owner);
+  return nh_sqlite_step_done(a->db, a->q[A_OUT_DROP], "amqp outbox discard");
 }
 
 int nh_amqp_unconfirmed(nh_transport_t *t)

@@ -33,6 +33,8 @@ void nh_amqp_start(nh_transport_t *t);
 /* Closes the connection cleanly (after the last disposition is written) and every
  * handle; `done` runs when the transport no longer holds the loop. */
 void nh_amqp_shutdown(nh_transport_t *t, void (*done)(void *), void *data);
+/* Drops this process's unsent outbox rows (a publish that failed for good). */
+int nh_amqp_outbox_discard(nh_transport_t *t);
 /* Messages in the store's outbox not yet accepted by the broker. */
 int nh_amqp_unconfirmed(nh_transport_t *t);
 /* Asks the broker whether the exchange routes `event_type` to any queue (to == NULL) or

@@ -21,6 +21,7 @@
 #define NH_BACKOFF_MIN_MS 250
 #define NH_BACKOFF_MAX_MS 30000
 #define NH_READ_CHUNK 65536
+#define NH_STABLE_MS 10000
 
 typedef enum { C_IDLE, C_RESOLVING, C_CONNECTING, C_OPEN, C_CLOSING_TCP, C_WAITING, C_CLOSED } cstate_t;
 
@@ -34,8 +35,10 @@ struct nh_amqp_conn {
   int stopping;                  /* closed for good: no reconnect */
   int attempt;                   /* failed attempts since the last open */
   int up;                        /* the remote open arrived on this connection */
+  uint64_t up_since;
   int fatal;
   char why[512];                 /* what ended the connection */
+  int why_io;                    /* why is a socket error (a protocol condition may replace it) */
   uv_getaddrinfo_t gai;
   uv_connect_t connect_req;
   uv_tcp_t tcp;
@@ -105,6 +108,9 @@ static void ended(nh_amqp_conn_t *c)
 {
   int was_up = c->up;
   c->up = 0;
+  /* the backoff starts over only after a connection that lasted: one the broker drops
+   * right after the open (a session error, say) keeps backing off */
+  if (was_up && uv_now(c->loop) - c->up_since >= NH_STABLE_MS) c->attempt = 0;
   if (c->cbs.on_down) c->cbs.on_down(c->data, c->why, c->fatal || c->stopping);
   if (c->fatal) nh_log_error("amqp", "%s: %s", c->url->display, c->why);
   else if (was_up && !c->stopping) nh_log_warn("amqp", "%s: connection lost: %s", c->url->display, c->why);
@@ -144,7 +150,9 @@ static void teardown(nh_amqp_conn_t *c)
 
 static void note_condition(nh_amqp_conn_t *c, pn_condition_t *cond, const char *where)
 {
-  if (!cond || !pn_condition_is_set(cond) || c->why[0]) return;
+  /* the protocol's reason beats what the socket said afterwards (a reset, EOF) */
+  if (!cond || !pn_condition_is_set(cond) || (c->why[0] && !c->why_io)) return;
+  c->why_io = 0;
   const char *name = pn_condition_get_name(cond), *desc = pn_condition_get_description(cond);
   snprintf(c->why, sizeof c->why, "%s: %s%s%s", where, name ? name : "error", desc ? ": " : "", desc ? desc : "");
   if (name && strcmp(name, "amqp:unauthorized-access") == 0) {
@@ -190,7 +198,7 @@ void nh_amqp_conn_flush(nh_amqp_conn_t *c)
       switch (pn_event_type(e)) {
       case PN_CONNECTION_REMOTE_OPEN:
         c->up = 1;
-        c->attempt = 0;
+        c->up_since = uv_now(c->loop);
         c->why[0] = '\0';
         nh_log_info("amqp", "AMQP connected to %s", c->url->display);
         if (c->cbs.on_up) c->cbs.on_up(c->data, c->drv.connection);
@@ -201,11 +209,25 @@ void nh_amqp_conn_flush(nh_amqp_conn_t *c)
         break;
       case PN_TRANSPORT_ERROR:
         note_condition(c, pn_transport_condition(c->drv.transport), "transport error");
+        /* e.g. a failed SASL outcome: do not wait for the broker to drop the socket
+         * (RabbitMQ takes seconds after a failed login) */
+        if (!pn_connection_driver_read_closed(&c->drv)) pn_connection_driver_read_close(&c->drv);
         break;
       default:
         break;
       }
       if (c->cbs.on_event) c->cbs.on_event(c->data, e);
+    }
+    /* a refused login: proton reports it only once the socket closes, and RabbitMQ
+     * keeps it open for seconds after a failed login */
+    if (c->url->user && !c->url->servicebus && !c->fatal &&
+        pn_sasl_outcome(pn_sasl(c->drv.transport)) == PN_SASL_AUTH) {
+      snprintf(c->why, sizeof c->why, "authentication failed for user %s (SASL PLAIN refused): check the user and "
+               "password in --transport", c->url->user);
+      c->why_io = 0;
+      c->fatal = 1;
+      if (!pn_connection_driver_read_closed(&c->drv)) pn_connection_driver_read_close(&c->drv);
+      if (!pn_connection_driver_write_closed(&c->drv)) pn_connection_driver_write_close(&c->drv);
     }
     pn_bytes_t wb = pn_connection_driver_write_buffer(&c->drv);
     if (wb.size == 0) break;
@@ -249,8 +271,10 @@ static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 {
   nh_amqp_conn_t *c = s->data;
   if (nread < 0) {
-    if (!c->why[0])
+    if (!c->why[0]) {
       snprintf(c->why, sizeof c->why, "%s", nread == UV_EOF ? "the broker closed the socket" : uv_strerror((int)nread));
+      c->why_io = 1;
+    }
     uv_read_stop(s);
     pn_connection_driver_read_close(&c->drv);
     if (!pn_connection_driver_write_closed(&c->drv)) pn_connection_driver_write_close(&c->drv);
