@@ -9,7 +9,8 @@
 # Listens on 127.0.0.1 only: AMQP 0-9-1 and AMQP 1.0 on $NH_RMQ_PORT (5672), management HTTP API on
 # $NH_RMQ_MGMT_PORT (15672), Erlang distribution on $NH_RMQ_DIST_PORT (25672), epmd on 4369.
 # All state (mnesia, logs, config, cookie) lives in $NH_RMQ_DIR (default build/rabbitmq). User guest/guest,
-# which RabbitMQ only accepts from localhost.
+# which RabbitMQ only accepts from localhost. The Erlang node name is $NH_RMQ_NODE (default nimbus@localhost):
+# a second broker beside the first needs its own name, state dir and ports (epmd on 4369 is shared).
 #
 # Why it looks like this (see /work/shared/reference/env-probe.md section 4b):
 # - There is no systemd and policy-rc.d forbids apt from starting services, so we run the server ourselves.
@@ -28,7 +29,7 @@ AMQP_PORT=${NH_RMQ_PORT:-5672}
 MGMT_PORT=${NH_RMQ_MGMT_PORT:-15672}
 DIST_PORT=${NH_RMQ_DIST_PORT:-25672}
 TIMEOUT=${NH_RMQ_TIMEOUT:-60}          # seconds, for start and for stop
-NODE=nimbus@localhost
+NODE=${NH_RMQ_NODE:-nimbus@localhost}
 RMQ_BIN=/usr/lib/rabbitmq/bin
 PACKAGES=(rabbitmq-server python3-qpid-proton curl)
 

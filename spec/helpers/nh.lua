@@ -11,6 +11,15 @@
 --   local mid = sb:publish("Ok", { tag = "a" }, { session = "s1" })
 --   local row = sb:wait_message(mid, "Completed")
 --   sb:cleanup()                            -- stops every host, removes the dir (after_each)
+--
+-- Transport: with NH_TRANSPORT unset the hosts use the embedded transport (the store file).
+-- With NH_TRANSPORT=amqp://user:pass@host:port (or amqps://) every sandbox gets a fresh
+-- RabbitMQ vhost (nh-<hex>, created through the management API at NH_RMQ_MGMT, default
+-- http://127.0.0.1:15672, with the URL's credentials) and `sb.transport_url` is the base URL
+-- with that vhost as its path. Only the commands that talk to the broker get
+-- `--transport sb.transport_url`: the host (`sb:spawn`) and `publish` (`sb:publish`, or
+-- `sb:cli{"publish", ...}`); operator commands work on the store alone. `nh.transport` is
+-- "embedded" or "amqp"; cleanup deletes the vhost after the hosts stopped.
 local cjson = require("cjson")
 
 local M = {}
@@ -80,6 +89,116 @@ function M.capture(cmdline, dir)
   os.remove(base .. ".out")
   os.remove(base .. ".err")
   return res
+end
+
+---------------------------------------------------------------------------- transport
+
+local function percent_decode(s)
+  return (s:gsub("%%(%x%x)", function(h) return string.char(tonumber(h, 16)) end))
+end
+
+-- Splits scheme://[user[:pass]@]hostport[/path][?query]; nil when it is not such a URL.
+local function parse_url(url)
+  local scheme, rest = url:match("^(%a[%w+.-]*)://(.*)$")
+  if not scheme then return nil end
+  local query = rest:match("%?.*$") or ""
+  rest = rest:sub(1, #rest - #query)
+  local authority, path = rest:match("^([^/]*)(.*)$")
+  local userinfo, hostport = authority:match("^(.*)@([^@]*)$")
+  hostport = hostport or authority
+  local user, pass
+  if userinfo then
+    user, pass = userinfo:match("^([^:]*):(.*)$")
+    if not user then user = userinfo end
+    user, pass = percent_decode(user), pass and percent_decode(pass)
+  end
+  return { scheme = scheme:lower(), authority = authority, hostport = hostport, user = user,
+           password = pass, path = path, query = query }
+end
+M.parse_url = parse_url
+
+-- NH_TRANSPORT selects the transport of every sandbox (see the header).
+local function transport_config()
+  local url = os.getenv("NH_TRANSPORT")
+  if url == nil or url == "" or url == "embedded" then return { kind = "embedded" } end
+  local u = parse_url(url)
+  if not u or (u.scheme ~= "amqp" and u.scheme ~= "amqps") or u.hostport == "" then
+    error(("NH_TRANSPORT=%s: expected an amqp:// or amqps:// base URL such as amqp://guest:guest@127.0.0.1:5672"):format(url))
+  end
+  if u.path ~= "" and u.path ~= "/" then
+    error(("NH_TRANSPORT=%s: give the base URL without a vhost path; every sandbox makes its own vhost"):format(url))
+  end
+  local mgmt = os.getenv("NH_RMQ_MGMT")
+  if not mgmt or mgmt == "" then
+    mgmt = u.query:match("[?&]management=([^&]+)")
+    mgmt = mgmt and percent_decode(mgmt) or "http://127.0.0.1:15672"
+  end
+  return { kind = "amqp", base = u.scheme .. "://" .. u.authority, query = u.query,
+           user = u.user or "guest", password = u.password or "guest", mgmt = mgmt:gsub("/+$", "") }
+end
+
+local TRANSPORT = transport_config()
+M.transport = TRANSPORT.kind          -- "embedded" or "amqp"
+M.transport_config = TRANSPORT
+
+local function random_hex(nbytes)
+  local f = io.open("/dev/urandom", "rb")
+  local raw = f and f:read(nbytes)
+  if f then f:close() end
+  if not raw or #raw < nbytes then
+    raw = {}
+    for i = 1, nbytes do raw[i] = string.char(math.random(0, 255)) end
+    raw = table.concat(raw)
+  end
+  return (raw:gsub(".", function(c) return ("%02x"):format(c:byte()) end))
+end
+M.random_hex = random_hex
+
+-- One call of the RabbitMQ management HTTP API (curl). path is below /api and already
+-- percent-encoded. Returns { code, out, err, status } (status = the HTTP status, 0 when
+-- there was no answer); raises unless the status is 2xx, unless opts.ok(status) says otherwise.
+function M.rmq_api(method, path, body, opts)
+  opts = opts or {}
+  local cfg = opts.config or TRANSPORT
+  local mgmt = opts.mgmt or cfg.mgmt or "http://127.0.0.1:15672"
+  local user, pass = opts.user or cfg.user or "guest", opts.password or cfg.password or "guest"
+  local args = { "curl", "-sS", "--max-time", "30", "-w", "\n%{http_code}", "-u", user .. ":" .. pass, "-X", method }
+  if body then
+    args[#args + 1] = "-H"; args[#args + 1] = "content-type: application/json"
+    args[#args + 1] = "--data-binary"; args[#args + 1] = type(body) == "string" and body or M.encode(body)
+  end
+  args[#args + 1] = mgmt .. "/api" .. path
+  local out = {}
+  for i, a in ipairs(args) do out[i] = M.q(a) end
+  local r = M.capture(table.concat(out, " "))
+  -- stdout = the response body, then a line with the HTTP status (000: no answer)
+  local status_at = r.out:find("\n%d+%s*$")
+  r.status = status_at and tonumber(r.out:sub(status_at):match("%d+")) or 0
+  r.body = status_at and r.out:sub(1, status_at - 1) or r.out
+  local ok = opts.ok or function(st) return st >= 200 and st < 300 end
+  if not ok(r.status) then
+    error(("management API %s %s/api%s: HTTP %d (curl exit %d) %s %s"):format(method, mgmt, path, r.status, r.code,
+      r.body, r.err), 2)
+  end
+  return r
+end
+
+-- Creates a fresh vhost with full permissions for the transport's user; returns its name.
+local function create_vhost()
+  local name = "nh-" .. random_hex(8)
+  M.rmq_api("PUT", "/vhosts/" .. name)
+  M.rmq_api("PUT", "/permissions/" .. name .. "/" .. M.urlencode(TRANSPORT.user),
+    { configure = ".*", write = ".*", read = ".*" })
+  return name
+end
+
+local function delete_vhost(name)
+  -- 404: already gone (a second cleanup)
+  M.rmq_api("DELETE", "/vhosts/" .. name, nil, { ok = function(st) return (st >= 200 and st < 300) or st == 404 end })
+end
+
+function M.urlencode(s)
+  return (tostring(s):gsub("[^%w%-._~]", function(c) return ("%%%02X"):format(c:byte()) end))
 end
 
 -- Polls fn() until it returns a truthy value; returns that value. On timeout raises
@@ -189,6 +308,16 @@ function M.sandbox()
   local sb = setmetatable({ dir = dir, store = dir .. "/nimbus.db", calls_path = dir .. "/calls.log",
                             adapter_dir = dir .. "/adapters", hosts = {}, nstarts = 0 }, Sandbox)
   assert(sh("mkdir -p " .. q(sb.adapter_dir)) == 0)
+  sb.transport = M.transport
+  if M.transport == "amqp" then
+    local ok, vhost = pcall(create_vhost)
+    if not ok then
+      sh("rm -rf " .. q(dir))
+      error("cannot create the sandbox's RabbitMQ vhost (is the broker up? scripts/rabbitmq.sh start): " .. tostring(vhost), 2)
+    end
+    sb.vhost = vhost
+    sb.transport_url = TRANSPORT.base .. "/" .. M.urlencode(vhost) .. TRANSPORT.query
+  end
   return sb
 end
 
@@ -211,6 +340,20 @@ function Sandbox:cleanup()
   end
   self.hosts = {}
   if self.dir and os.getenv("NH_KEEP") == nil then sh("rm -rf " .. q(self.dir)) end
+  if self.vhost and os.getenv("NH_KEEP") == nil then
+    local vhost = self.vhost
+    self.vhost = nil
+    delete_vhost(vhost)
+  end
+end
+
+-- Appends `--transport URL` to args for the commands that talk to the broker:
+-- opts.transport = false leaves it off, a string replaces the sandbox's URL.
+function Sandbox:transport_args(args, opts)
+  local url = self.transport_url
+  if opts and opts.transport ~= nil then url = opts.transport or nil end
+  if url then args[#args + 1] = "--transport"; args[#args + 1] = url end
+  return args
 end
 
 -- Writes an adapter file into the sandbox's adapter directory (kept apart from the
@@ -219,8 +362,9 @@ function Sandbox:adapter(name, source)
   return M.write(self.adapter_dir .. "/" .. name, source)
 end
 
--- Starts `nimbus-host ADAPTER... --store STORE [args]` in the background. Waits for
--- `ready:` unless opts.wait == false; raises (with the log) if the host exits first.
+-- Starts `nimbus-host ADAPTER... --store STORE [--transport URL] [args]` in the background.
+-- Waits for `ready:` unless opts.wait == false; raises (with the log) if the host exits
+-- first. opts.transport: false = no --transport, a string = that URL (see transport_args).
 function Sandbox:spawn(adapters, opts)
   opts = opts or {}
   if type(adapters) == "string" then adapters = { adapters } end
@@ -230,6 +374,7 @@ function Sandbox:spawn(adapters, opts)
   local args = {}
   for _, a in ipairs(adapters) do args[#args + 1] = a end
   if opts.store ~= false then args[#args + 1] = "--store"; args[#args + 1] = opts.store or self.store end
+  self:transport_args(args, opts)
   for _, a in ipairs(opts.args or {}) do args[#args + 1] = a end
   -- The wrapper shell records the pid, waits for the host and records its exit status.
   local wrapper = [[bin="$1"; log="$2"; base="$3"; shift 3
@@ -262,18 +407,20 @@ end
 Sandbox.start = Sandbox.spawn
 
 -- Runs `nimbus-host ARGS... --store STORE` synchronously: { code, out, err }.
--- Pass opts.store = false to leave --store off.
+-- Pass opts.store = false to leave --store off. A `publish` also gets --transport
+-- (opts.transport as in transport_args); no other subcommand does.
 function Sandbox:cli(args, opts)
   opts = opts or {}
   local full = {}
   for _, a in ipairs(args) do full[#full + 1] = a end
   if opts.store ~= false then full[#full + 1] = "--store"; full[#full + 1] = opts.store or self.store end
+  if args[1] == "publish" then self:transport_args(full, opts) end
   return M.capture(q(host_bin()) .. " " .. argv(full), self.dir)
 end
 
 -- Like cli but raises unless the command exits 0; returns stdout.
-function Sandbox:cli_ok(args)
-  local r = self:cli(args)
+function Sandbox:cli_ok(args, opts)
+  local r = self:cli(args, opts)
   if r.code ~= 0 then
     error(("nimbus-host %s exited %d\nstdout: %s\nstderr: %s"):format(table.concat(args, " "), r.code, r.out, r.err), 2)
   end
@@ -281,6 +428,7 @@ function Sandbox:cli_ok(args)
 end
 
 -- Publishes one event; returns its MessageId. payload: a table (encoded) or a string.
+-- Under NH_TRANSPORT it goes over the broker (opts.transport as in transport_args).
 function Sandbox:publish(event_type, payload, opts)
   opts = opts or {}
   local args = { "publish", event_type, type(payload) == "string" and payload or M.encode(payload or {}) }
@@ -288,7 +436,7 @@ function Sandbox:publish(event_type, payload, opts)
   if opts.correlation_id then args[#args + 1] = "--correlation-id"; args[#args + 1] = opts.correlation_id end
   if opts.to then args[#args + 1] = "--to"; args[#args + 1] = opts.to end
   if opts.raw then args[#args + 1] = "--raw" end
-  local out = self:cli_ok(args)
+  local out = self:cli_ok(args, { transport = opts.transport })
   local mid = out:match("^%s*(%S+)")
   assert(mid, "publish printed no MessageId")
   return mid
@@ -511,6 +659,54 @@ for _, t in ipairs({ %s }) do ep:on(t, make_handler(%q)) end
 %s
 ]]):format(self.calls_path, self.dir, endpoint, opts.options or "", table.concat(tlist, ", "), endpoint, opts.extra or "")
   return self:adapter(opts.name or (endpoint .. ".lua"), src)
+end
+
+---------------------------------------------------------------------------- AMQP
+
+M.PYTHON = "/usr/bin/python3"   -- Debian's, with python3-qpid-proton (not a pyenv python3)
+
+local function helpers_dir()
+  local src = debug.getinfo(1, "S").source
+  return (src:sub(1, 1) == "@" and src:sub(2):match("^(.*)/[^/]*$")) or "."
+end
+
+-- Puts hand-made AMQP 1.0 messages on the broker with spec/helpers/amqp_send.py.
+-- messages: a list of { body =, body_type =, properties = {...}, application_properties = {...} }
+-- (see the script); opts.url defaults to the sandbox's transport URL. Raises unless every
+-- message was accepted; returns the script's { code, out, err } otherwise.
+function Sandbox:amqp_send(address, messages, opts)
+  opts = opts or {}
+  local url = opts.url or self.transport_url
+  assert(url, "amqp_send needs an AMQP transport (NH_TRANSPORT) or opts.url")
+  local arg = M.encode({ url = url, address = address, messages = messages })
+  local r = M.capture(("%s %s %s"):format(q(M.PYTHON), q(helpers_dir() .. "/amqp_send.py"), q(arg)), self.dir)
+  if r.code ~= 0 and not opts.may_fail then
+    error(("amqp_send to %s exited %d\nstdout: %s\nstderr: %s"):format(address, r.code, r.out, r.err), 2)
+  end
+  return r
+end
+
+-- A TCP port nothing listens on at 127.0.0.1 right now: `preferred` if it is free, else one
+-- the kernel picks.
+function M.free_port(preferred)
+  local py = [[
+import socket, sys
+def free(p):
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", p))
+        return s.getsockname()[1]
+    except OSError:
+        return None
+    finally:
+        s.close()
+p = int(sys.argv[1])
+print((p and free(p)) or free(0))
+]]
+  local r = M.capture(("%s -c %s %d"):format(q(M.PYTHON), q(py), preferred or 0))
+  local port = tonumber(r.out:match("%d+"))
+  assert(r.code == 0 and port, "cannot find a free port: " .. r.err)
+  return port
 end
 
 ---------------------------------------------------------------------------- misc
