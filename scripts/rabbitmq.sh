@@ -7,7 +7,8 @@
 #   scripts/rabbitmq.sh status    exit 0 if running and ready
 #
 # Listens on 127.0.0.1 only: AMQP 0-9-1 and AMQP 1.0 on $NH_RMQ_PORT (5672), management HTTP API on
-# $NH_RMQ_MGMT_PORT (15672), Erlang distribution on $NH_RMQ_DIST_PORT (25672), epmd on 4369.
+# $NH_RMQ_MGMT_PORT (15672), AMQP over TLS on $NH_RMQ_TLS_PORT (5671, certificates for localhost made in
+# $NH_RMQ_DIR/tls), Erlang distribution on $NH_RMQ_DIST_PORT (25672), epmd on 4369.
 # All state (mnesia, logs, config, cookie) lives in $NH_RMQ_DIR (default build/rabbitmq). User guest/guest,
 # which RabbitMQ only accepts from localhost. The Erlang node name is $NH_RMQ_NODE (default nimbus@localhost):
 # a second broker beside the first needs its own name, state dir and ports (epmd on 4369 is shared).
@@ -27,11 +28,12 @@ RMQ_DIR=${NH_RMQ_DIR:-$root/build/rabbitmq}
 case "$RMQ_DIR" in /*) ;; *) RMQ_DIR=$PWD/$RMQ_DIR ;; esac
 AMQP_PORT=${NH_RMQ_PORT:-5672}
 MGMT_PORT=${NH_RMQ_MGMT_PORT:-15672}
+TLS_PORT=${NH_RMQ_TLS_PORT:-5671}     # AMQP over TLS (amqps://), a self-signed CA made at the first start
 DIST_PORT=${NH_RMQ_DIST_PORT:-25672}
 TIMEOUT=${NH_RMQ_TIMEOUT:-60}          # seconds, for start and for stop
 NODE=${NH_RMQ_NODE:-nimbus@localhost}
 RMQ_BIN=/usr/lib/rabbitmq/bin
-PACKAGES=(rabbitmq-server python3-qpid-proton curl)
+PACKAGES=(rabbitmq-server python3-qpid-proton curl openssl)
 
 export HOME=$RMQ_DIR/home
 export RABBITMQ_NODENAME=$NODE
@@ -112,13 +114,37 @@ cmd_install() {
   # The postinst cannot start the service here (policy-rc.d exits 101), which is what we want.
 }
 
+# A CA and a server certificate for localhost / 127.0.0.1, so amqps:// is tested against the real
+# broker (the transport verifies the peer by default; tests pass the CA with ?ca=).
+make_tls() {
+  local d=$RMQ_DIR/tls
+  [[ -s "$d/server.pem" && -s "$d/ca.pem" ]] && return 0
+  command -v openssl >/dev/null || fail "openssl is needed for the broker's TLS listener"
+  mkdir -p "$d"
+  openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=nimbus-host test CA" \
+    -keyout "$d/ca.key" -out "$d/ca.pem" >/dev/null 2>&1 || fail "openssl: cannot make the test CA"
+  openssl req -newkey rsa:2048 -nodes -subj "/CN=localhost" -keyout "$d/server.key" -out "$d/server.csr" \
+    >/dev/null 2>&1 || fail "openssl: cannot make the server key"
+  printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\n' > "$d/ext.cnf"
+  openssl x509 -req -in "$d/server.csr" -CA "$d/ca.pem" -CAkey "$d/ca.key" -CAcreateserial -days 3650 \
+    -extfile "$d/ext.cnf" -out "$d/server.pem" >/dev/null 2>&1 || fail "openssl: cannot sign the server certificate"
+  chmod 600 "$d"/*.key
+}
+
 write_config() {
   mkdir -p "$HOME" "$RMQ_DIR/mnesia" "$RMQ_DIR/log"
+  make_tls
   # AMQP listener ip/port come from RABBITMQ_NODE_IP_ADDRESS / RABBITMQ_NODE_PORT.
   cat > "$RABBITMQ_CONFIG_FILE" <<EOF
 # written by scripts/rabbitmq.sh start; edits are overwritten
 management.tcp.ip = 127.0.0.1
 management.tcp.port = $MGMT_PORT
+listeners.ssl.default = 127.0.0.1:$TLS_PORT
+ssl_options.cacertfile = $RMQ_DIR/tls/ca.pem
+ssl_options.certfile = $RMQ_DIR/tls/server.pem
+ssl_options.keyfile = $RMQ_DIR/tls/server.key
+ssl_options.verify = verify_none
+ssl_options.fail_if_no_peer_cert = false
 # AMQP 1.0 clients that authenticate with ANONYMOUS act as guest on vhost /
 amqp1_0.default_user = guest
 amqp1_0.default_vhost = /
@@ -182,7 +208,7 @@ cmd_start() {
   fi
   rm -f "$RABBITMQ_PID_FILE"
   local p
-  for p in "$AMQP_PORT" "$MGMT_PORT" "$DIST_PORT"; do
+  for p in "$AMQP_PORT" "$MGMT_PORT" "$DIST_PORT" "$TLS_PORT"; do
     port_busy "$p" && fail "port $p is already in use by another process: $(ss -Hltnp "( sport = :$p )" | head -n 1)"
   done
   fix_epmd

@@ -105,6 +105,47 @@ describe("the AMQP transport", function()
       end)
     end
 
+    -- amqps:// against the broker's TLS listener (scripts/rabbitmq.sh makes a CA and a
+    -- certificate for localhost). The CA is read off the listener itself, so the case does not
+    -- depend on which state dir the running broker was started from.
+    local TLS_PORT = os.getenv("NH_RMQ_TLS_PORT") or "5671"
+    local function broker_ca()
+      local path = sb:path("ca.pem")
+      local r = nh.capture(("openssl s_client -connect 127.0.0.1:%s -showcerts </dev/null 2>/dev/null"):format(TLS_PORT))
+      local certs = {}
+      for c in r.out:gmatch("%-%-%-%-%-BEGIN CERTIFICATE%-%-%-%-%-.-%-%-%-%-%-END CERTIFICATE%-%-%-%-%-") do
+        certs[#certs + 1] = c
+      end
+      assert.is_true(#certs >= 1, "no certificate from the TLS listener on " .. TLS_PORT .. ":\n" .. r.out)
+      nh.write(path, certs[#certs] .. "\n")   -- the last one of the chain: the CA
+      return path
+    end
+    local function tls_url(query)
+      return ("amqps://%s:%s@localhost:%s/%s?management=%s%s"):format(nh.urlencode(CFG.user), nh.urlencode(CFG.password),
+        TLS_PORT, nh.urlencode(sb.vhost), CFG.mgmt, query)
+    end
+
+    it("amqps:// with the broker's CA: events flow over TLS", function()
+      local ca = broker_ca()
+      local adapter = sb:recorder{ types = { "Ok" } }
+      local url = tls_url("&ca=" .. nh.urlencode(ca))
+      sb:spawn(adapter, { transport = url })
+      local r = sb:cli({ "publish", "Ok", '{"tag":"tls"}', "--session", "s1" }, { transport = url })
+      assert.equal(0, r.code, r.err)
+      sb:wait_message(r.out:match("%S+"), "Completed")
+      assert.equal(1, sb:call_count("tls"))
+    end)
+
+    it("amqps:// without the CA: the host exits 1 saying TLS verification failed, and how to fix it", function()
+      local adapter = sb:recorder{ types = { "Ok" } }
+      local h = sb:spawn(adapter, { wait = false, transport = tls_url("") })
+      assert.equal(1, h:wait_exit(60))
+      local log = h:log()
+      assert.truthy(log:find("TLS verification of localhost failed", 1, true), log)
+      assert.truthy(log:find("?ca=FILE", 1, true), log)
+      assert.is_nil(log:find("ready:", 1, true), log)
+    end)
+
     it("connection refused: the host logs 'reconnecting in', keeps retrying without ready:, and SIGTERM exits 0", function()
       local adapter = sb:recorder{ types = { "Ok" } }
       local port = nh.free_port()
@@ -228,6 +269,7 @@ describe("the AMQP transport", function()
           NH_RMQ_PORT = tostring(nh.free_port(5682)),
           NH_RMQ_MGMT_PORT = tostring(nh.free_port(15682)),
           NH_RMQ_DIST_PORT = tostring(nh.free_port(25682)),
+          NH_RMQ_TLS_PORT = tostring(nh.free_port(5692)),
         },
       }
       function b.run(cmd)
