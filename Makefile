@@ -33,6 +33,7 @@ bench: build
 	@$(BUILD)/host/nimbus-host -l spec/bench/http_serve.lua
 	@$(BUILD)/host/nimbus-host -l spec/bench/renewals.lua $(BUILD)/host/nimbus-host
 	@$(BUILD)/host/nimbus-host -l spec/bench/reload.lua $(BUILD)/host/nimbus-host
+	@$(BUILD)/host/nimbus-host -l spec/bench/amqp.lua $(BUILD)/host/nimbus-host $(BUILD)/bench/nh-amqp-bench
 
 clean:
 	rm -rf $(BUILD) $(BUILD)-asan
