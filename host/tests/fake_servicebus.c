@@ -416,8 +416,7 @@ static char *url_decode(const char *s, size_t n)
   char *out = xmalloc(n + 1);
   size_t j = 0;
   for (size_t i = 0; i < n; i++) {
-    if (s[i] == '%' && i + 2 < n + 0 + 1 && i + 2 <= n - 1 + 1 && isxdigit((unsigned char)s[i + 1]) &&
-        i + 2 < n + 1 && i + 2 <= n && isxdigit((unsigned char)s[i + 2])) {
+    if (s[i] == '%' && i + 2 < n && isxdigit((unsigned char)s[i + 1]) && isxdigit((unsigned char)s[i + 2])) {
       char h[3] = {s[i + 1], s[i + 2], 0};
       out[j++] = (char)strtol(h, NULL, 16);
       i += 2;
@@ -860,7 +859,8 @@ static int authorized(conn_t *c, const char *entity, const char *address)
 /* ------------------------------------------------------------------ SAS tokens */
 
 /* Checks a put-token request; returns 1 when the token is valid, else 0 with `why`. */
-static int verify_token(conn_t *c, const char *type, const char *name, const char *token, char *why, size_t whylen)
+static int verify_token(conn_t *c, const char *type, const char *name, const char *token, char *why, size_t whylen,
+                        long long *expiry_out)
 {
   static const char prefix[] = "SharedAccessSignature ";
   if (!type || strcmp(type, "servicebus.windows.net:sastoken") != 0) {
@@ -906,6 +906,7 @@ static int verify_token(conn_t *c, const char *type, const char *name, const cha
   }
   char *end = NULL;
   long long expiry = strtoll(se, &end, 10);
+  *expiry_out = expiry;
   if (!*se || *end) {
     snprintf(why, whylen, "se is not an integer: %s", se);
     goto out;
@@ -928,20 +929,15 @@ static int verify_token(conn_t *c, const char *type, const char *name, const cha
   unsigned char b64[4 * ((EVP_MAX_MD_SIZE + 2) / 3) + 1];
   EVP_EncodeBlock(b64, mac, (int)maclen);
   if (strcmp((const char *)b64, sig_dec) != 0) {
-    snprintf(why, whylen, "the signature does not match (wrong key, or not HMAC-SHA256 over urlenc(sr)\\nse)");
+    snprintf(why, whylen, "the signature does not match (wrong key, or not HMAC-SHA256 over urlenc(audience), a newline and se)");
     goto out;
   }
+  /* the audience must be this namespace (sb://HOST) or an entity in it (sb://HOST/...) */
   sbuf_t ns = {0};
-  sb_printf(&ns, "sb://%s/", conn_host(c));
-  int in_ns = strncasecmp(name, ns.p, ns.n) == 0 || strcasecmp(name, (sb_add(&ns, "", 0), ns.p)) == 0;
+  sb_printf(&ns, "sb://%s", conn_host(c));
+  int in_ns = strcasecmp(name, ns.p) == 0 || (strncasecmp(name, ns.p, ns.n) == 0 && name[ns.n] == '/');
   if (!in_ns) {
-    /* also accept the bare namespace without the slash */
-    ns.n--;
-    ns.p[ns.n] = 0;
-    in_ns = strcasecmp(name, ns.p) == 0;
-  }
-  if (!in_ns) {
-    snprintf(why, whylen, "the audience %s is not in this namespace (sb://%s/...)", name, conn_host(c));
+    snprintf(why, whylen, "the audience %s is not in this namespace (%s/...)", name, ns.p);
     free(ns.p);
     goto out;
   }
@@ -993,11 +989,12 @@ static void handle_put_token(conn_t *c, pn_message_t *m)
   const char *reply_to = pn_message_get_reply_to(m);
   char why[512];
   int valid = 0, status;
+  long long expiry = 0;
   if (!op || strcmp(op, "put-token") != 0) {
     snprintf(why, sizeof why, "operation is %s, expected put-token", op ? op : "(none)");
     status = 400;
   } else {
-    valid = verify_token(c, type, name, token, why, sizeof why);
+    valid = verify_token(c, type, name, token, why, sizeof why, &expiry);
     status = valid ? 200 : 401;
   }
   if (valid && !has_token(c, name)) {
@@ -1014,6 +1011,7 @@ static void handle_put_token(conn_t *c, pn_message_t *m)
   jstr(&b, "message_id", mid);
   jstr(&b, "reply_to", reply_to);
   jint(&b, "status", status);
+  if (expiry) jint(&b, "expires_in_s", expiry - now_ms() / 1000);
   jdata(&b, "app", pn_message_properties(m));
   log_line(&b);
 
@@ -1279,6 +1277,51 @@ static void free_msg(qmsg_t *m)
   free(m);
 }
 
+/* Appends the value at src's cursor to dst (recursively). */
+static void copy_value(pn_data_t *dst, pn_data_t *src)
+{
+  switch (pn_data_type(src)) {
+  case PN_NULL: pn_data_put_null(dst); break;
+  case PN_BOOL: pn_data_put_bool(dst, pn_data_get_bool(src)); break;
+  case PN_UBYTE: pn_data_put_ubyte(dst, pn_data_get_ubyte(src)); break;
+  case PN_BYTE: pn_data_put_byte(dst, pn_data_get_byte(src)); break;
+  case PN_USHORT: pn_data_put_ushort(dst, pn_data_get_ushort(src)); break;
+  case PN_SHORT: pn_data_put_short(dst, pn_data_get_short(src)); break;
+  case PN_UINT: pn_data_put_uint(dst, pn_data_get_uint(src)); break;
+  case PN_INT: pn_data_put_int(dst, pn_data_get_int(src)); break;
+  case PN_CHAR: pn_data_put_char(dst, pn_data_get_char(src)); break;
+  case PN_ULONG: pn_data_put_ulong(dst, pn_data_get_ulong(src)); break;
+  case PN_LONG: pn_data_put_long(dst, pn_data_get_long(src)); break;
+  case PN_TIMESTAMP: pn_data_put_timestamp(dst, pn_data_get_timestamp(src)); break;
+  case PN_FLOAT: pn_data_put_float(dst, pn_data_get_float(src)); break;
+  case PN_DOUBLE: pn_data_put_double(dst, pn_data_get_double(src)); break;
+  case PN_DECIMAL32: pn_data_put_decimal32(dst, pn_data_get_decimal32(src)); break;
+  case PN_DECIMAL64: pn_data_put_decimal64(dst, pn_data_get_decimal64(src)); break;
+  case PN_DECIMAL128: pn_data_put_decimal128(dst, pn_data_get_decimal128(src)); break;
+  case PN_UUID: pn_data_put_uuid(dst, pn_data_get_uuid(src)); break;
+  case PN_BINARY: pn_data_put_binary(dst, pn_data_get_binary(src)); break;
+  case PN_STRING: pn_data_put_string(dst, pn_data_get_string(src)); break;
+  case PN_SYMBOL: pn_data_put_symbol(dst, pn_data_get_symbol(src)); break;
+  case PN_DESCRIBED:
+  case PN_LIST:
+  case PN_MAP:
+  case PN_ARRAY: {
+    pn_type_t t = pn_data_type(src);
+    if (t == PN_DESCRIBED) pn_data_put_described(dst);
+    else if (t == PN_LIST) pn_data_put_list(dst);
+    else if (t == PN_MAP) pn_data_put_map(dst);
+    else pn_data_put_array(dst, pn_data_is_array_described(src), pn_data_get_array_type(src));
+    pn_data_enter(src);
+    pn_data_enter(dst);
+    while (pn_data_next(src)) copy_value(dst, src);
+    pn_data_exit(dst);
+    pn_data_exit(src);
+    break;
+  }
+  default: pn_data_put_null(dst); break;
+  }
+}
+
 /* Moves m to q's dead-letter queue, adding DeadLetterReason / DeadLetterErrorDescription. */
 static void dead_letter(queue_t *q, qmsg_t *m, const char *reason, const char *description)
 {
@@ -1305,9 +1348,9 @@ static void dead_letter(queue_t *q, qmsg_t *m, const char *reason, const char *d
         int skip = (k.size == strlen("DeadLetterReason") && memcmp(k.start, "DeadLetterReason", k.size) == 0) ||
                    (k.size == strlen("DeadLetterErrorDescription") &&
                     memcmp(k.start, "DeadLetterErrorDescription", k.size) == 0);
-        if (!skip) pn_data_appendn(p, old, 1);
-        pn_data_next(old);
-        if (!skip) pn_data_appendn(p, old, 1);
+        if (!skip) copy_value(p, old);
+        if (!pn_data_next(old)) break;
+        if (!skip) copy_value(p, old);
       }
       pn_data_exit(old);
     }
@@ -1550,10 +1593,9 @@ static void on_link_remote_open(conn_t *c, pn_link_t *l)
       refuse(c, li, "amqp:not-found", "The messaging entity 'sb://%s/%s' could not be found.%s", host, entity, tail);
       return;
     }
-    const char *auth_entity = q && q->is_dlq ? q->dlq ? entity : entity : entity;
     /* a dead-letter queue is covered by its subscription's token */
     char parent[1024];
-    snprintf(parent, sizeof parent, "%s", auth_entity);
+    snprintf(parent, sizeof parent, "%s", entity);
     if (q && q->is_dlq) parent[strlen(parent) - strlen("/$DeadLetterQueue")] = 0;
     if (!authorized(c, entity, address) && !authorized(c, parent, address)) {
       char tail[256];
@@ -1606,7 +1648,7 @@ static void on_link_remote_close(conn_t *c, pn_link_t *l)
     release_holder(li, "link detached");
     li->closed = 1;
     out_free_all(li);
-    if (li->q) pump_queue(li->q->is_dlq ? li->q : li->q);
+    if (li->q) pump_queue(li->q);
   }
   if (pn_link_state(l) & PN_LOCAL_ACTIVE) pn_link_close(l);
 }
@@ -2053,6 +2095,8 @@ int main(int argc, char **argv)
       }
     }
   }
+  free(pfds);
+  free(pconn);
   sbuf_t b;
   log_begin(&b, "stop", NULL);
   log_line(&b);

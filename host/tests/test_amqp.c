@@ -136,7 +136,7 @@ TEST(mapping_round_trip)
   ASSERT_EQ_INT((int)got.body_len, (int)strlen(m.body));
   /* no EventId on the wire: the endpoint derives one, the same for a redelivered copy */
   char eid[37];
-  nh_amqp_event_id("ErpEndpoint", "m-1", eid);
+  nh_amqp_event_id("ErpEndpoint", "m-1", 1700000000123, eid);
   ASSERT_EQ_STR(got.event_id, eid);
   nh_msg_clear(&got);
 }
@@ -205,17 +205,31 @@ TEST(malformed_messages_name_the_problem)
   pn_message_free(pm);
 }
 
-TEST(event_id_is_a_v5_uuid_per_endpoint)
+TEST(event_id_is_name_based_per_endpoint)
 {
   char a[37], b[37], c[37];
-  nh_amqp_event_id("ErpEndpoint", "m-1", a);
-  nh_amqp_event_id("ErpEndpoint", "m-1", b);
-  nh_amqp_event_id("CrmEndpoint", "m-1", c);
+  nh_amqp_event_id("ErpEndpoint", "m-1", 0, a);
+  nh_amqp_event_id("ErpEndpoint", "m-1", 0, b);
+  nh_amqp_event_id("CrmEndpoint", "m-1", 0, c);
   ASSERT_EQ_STR(a, b);
   ASSERT_NE_STR(a, c);   /* each consuming endpoint's copy is its own audit event */
   ASSERT_EQ_INT((int)strlen(a), 36);
-  ASSERT_TRUE(a[14] == '5');
+  ASSERT_TRUE(a[14] == '5');   /* version 5 without a creation time */
   ASSERT_TRUE(a[19] == '8' || a[19] == '9' || a[19] == 'a' || a[19] == 'b');
+}
+
+TEST(event_id_with_a_creation_time_is_time_ordered)
+{
+  char a[37], b[37], c[37], d[37];
+  nh_amqp_event_id("Ep", "m-zzz", 1700000000000, a);
+  nh_amqp_event_id("Ep", "m-aaa", 1700000000001, b);   /* later, whatever the hash */
+  nh_amqp_event_id("Ep", "m-zzz", 1700000000000, c);
+  nh_amqp_event_id("Other", "m-zzz", 1700000000000, d);
+  ASSERT_CMP_INT(strcmp(a, b), <, 0);
+  ASSERT_EQ_STR(a, c);
+  ASSERT_NE_STR(a, d);
+  ASSERT_TRUE(a[14] == '8');
+  ASSERT_TRUE(strncmp(a, "018bcfe5-6800", 13) == 0);   /* 1700000000000 ms = 0x018bcfe56800 */
 }
 
 NH_TEST_MAIN()

@@ -443,6 +443,10 @@ static void pump(nh_dispatch_t *d)
     if (!ok) nh_store_rollback(d->store);
   }
   if (d->requests) nh_dispatch_deliver_replies(d, ok);
+  if (ok && fetched > 0) {
+    d->pumps++;
+    d->pumped += (uint64_t)fetched;
+  }
   if (ok) {
     free_jobs(applied);
     requeue_done(d, retry);
@@ -669,6 +673,9 @@ static void maybe_stopped(nh_dispatch_t *d)
   nh_log_info("dispatch", "lock renewals: %llu renewed, %llu lost, %llu handlers cancelled (cap, is_alive, lost lock)",
               (unsigned long long)d->renewals, (unsigned long long)d->renew_failures,
               (unsigned long long)d->cancellations);
+  nh_log_info("dispatch", "%llu messages fetched in %llu transactions (%.1f per transaction)",
+              (unsigned long long)d->pumped, (unsigned long long)d->pumps,
+              d->pumps ? (double)d->pumped / (double)d->pumps : 0.0);
   cb(d->stopped_data);
 }
 

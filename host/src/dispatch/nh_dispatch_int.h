@@ -79,6 +79,7 @@ struct nh_dispatch {
   int running;
   nh_job_t *running_jobs;        /* handlers in flight: their locks are renewed */
   uint64_t renewals, renew_failures, cancellations;
+  uint64_t pumps, pumped;        /* transactions with work, messages fetched in them */
   int pumping, stopping, started, closing, force_stop;
   nh_endpoint_t *receiving_ep;   /* the endpoint whose receive() is running */
   int64_t poll_ms;               /* adaptive idle poll interval */

@@ -48,6 +48,9 @@
 #define NH_OUTBOX_BATCH 256
 #define NH_REPLY_WINDOW 256
 #define NH_MIN_WINDOW 16
+#ifndef NH_WINDOW_FACTOR
+#define NH_WINDOW_FACTOR 4
+#endif
 
 static const char *const amqp_migrations[] = {
   "CREATE TABLE amqp_outbox (seq INTEGER PRIMARY KEY AUTOINCREMENT, owner TEXT NOT NULL, address TEXT NOT NULL,"
@@ -328,10 +331,11 @@ static aep_t *ep_by_link(amqp_t *a, pn_link_t *l)
 static void topup(aep_t *ep)
 {
   if (!ep->link || !ep->attached) return;
-  int window = ep->reply ? NH_REPLY_WINDOW : ep->capacity * 2;
+  int window = ep->reply ? NH_REPLY_WINDOW : ep->capacity * NH_WINDOW_FACTOR;
   if (window < NH_MIN_WINDOW) window = NH_MIN_WINDOW;
   int have = ep->nbuf + ep->inflight + pn_link_credit(ep->link);
-  if (have < window) pn_link_flow(ep->link, window - have);
+  /* in steps of a quarter window: one flow frame per batch, not one per settlement */
+  if (window - have >= window / 4) pn_link_flow(ep->link, window - have);
 }
 
 static void *grow(void *p, int *cap, int need, size_t size)
@@ -580,11 +584,12 @@ static void apply_settlements(amqp_t *a)
       /* rcv-settle-mode second (Service Bus): settled when the broker confirms */
       if (!a->sb) pn_delivery_settle(r->dlv);
       r->ep->inflight--;
-      topup(r->ep);
       rec_free(a, r);
     }
     free(p->reason);
   }
+  if (a->npend)
+    for (aep_t *ep = a->eps; ep; ep = ep->next) topup(ep);
   a->npend = 0;
 }
 
@@ -853,7 +858,7 @@ static void receive_delivery(amqp_t *a, aep_t *ep, pn_delivery_t *d)
     r->msg.message_id = nh_xstrdup(id);
     r->msg.session_id = nh_xstrdup(id);
     char eid[37];
-    nh_amqp_event_id(ep->name, id, eid);
+    nh_amqp_event_id(ep->name, id, 0, eid);
     r->msg.event_id = nh_xstrdup(eid);
     r->msg.type = NH_MT_UNKNOWN;
     r->msg.error_text = nh_xstrdup("the AMQP message could not be decoded");

@@ -59,9 +59,10 @@ void nh_amqp_msg_encode(pn_message_t *pm, const nh_msg_t *m, const char *to);
 /* AMQP message -> nh_msg_t (owned strings). A message the host cannot take is returned
  * with type NH_MT_UNKNOWN and error_text saying why (it is then dead-lettered). */
 void nh_amqp_msg_decode(pn_message_t *pm, const char *endpoint, nh_msg_t *m);
-/* The EventId an endpoint gives a message whose publisher set none: a name-based
- * (version 5) UUID of the endpoint and MessageId, so a redelivered copy gets the same. */
-void nh_amqp_event_id(const char *endpoint, const char *message_id, char out[37]);
+/* The EventId an endpoint gives a message whose publisher set none: name-based on the
+ * endpoint and MessageId (and time-ordered by the message's creation time when it has
+ * one), so a redelivered copy gets the same. */
+void nh_amqp_event_id(const char *endpoint, const char *message_id, int64_t created_ms, char out[37]);
 
 /* ---------------------------------------------------------------- RabbitMQ topology (nh_amqp_rmq.c) */
 
