@@ -767,6 +767,7 @@ static void attach(amqp_t *a, aep_t *ep)
   snprintf(name, sizeof name, "nh-recv:%s", ep->name);
   ep->link = pn_receiver(a->ssn, name);
   pn_terminus_set_address(pn_link_source(ep->link), ep->address);
+  pn_terminus_set_address(pn_link_target(ep->link), name);   /* unique per link, as the SDKs do */
   pn_link_set_snd_settle_mode(ep->link, PN_SND_UNSETTLED);
   /* Service Bus peek-lock is mode second; RabbitMQ settles on our disposition */
   pn_link_set_rcv_settle_mode(ep->link, a->sb ? PN_RCV_SECOND : PN_RCV_FIRST);
@@ -907,7 +908,9 @@ static void on_event(void *data, pn_event_t *e)
     pn_link_t *l = pn_event_link(e);
     if (pn_link_is_receiver(l)) {
       aep_t *ep = ep_by_link(a, l);
-      if (ep) {
+      /* Service Bus refuses a link with an attach without a source, then a detach
+       * saying why: that is not attached */
+      if (ep && pn_terminus_get_address(pn_link_remote_source(l))) {
         ep->attached = 1;
         topup(ep);
         check_ready(a);
@@ -939,7 +942,8 @@ static void on_event(void *data, pn_event_t *e)
     if (pn_link_is_receiver(l)) {
       aep_t *ep = ep_by_link(a, l);
       if (!pn_delivery_readable(d) && pn_delivery_updated(d)) {   /* mode second: the broker's answer */
-        if (pn_delivery_remote_state(d) == PN_REJECTED) {
+        /* the same outcome back means done (a dead-letter comes back as rejected) */
+        if (pn_delivery_remote_state(d) != pn_delivery_local_state(d)) {
           pn_condition_t *c = pn_disposition_condition(pn_delivery_remote(d));
           nh_log_warn("amqp", "the broker refused a settlement on %s: %s %s (the message comes back)",
                       ep ? ep->name : "?", pn_condition_get_name(c) ? pn_condition_get_name(c) : "",
@@ -989,6 +993,14 @@ static void sub_token(void *data, int code, const char *desc)
   check_ready(a);
 }
 
+static void mgmt_token(void *data, int code, const char *desc)
+{
+  aep_t *ep = data;
+  if (code != 200 && code != 202)
+    nh_log_warn("amqp", "%s: Service Bus refused the token for %s/$management (status %d%s%s): lock renewals will "
+                "fail", ep->name, ep->entity, code, desc ? ": " : "", desc ? desc : "");
+}
+
 static void declare(amqp_t *a, aep_t *ep)
 {
   if (a->sb) {   /* the topology exists already; the token opens it (on a connection) */
@@ -996,6 +1008,9 @@ static void declare(amqp_t *a, aep_t *ep)
       ep->declared = ep->attached = 1;
       check_ready(a);
     } else if (a->ssn) {
+      char mgmt[1100];
+      snprintf(mgmt, sizeof mgmt, "%s/$management", ep->entity);   /* its own audience (renew-lock) */
+      nh_sb_put_token(a->sb, mgmt, mgmt_token, ep);
       nh_sb_put_token(a->sb, ep->entity, sub_token, ep);
     }
     return;

@@ -240,6 +240,9 @@ void nh_sb_renew_lock(nh_sb_t *sb, const char *entity, pn_delivery_t *dlv, void 
   pn_data_put_map(p);
   pn_data_enter(p);
   put_str(p, "operation", "com.microsoft:renew-lock");
+  /* the link that holds the lock: Service Bus then renews on that link's session */
+  const char *link = pn_link_name(pn_delivery_link(dlv));
+  if (link) put_str(p, "associated-link-name", link);
   pn_data_exit(p);
   pn_data_t *b = pn_message_body(sb->pm);
   pn_data_put_map(b);
