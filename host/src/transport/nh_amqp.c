@@ -24,8 +24,7 @@
  * - Control messages (resubmit, skip, hand-off settlement) and session locks stay in
  *   the store (the embedded transport on the same file): operators act on the store
  *   whatever the broker, and their requests are serialised with the session's work. */
-#include "nh_amqp.h"
-#include "nh_amqp_int.h"
+#include "nh_amqp_priv.h"
 #include "nh_embedded.h"
 #include "core/nh_log.h"
 #include "core/nh_sqlite.h"
@@ -44,22 +43,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define NH_BUCKETS 4096
-#define NH_OUTBOX_BATCH 256
-#define NH_REPLY_WINDOW 256
-#define NH_MIN_WINDOW 16
-#ifndef NH_WINDOW_FACTOR
-#define NH_WINDOW_FACTOR 4
-#endif
-
 static const char *const amqp_migrations[] = {
   "CREATE TABLE amqp_outbox (seq INTEGER PRIMARY KEY AUTOINCREMENT, owner TEXT NOT NULL, address TEXT NOT NULL,"
   "  message BLOB NOT NULL, created_at INTEGER NOT NULL);"
   "CREATE TABLE amqp_deliveries (endpoint TEXT NOT NULL, message_id TEXT NOT NULL, count INTEGER NOT NULL,"
   "  PRIMARY KEY (endpoint, message_id)) WITHOUT ROWID;",
 };
-
-enum { A_OUT_ADD, A_OUT_NEXT, A_OUT_DEL, A_DLV_BUMP, A_DLV_DEL, A_OUT_LEFT, A_OUT_OWNERS, A_OUT_CLAIM, A_OUT_DROP, A_COUNT };
 
 static const char *const a_sql[A_COUNT] = {
   [A_OUT_ADD] = "INSERT INTO amqp_outbox(address, message, created_at, owner) VALUES (?1, ?2, ?3, ?4)",
@@ -75,97 +64,6 @@ static const char *const a_sql[A_COUNT] = {
   [A_OUT_DROP] = "DELETE FROM amqp_outbox WHERE owner = ?1",
 };
 
-typedef struct aep aep_t;
-typedef struct amqp amqp_t;
-
-typedef struct rec {
-  uint64_t id;                   /* arrival order; the handle in nh_msg_t.tr_id */
-  struct rec *hnext;             /* hash chain */
-  struct rec *prev, *next;       /* the endpoint's buffer, while buffered */
-  aep_t *ep;
-  pn_delivery_t *dlv;
-  nh_msg_t msg;
-  int buffered;
-  int handouts;                  /* times handed to the dispatcher by this process */
-  int base;                      /* deliveries before this process saw it (store count) */
-  int redelivered;               /* the broker says another consumer had it first */
-  int persisted;                 /* an amqp_deliveries row exists */
-  int lock_lost;                 /* Service Bus: a renew-lock answer said the lock is gone */
-} rec_t;
-
-struct aep {
-  struct amqp *a;
-  char *name;
-  char *address;                 /* the receiver's source */
-  char *entity;                  /* Service Bus: the subscription path (token audience) */
-  char **types;
-  int ntypes;
-  int capacity;
-  int reply;                     /* this process's reply queue */
-  int declared;
-  nh_rmq_decl_t *decl;
-  pn_link_t *link;
-  int attached;
-  rec_t *head, *tail;
-  int nbuf, inflight;
-  aep_t *next;
-};
-
-typedef struct sender {
-  char *address;
-  pn_link_t *link;
-  struct sender *next;
-} sender_t;
-
-typedef struct pend {
-  uint64_t id;
-  nh_settle_t how;
-  char *reason;
-} pend_t;
-
-struct amqp {
-  nh_transport_t base;
-  nh_transport_t *emb;
-  uv_loop_t *loop;
-  nh_store_t *store;
-  sqlite3 *db;
-  char *owner;
-  sqlite3_stmt *q[A_COUNT];
-  nh_amqp_url_t url;
-  nh_amqp_conn_t *conn;
-  pn_session_t *ssn;
-  pn_message_t *pm;
-  char *buf;
-  size_t bufcap;
-  aep_t *eps;
-  sender_t *senders;
-  rec_t *buckets[NH_BUCKETS];
-  uint64_t next_id;
-  pend_t *pend;                  /* settlements waiting for the open transaction */
-  int npend, cpend;
-  uint64_t *txh;                 /* deliveries handed out in the open transaction */
-  int ntxh, ctxh;
-  int64_t *acked;                /* outbox rows the broker accepted, to delete */
-  int nacked, cacked, deleting;
-  int64_t last_sent;             /* highest outbox seq sent on this connection */
-  int unconfirmed;               /* sent on this connection, outcome not back yet */
-  int outbox_dirty;
-  int in_tx;
-  int started, ready_sent, fatal, shutting_down;
-  nh_amqp_status_cb status_cb;
-  void *status_data;
-  void (*shutdown_cb)(void *);
-  void *shutdown_data;
-  struct aprobe *probes;
-  nh_sb_t *sb;                   /* Service Bus profile */
-  uv_timer_t sb_refresh;         /* puts the tokens again before they expire */
-  int sb_timer;
-  int topic_ok;                  /* Service Bus: the token for the topic was accepted */
-};
-
-static void outbox_pump(amqp_t *a);
-static void check_ready(amqp_t *a);
-
 int nh_amqp_is_url(const char *s)
 {
   return s && (strncmp(s, "amqp://", 7) == 0 || strncmp(s, "amqps://", 8) == 0);
@@ -173,61 +71,7 @@ int nh_amqp_is_url(const char *s)
 
 const char *nh_amqp_describe(nh_transport_t *t) { return ((amqp_t *)t)->url.display; }
 
-/* Probes in flight: a shutdown answers them "unknown" so their owners can free. */
-typedef struct aprobe {
-  amqp_t *a;
-  nh_rmq_probe_t *h;
-  void (*done)(void *, int, const char *);
-  void *data;
-  struct aprobe *next;
-} aprobe_t;
-
-static void aprobe_unlink(aprobe_t *p)
-{
-  aprobe_t **pp = &p->a->probes;
-  while (*pp && *pp != p) pp = &(*pp)->next;
-  if (*pp) *pp = p->next;
-}
-
-static void aprobe_done(void *data, int found, const char *why)
-{
-  aprobe_t *p = data;
-  aprobe_unlink(p);
-  p->done(p->data, found, why);
-  free(p);
-}
-
-int nh_amqp_probe(nh_transport_t *t, const char *event_type, const char *to, void (*done)(void *, int, const char *),
-                  void *data, nh_error_t *err)
-{
-  amqp_t *a = (amqp_t *)t;
-  if (a->url.no_management || a->sb) return nh_error_set(err, NH_ENOTFOUND, "no management API to ask");
-  aprobe_t *p = nh_xcalloc(1, sizeof *p);
-  p->a = a;
-  p->done = done;
-  p->data = data;
-  p->h = nh_rmq_probe(a->loop, &a->url, event_type, to, aprobe_done, p, err);
-  if (!p->h) {
-    free(p);
-    return NH_EFAIL;
-  }
-  p->next = a->probes;
-  a->probes = p;
-  return NH_OK;
-}
-
-static void probes_cancel(amqp_t *a)
-{
-  while (a->probes) {
-    aprobe_t *p = a->probes;
-    a->probes = p->next;
-    nh_rmq_probe_cancel(p->h);
-    p->done(p->data, -1, "the transport is shutting down");
-    free(p);
-  }
-}
-
-static void status(amqp_t *a, nh_amqp_status_t st, const char *msg)
+void nh_amqp_status(amqp_t *a, nh_amqp_status_t st, const char *msg)
 {
   if (st == NH_AMQP_FATAL) {
     if (a->fatal) return;
@@ -236,14 +80,14 @@ static void status(amqp_t *a, nh_amqp_status_t st, const char *msg)
   if (a->status_cb) a->status_cb(a->status_data, st, msg);
 }
 
-static void wake(amqp_t *a)
+void nh_amqp_wake(amqp_t *a)
 {
   if (a->base.on_wake) a->base.on_wake(a->base.cb_data);
 }
 
 /* ---------------------------------------------------------------- deliveries */
 
-static rec_t *rec_get(amqp_t *a, uint64_t id)
+rec_t *nh_amqp_rec_get(amqp_t *a, uint64_t id)
 {
   for (rec_t *r = a->buckets[id & (NH_BUCKETS - 1)]; r; r = r->hnext)
     if (r->id == id) return r;
@@ -313,7 +157,7 @@ static void recs_drop_all(amqp_t *a)
   a->ntxh = 0;
 }
 
-static aep_t *ep_find(amqp_t *a, const char *name)
+aep_t *nh_amqp_ep_find(amqp_t *a, const char *name)
 {
   for (aep_t *ep = a->eps; ep; ep = ep->next)
     if (strcmp(ep->name, name) == 0) return ep;
@@ -328,7 +172,7 @@ static aep_t *ep_by_link(amqp_t *a, pn_link_t *l)
 }
 
 /* Credit = free capacity: at most twice the endpoint's concurrency buffered or running. */
-static void topup(aep_t *ep)
+void nh_amqp_topup(aep_t *ep)
 {
   if (!ep->link || !ep->attached) return;
   int window = ep->reply ? NH_REPLY_WINDOW : ep->capacity * NH_WINDOW_FACTOR;
@@ -338,7 +182,7 @@ static void topup(aep_t *ep)
   if (window - have >= window / 4) pn_link_flow(ep->link, window - have);
 }
 
-static void *grow(void *p, int *cap, int need, size_t size)
+void *nh_amqp_grow(void *p, int *cap, int need, size_t size)
 {
   if (need <= *cap) return p;
   int n = *cap ? *cap * 2 : 64;
@@ -365,45 +209,10 @@ static int am_unlock_session(nh_transport_t *t, const char *endpoint, const char
   return a->emb->vt->unlock_session(a->emb, endpoint, session);
 }
 
-typedef struct renew_ctx {
-  amqp_t *a;
-  uint64_t id;
-} renew_ctx_t;
-
-static void lock_answer(void *data, int code, const char *desc)
-{
-  renew_ctx_t *c = data;
-  rec_t *r = rec_get(c->a, c->id);
-  if (r && code != 200) {
-    nh_log_warn("amqp", "%s: renewing the lock of %s failed (status %d%s%s)", r->ep->name, r->msg.message_id, code,
-                desc ? ": " : "", desc ? desc : "");
-    r->lock_lost = 1;
-  }
-  free(c);
-}
-
-/* Service Bus: renew the peek-lock of the session's message in a handler. The answer
- * comes later; a refused renewal makes the next one report the lock lost. */
-static int sb_renew(amqp_t *a, const char *endpoint, const char *session)
-{
-  for (int i = 0; i < NH_BUCKETS; i++)
-    for (rec_t *r = a->buckets[i]; r; r = r->hnext) {
-      if (r->buffered || !r->dlv || strcmp(r->ep->name, endpoint) != 0 || strcmp(r->msg.session_id, session) != 0)
-        continue;
-      if (r->lock_lost) return 0;
-      renew_ctx_t *c = nh_xmalloc(sizeof *c);
-      c->a = a;
-      c->id = r->id;
-      nh_sb_renew_lock(a->sb, r->ep->entity, r->dlv, lock_answer, c);
-    }
-  if (a->conn) nh_amqp_conn_flush(a->conn);
-  return 1;
-}
-
 static int am_renew(nh_transport_t *t, const char *endpoint, const char *session, int64_t now)
 {
   amqp_t *a = (amqp_t *)t;
-  if (a->sb && a->ssn && sb_renew(a, endpoint, session) == 0) return 0;
+  if (a->sb && a->ssn && nh_amqp_sb_renew(a, endpoint, session) == 0) return 0;
   a->emb->lock_ms = t->lock_ms;
   return a->emb->vt->renew(a->emb, endpoint, session, now);
 }
@@ -429,7 +238,7 @@ static int handout(amqp_t *a, rec_t *r)
   buf_remove(r);
   r->handouts++;
   ep->inflight++;
-  a->txh = grow(a->txh, &a->ctxh, a->ntxh + 1, sizeof *a->txh);
+  a->txh = nh_amqp_grow(a->txh, &a->ctxh, a->ntxh + 1, sizeof *a->txh);
   a->txh[a->ntxh++] = r->id;
   nh_msg_t *m = nh_xmalloc(sizeof *m);
   nh_msg_copy(m, &r->msg);
@@ -447,7 +256,7 @@ static int am_receive(nh_transport_t *t, const char *endpoint, int max, int64_t 
   a->emb->lock_ms = t->lock_ms;
   int n = a->emb->vt->receive(a->emb, endpoint, max, now);   /* control messages in the store */
   if (n < 0) return n;
-  aep_t *ep = ep_find(a, endpoint);
+  aep_t *ep = nh_amqp_ep_find(a, endpoint);
   if (!ep || !ep->head || n >= max) return n;
   int rc = NH_OK;
   if (ep->reply) {   /* replies: one per request, matched by correlation id; no session order */
@@ -467,7 +276,7 @@ static int am_receive(nh_transport_t *t, const char *endpoint, int max, int64_t 
     }
     nh_strset_free(&seen);
   }
-  topup(ep);
+  nh_amqp_topup(ep);
   return rc ? rc : n;
 }
 
@@ -475,7 +284,7 @@ static int am_settle(nh_transport_t *t, const nh_msg_t *m, nh_settle_t how, int6
 {
   amqp_t *a = (amqp_t *)t;
   if (m->seq > 0 || m->tr_id == 0) return a->emb->vt->settle(a->emb, m, how, delay_ms, reason);
-  rec_t *r = rec_get(a, m->tr_id);
+  rec_t *r = nh_amqp_rec_get(a, m->tr_id);
   if (!r) {
     /* its connection is gone: the broker redelivers it; only the session hold applies */
     return how == NH_SETTLE_RELEASE ? a->emb->vt->settle(a->emb, m, how, delay_ms, reason) : NH_OK;
@@ -498,33 +307,8 @@ static int am_settle(nh_transport_t *t, const nh_msg_t *m, nh_settle_t how, int6
     nh_sqlite_bind_text(a->q[A_DLV_DEL], 2, r->msg.message_id);
     if (nh_sqlite_step_done(a->db, a->q[A_DLV_DEL], "amqp delivery count")) return NH_EFAIL;
   }
-  a->pend = grow(a->pend, &a->cpend, a->npend + 1, sizeof *a->pend);
+  a->pend = nh_amqp_grow(a->pend, &a->cpend, a->npend + 1, sizeof *a->pend);
   a->pend[a->npend++] = (pend_t){ r->id, how, nh_xstrdup(reason) };
-  return NH_OK;
-}
-
-static int outbox_add(amqp_t *a, const char *address, const nh_msg_t *m, const char *to, nh_error_t *err)
-{
-  nh_amqp_msg_encode(a->pm, m, to);
-  size_t size;
-  int rc;
-  for (;;) {
-    size = a->bufcap;
-    rc = pn_message_encode(a->pm, a->buf, &size);
-    if (rc != PN_OVERFLOW) break;
-    a->bufcap = a->bufcap ? a->bufcap * 2 : 4096;
-    a->buf = nh_xrealloc(a->buf, a->bufcap);
-  }
-  if (rc != 0) return nh_error_set(err, NH_EFAIL, "cannot encode the AMQP message (proton error %d)", rc);
-  sqlite3_stmt *st = a->q[A_OUT_ADD];
-  nh_sqlite_bind_text(st, 1, address);
-  sqlite3_bind_blob(st, 2, a->buf, (int)size, SQLITE_TRANSIENT);
-  sqlite3_bind_int64(st, 3, nh_time_now_ms());
-  nh_sqlite_bind_text(st, 4, a->owner);
-  if (nh_sqlite_step_done(a->db, st, "amqp outbox"))
-    return nh_error_set(err, NH_EFAIL, "amqp outbox: %s", sqlite3_errmsg(a->db));
-  a->outbox_dirty = 1;
-  if (!a->in_tx) outbox_pump(a);
   return NH_OK;
 }
 
@@ -541,17 +325,17 @@ static int am_send(nh_transport_t *t, const nh_msg_t *m, const char *to_endpoint
   if (a->sb) snprintf(address, sizeof address, "%s", a->url.exchange);   /* subscriptions filter on the label */
   else if (to_endpoint) snprintf(address, sizeof address, "/amq/queue/%s", to_endpoint);
   else snprintf(address, sizeof address, "/exchange/%s", a->url.exchange);   /* subject = routing key */
-  int rc = outbox_add(a, address, m, to_endpoint, err);
+  int rc = nh_amqp_outbox_add(a, address, m, to_endpoint, err);
   if (rc == NH_OK) *copies = 1;   /* the broker fans out; how many copies is not known here */
   return rc;
 }
 
 static void am_set_capacity(nh_transport_t *t, const char *endpoint, int n)
 {
-  aep_t *ep = ep_find((amqp_t *)t, endpoint);
+  aep_t *ep = nh_amqp_ep_find((amqp_t *)t, endpoint);
   if (ep) {
     ep->capacity = n;
-    topup(ep);
+    nh_amqp_topup(ep);
   }
 }
 
@@ -561,7 +345,7 @@ static void apply_settlements(amqp_t *a)
 {
   for (int i = 0; i < a->npend; i++) {
     pend_t *p = &a->pend[i];
-    rec_t *r = rec_get(a, p->id);
+    rec_t *r = nh_amqp_rec_get(a, p->id);
     if (r && r->dlv) {
       if (p->how == NH_SETTLE_DEAD_LETTER) {
         pn_disposition_t *ds = pn_delivery_local(r->dlv);
@@ -589,7 +373,7 @@ static void apply_settlements(amqp_t *a)
     free(p->reason);
   }
   if (a->npend)
-    for (aep_t *ep = a->eps; ep; ep = ep->next) topup(ep);
+    for (aep_t *ep = a->eps; ep; ep = ep->next) nh_amqp_topup(ep);
   a->npend = 0;
 }
 
@@ -615,7 +399,7 @@ static void txn_hook(void *data, nh_txn_phase_t phase)
     }
     a->ntxh = 0;
     apply_settlements(a);
-    if (a->outbox_dirty) outbox_pump(a);
+    if (a->outbox_dirty) nh_amqp_outbox_pump(a);
     if (a->conn) nh_amqp_conn_flush(a->conn);
     break;
   case NH_TXN_ROLLBACK:
@@ -625,14 +409,14 @@ static void txn_hook(void *data, nh_txn_phase_t phase)
     for (int i = 0; i < a->npend; i++) free(a->pend[i].reason);
     a->npend = 0;
     for (int i = 0; i < a->ntxh; i++) {   /* handed out for nothing: give them back */
-      rec_t *r = rec_get(a, a->txh[i]);
+      rec_t *r = nh_amqp_rec_get(a, a->txh[i]);
       if (r && !r->buffered) {
         r->ep->inflight--;
         r->handouts--;
         buf_insert(r);
       }
     }
-    if (a->ntxh) wake(a);
+    if (a->ntxh) nh_amqp_wake(a);
     a->ntxh = 0;
     break;
   }
@@ -640,161 +424,7 @@ static void txn_hook(void *data, nh_txn_phase_t phase)
 
 /* ---------------------------------------------------------------- the outbox */
 
-static sender_t *sender_for(amqp_t *a, const char *address)
-{
-  for (sender_t *s = a->senders; s; s = s->next)
-    if (strcmp(s->address, address) == 0) return s;
-  sender_t *s = nh_xcalloc(1, sizeof *s);
-  s->address = nh_xstrdup(address);
-  char name[700];
-  snprintf(name, sizeof name, "nh-send:%s", address);
-  s->link = pn_sender(a->ssn, name);
-  pn_terminus_set_address(pn_link_target(s->link), address);
-  pn_link_set_snd_settle_mode(s->link, PN_SND_UNSETTLED);
-  pn_link_open(s->link);
-  s->next = a->senders;
-  a->senders = s;
-  return s;
-}
-
-static void outbox_pump(amqp_t *a)
-{
-  a->outbox_dirty = 0;
-  if (!a->ssn || a->in_tx || (a->sb && !a->topic_ok)) return;
-  sqlite3_stmt *st = a->q[A_OUT_NEXT];
-  int more = 1;
-  while (more) {
-    more = 0;
-    sqlite3_bind_int64(st, 1, a->last_sent);
-    sqlite3_bind_int(st, 2, NH_OUTBOX_BATCH);
-    nh_sqlite_bind_text(st, 3, a->owner);
-    int rows = 0, blocked = 0;
-    while (!blocked && sqlite3_step(st) == SQLITE_ROW) {
-      rows++;
-      int64_t seq = sqlite3_column_int64(st, 0);
-      sender_t *s = sender_for(a, (const char *)sqlite3_column_text(st, 1));
-      if (pn_link_credit(s->link) <= 0) {   /* resumed by PN_LINK_FLOW */
-        blocked = 1;
-        break;
-      }
-      pn_delivery(s->link, pn_dtag((const char *)&seq, sizeof seq));
-      pn_link_send(s->link, sqlite3_column_blob(st, 2), (size_t)sqlite3_column_bytes(st, 2));
-      pn_link_advance(s->link);
-      a->last_sent = seq;
-      a->unconfirmed++;
-    }
-    sqlite3_reset(st);
-    if (!blocked && rows == NH_OUTBOX_BATCH) more = 1;
-  }
-  if (a->conn) nh_amqp_conn_flush(a->conn);
-}
-
-static void on_sent_outcome(amqp_t *a, pn_delivery_t *d)
-{
-  uint64_t state = pn_delivery_remote_state(d);
-  if (!state && !pn_delivery_settled(d)) return;
-  pn_delivery_tag_t tag = pn_delivery_tag(d);
-  int64_t seq = 0;
-  if (tag.size == sizeof seq) memcpy(&seq, tag.start, sizeof seq);
-  pn_link_t *l = pn_delivery_link(d);
-  const char *addr = pn_terminus_get_address(pn_link_target(l));
-  if (state == PN_ACCEPTED || state == 0) {
-    a->acked = grow(a->acked, &a->cacked, a->nacked + 1, sizeof *a->acked);
-    a->acked[a->nacked++] = seq;
-  } else if (state == PN_REJECTED) {
-    pn_condition_t *c = pn_disposition_condition(pn_delivery_remote(d));
-    nh_log_error("amqp", "the broker rejected outbox message %lld to %s: %s %s; it is dropped from the outbox",
-                 (long long)seq, addr ? addr : "?", pn_condition_get_name(c) ? pn_condition_get_name(c) : "",
-                 pn_condition_get_description(c) ? pn_condition_get_description(c) : "");
-    a->acked = grow(a->acked, &a->cacked, a->nacked + 1, sizeof *a->acked);
-    a->acked[a->nacked++] = seq;
-  } else {   /* released / modified: send it again */
-    nh_log_warn("amqp", "the broker released outbox message %lld to %s; sending it again", (long long)seq,
-                addr ? addr : "?");
-    if (seq <= a->last_sent) a->last_sent = seq - 1;
-    a->outbox_dirty = 1;
-  }
-  pn_delivery_settle(d);
-  if (a->unconfirmed > 0) a->unconfirmed--;
-}
-
-/* Rows left by processes of this machine that stopped before the broker took them. */
-static void outbox_claim(amqp_t *a)
-{
-  char *dead[64];
-  int n = 0;
-  sqlite3_stmt *st = a->q[A_OUT_OWNERS];
-  nh_sqlite_bind_text(st, 1, a->owner);
-  while (n < 64 && sqlite3_step(st) == SQLITE_ROW) {
-    const char *o = (const char *)sqlite3_column_text(st, 0);
-    if (nh_owner_dead(o)) dead[n++] = nh_xstrdup(o);
-  }
-  sqlite3_reset(st);
-  for (int i = 0; i < n; i++) {
-    nh_sqlite_bind_text(a->q[A_OUT_CLAIM], 1, a->owner);
-    nh_sqlite_bind_text(a->q[A_OUT_CLAIM], 2, dead[i]);
-    if (nh_sqlite_step_done(a->db, a->q[A_OUT_CLAIM], "amqp outbox claim") == NH_OK && sqlite3_changes(a->db) > 0)
-      nh_log_info("amqp", "sending %d outbox message(s) left by %s (no longer running)", sqlite3_changes(a->db),
-                  dead[i]);
-    free(dead[i]);
-  }
-}
-
-int nh_amqp_outbox_discard(nh_transport_t *t)
-{
-  amqp_t *a = (amqp_t *)t;
-  nh_sqlite_bind_text(a->q[A_OUT_DROP], 1, a->owner);
-  return nh_sqlite_step_done(a->db, a->q[A_OUT_DROP], "amqp outbox discard");
-}
-
-int nh_amqp_unconfirmed(nh_transport_t *t)
-{
-  amqp_t *a = (amqp_t *)t;
-  sqlite3_stmt *st = a->q[A_OUT_LEFT];
-  sqlite3_bind_int64(st, 1, a->last_sent);
-  nh_sqlite_bind_text(st, 2, a->owner);
-  int left = sqlite3_step(st) == SQLITE_ROW ? sqlite3_column_int(st, 0) : 0;
-  sqlite3_reset(st);
-  return left + a->unconfirmed;
-}
-
 /* ---------------------------------------------------------------- connection events */
-
-static void attach(amqp_t *a, aep_t *ep)
-{
-  if (!a->ssn || ep->link || !ep->declared || (ep->reply && (a->url.no_management || a->sb))) return;
-  char name[700];
-  snprintf(name, sizeof name, "nh-recv:%s", ep->name);
-  ep->link = pn_receiver(a->ssn, name);
-  pn_terminus_set_address(pn_link_source(ep->link), ep->address);
-  pn_terminus_set_address(pn_link_target(ep->link), name);   /* unique per link, as the SDKs do */
-  pn_link_set_snd_settle_mode(ep->link, PN_SND_UNSETTLED);
-  /* Service Bus peek-lock is mode second; RabbitMQ settles on our disposition */
-  pn_link_set_rcv_settle_mode(ep->link, a->sb ? PN_RCV_SECOND : PN_RCV_FIRST);
-  pn_link_open(ep->link);
-}
-
-static void declare(amqp_t *a, aep_t *ep);
-
-static void token_refused(amqp_t *a, const char *entity, int code, const char *desc)
-{
-  char why[1024];
-  snprintf(why, sizeof why, "Service Bus refused the SAS token for sb://%s/%s (status %d%s%s): check the key name "
-           "(user) and key (password) in --transport and that the policy may send/listen there",
-           a->url.host, entity, code, desc ? ": " : "", desc ? desc : "");
-  status(a, NH_AMQP_FATAL, why);
-}
-
-static void topic_token(void *data, int code, const char *desc)
-{
-  amqp_t *a = data;
-  if (code != 200 && code != 202) {
-    token_refused(a, a->url.exchange, code, desc);
-    return;
-  }
-  a->topic_ok = 1;
-  outbox_pump(a);
-}
 
 static void on_up(void *data, pn_connection_t *c)
 {
@@ -806,15 +436,15 @@ static void on_up(void *data, pn_connection_t *c)
   if (a->sb) {
     nh_sb_up(a->sb, a->ssn);
     a->topic_ok = 0;
-    nh_sb_put_token(a->sb, a->url.exchange, topic_token, a);
+    nh_sb_put_token(a->sb, a->url.exchange, nh_amqp_topic_token, a);
   }
   /* Declared again on every connection: a restarted broker has lost the reply queue
    * (not durable), and attaching to a missing queue ends the whole AMQP session. */
   for (aep_t *ep = a->eps; ep; ep = ep->next) {
-    if (ep->declared) attach(a, ep);
-    else if (!ep->decl) declare(a, ep);   /* one in progress attaches when it is done */
+    if (ep->declared) nh_amqp_attach(a, ep);
+    else if (!ep->decl) nh_amqp_declare(a, ep);   /* one in progress attaches when it is done */
   }
-  outbox_pump(a);
+  nh_amqp_outbox_pump(a);
 }
 
 static void on_down(void *data, const char *why, int fatal)
@@ -833,7 +463,7 @@ static void on_down(void *data, const char *why, int fatal)
   recs_drop_all(a);
   a->unconfirmed = 0;
   a->last_sent = 0;
-  if (fatal && !a->shutting_down) status(a, NH_AMQP_FATAL, why);
+  if (fatal && !a->shutting_down) nh_amqp_status(a, NH_AMQP_FATAL, why);
 }
 
 static void receive_delivery(amqp_t *a, aep_t *ep, pn_delivery_t *d)
@@ -889,7 +519,7 @@ static void link_lost(amqp_t *a, pn_link_t *l, pn_condition_t *cond)
                a->url.host, desc ? desc : name, a->url.exchange);
     else
       snprintf(why, sizeof why, "Service Bus refused access to %s: %s", addr ? addr : "?", desc ? desc : name);
-    status(a, NH_AMQP_FATAL, why);
+    nh_amqp_status(a, NH_AMQP_FATAL, why);
     return;
   }
   nh_log_error("amqp", "the broker closed the link %s: %s%s%s; reconnecting", addr ? addr : "?",
@@ -912,11 +542,11 @@ static void on_event(void *data, pn_event_t *e)
        * saying why: that is not attached */
       if (ep && pn_terminus_get_address(pn_link_remote_source(l))) {
         ep->attached = 1;
-        topup(ep);
-        check_ready(a);
+        nh_amqp_topup(ep);
+        nh_amqp_check_ready(a);
       }
     } else {
-      outbox_pump(a);
+      nh_amqp_outbox_pump(a);
     }
     break;
   }
@@ -934,7 +564,7 @@ static void on_event(void *data, pn_event_t *e)
     }
     break;
   case PN_LINK_FLOW:
-    if (pn_link_is_sender(pn_event_link(e))) outbox_pump(a);
+    if (pn_link_is_sender(pn_event_link(e))) nh_amqp_outbox_pump(a);
     break;
   case PN_DELIVERY: {
     pn_delivery_t *d = pn_event_delivery(e);
@@ -954,10 +584,10 @@ static void on_event(void *data, pn_event_t *e)
       }
       if (!ep || !pn_delivery_readable(d) || pn_delivery_partial(d)) break;
       receive_delivery(a, ep, d);
-      wake(a);
+      nh_amqp_wake(a);
     } else if (pn_delivery_updated(d)) {
-      on_sent_outcome(a, d);
-      if (a->outbox_dirty) outbox_pump(a);
+      nh_amqp_outbox_outcome(a, d);
+      if (a->outbox_dirty) nh_amqp_outbox_pump(a);
     }
     break;
   }
@@ -966,92 +596,13 @@ static void on_event(void *data, pn_event_t *e)
   }
 }
 
-static void check_ready(amqp_t *a)
-{
-  if (a->ready_sent || !a->ssn) return;
-  for (aep_t *ep = a->eps; ep; ep = ep->next)
-    if (!ep->declared || !ep->attached) return;
-  a->ready_sent = 1;
-  status(a, NH_AMQP_READY, a->url.display);
-}
-
-/* ---------------------------------------------------------------- topology */
-
-static void declared(void *data, const char *why, int fatal);
-
-static void sub_token(void *data, int code, const char *desc)
-{
-  aep_t *ep = data;
-  amqp_t *a = ep->a;
-  if (code != 200 && code != 202) {
-    token_refused(a, ep->entity, code, desc);
-    return;
-  }
-  ep->declared = 1;
-  attach(a, ep);
-  if (a->conn) nh_amqp_conn_flush(a->conn);
-  check_ready(a);
-}
-
-static void mgmt_token(void *data, int code, const char *desc)
-{
-  aep_t *ep = data;
-  if (code != 200 && code != 202)
-    nh_log_warn("amqp", "%s: Service Bus refused the token for %s/$management (status %d%s%s): lock renewals will "
-                "fail", ep->name, ep->entity, code, desc ? ": " : "", desc ? desc : "");
-}
-
-static void declare(amqp_t *a, aep_t *ep)
-{
-  if (a->sb) {   /* the topology exists already; the token opens it (on a connection) */
-    if (ep->reply) {   /* no reply queues on Service Bus: nimbus.request times out */
-      ep->declared = ep->attached = 1;
-      check_ready(a);
-    } else if (a->ssn) {
-      char mgmt[1100];
-      snprintf(mgmt, sizeof mgmt, "%s/$management", ep->entity);   /* its own audience (renew-lock) */
-      nh_sb_put_token(a->sb, mgmt, mgmt_token, ep);
-      nh_sb_put_token(a->sb, ep->entity, sub_token, ep);
-    }
-    return;
-  }
-  if (a->url.no_management) {   /* provisioned outside the host */
-    ep->declared = 1;
-    if (ep->reply) ep->attached = 1;   /* no reply queue without the API: requests time out */
-    else attach(a, ep);
-    check_ready(a);
-    return;
-  }
-  if (ep->decl) nh_rmq_cancel(ep->decl);
-  ep->decl = nh_rmq_declare(a->loop, &a->url, ep->name, ep->reply, (const char *const *)ep->types, ep->ntypes,
-                            declared, ep);
-}
-
-static void declared(void *data, const char *why, int fatal)
-{
-  aep_t *ep = data;
-  amqp_t *a = ep->a;
-  nh_rmq_cancel(ep->decl);
-  ep->decl = NULL;
-  if (why) {   /* transient failures are retried inside; this one is final */
-    status(a, NH_AMQP_FATAL, why);
-    return;
-  }
-  (void)fatal;
-  nh_log_debug("amqp", "%s: queue and bindings declared", ep->name);
-  ep->declared = 1;
-  attach(a, ep);
-  if (a->conn) nh_amqp_conn_flush(a->conn);
-  check_ready(a);
-}
-
 static int am_subscribe(nh_transport_t *t, const char *endpoint, const char *const *types, const int *commands, int n,
                         nh_error_t *err)
 {
   amqp_t *a = (amqp_t *)t;
   int reply = strncmp(endpoint, "_reply.", 7) == 0;
   if (!reply && a->emb->vt->subscribe(a->emb, endpoint, types, commands, n, err)) return NH_EFAIL;
-  aep_t *ep = ep_find(a, endpoint);
+  aep_t *ep = nh_amqp_ep_find(a, endpoint);
   if (!ep) {
     ep = nh_xcalloc(1, sizeof *ep);
     ep->a = a;
@@ -1075,24 +626,11 @@ static int am_subscribe(nh_transport_t *t, const char *endpoint, const char *con
   ep->types = nh_xcalloc((size_t)(n > 0 ? n : 1), sizeof(char *));
   ep->ntypes = n;
   for (int i = 0; i < n; i++) ep->types[i] = nh_xstrdup(types[i]);
-  if (a->started) declare(a, ep);   /* a reload: new bindings (old ones stay, see docs) */
+  if (a->started) nh_amqp_declare(a, ep);   /* a reload: new bindings (old ones stay, see docs) */
   return NH_OK;
 }
 
 /* ---------------------------------------------------------------- lifecycle */
-
-/* Tokens live NH_SB_TOKEN_TTL_S; Service Bus detaches an entity's links when its token
- * expires, so every token is put again at three quarters of that. */
-static void sb_refresh_cb(uv_timer_t *h)
-{
-  amqp_t *a = h->data;
-  if (!a->ssn) return;
-  nh_log_debug("amqp", "refreshing the Service Bus tokens");
-  nh_sb_put_token(a->sb, a->url.exchange, topic_token, a);
-  for (aep_t *ep = a->eps; ep; ep = ep->next)
-    if (!ep->reply && ep->declared) nh_sb_put_token(a->sb, ep->entity, sub_token, ep);
-  if (a->conn) nh_amqp_conn_flush(a->conn);
-}
 
 void nh_amqp_start(nh_transport_t *t)
 {
@@ -1104,9 +642,9 @@ void nh_amqp_start(nh_transport_t *t)
     uv_timer_init(a->loop, &a->sb_refresh);
     a->sb_refresh.data = a;
     a->sb_timer = 1;
-    uv_timer_start(&a->sb_refresh, sb_refresh_cb, every, every);
+    uv_timer_start(&a->sb_refresh, nh_amqp_sb_refresh, every, every);
   }
-  for (aep_t *ep = a->eps; ep; ep = ep->next) declare(a, ep);
+  for (aep_t *ep = a->eps; ep; ep = ep->next) nh_amqp_declare(a, ep);
   nh_amqp_conn_start(a->conn);
 }
 
@@ -1130,7 +668,7 @@ void nh_amqp_shutdown(nh_transport_t *t, void (*done)(void *), void *data)
     nh_rmq_cancel(ep->decl);
     ep->decl = NULL;
   }
-  probes_cancel(a);
+  nh_amqp_probes_cancel(a);
   if (a->sb_timer) {
     a->sb_timer = 0;
     uv_close((uv_handle_t *)&a->sb_refresh, NULL);
@@ -1142,7 +680,7 @@ static void am_close(nh_transport_t *t)
 {
   amqp_t *a = (amqp_t *)t;
   nh_store_set_txn_hook(a->store, NULL, NULL);
-  probes_cancel(a);
+  nh_amqp_probes_cancel(a);
   on_down(a, "closed", 0);   /* senders and deliveries */
   for (aep_t *ep = a->eps; ep;) {
     aep_t *next = ep->next;
@@ -1169,32 +707,6 @@ static void am_close(nh_transport_t *t)
   free(a);
 }
 
-typedef struct vprobe {
-  void (*done)(void *, int);
-  void *data;
-} vprobe_t;
-
-static void vprobe_done(void *data, int found, const char *why)
-{
-  vprobe_t *v = data;
-  if (why) nh_log_debug("amqp", "probe: %s", why);
-  v->done(v->data, found);
-  free(v);
-}
-
-static int am_probe(nh_transport_t *t, const char *event_type, void (*done)(void *, int), void *data)
-{
-  vprobe_t *v = nh_xmalloc(sizeof *v);
-  v->done = done;
-  v->data = data;
-  nh_error_t err = {0};
-  if (nh_amqp_probe(t, event_type, NULL, vprobe_done, v, &err)) {
-    free(v);
-    return NH_EFAIL;
-  }
-  return NH_OK;
-}
-
 static const nh_transport_vtbl_t amqp_vtbl = {
   .name = "amqp",
   .subscribe = am_subscribe,
@@ -1207,7 +719,7 @@ static const nh_transport_vtbl_t amqp_vtbl = {
   .send = am_send,
   .close = am_close,
   .set_capacity = am_set_capacity,
-  .probe = am_probe,
+  .probe = nh_amqp_vt_probe,
 };
 
 nh_transport_t *nh_amqp_new(uv_loop_t *loop, nh_store_t *store, const char *url, const char *owner,
@@ -1243,7 +755,7 @@ nh_transport_t *nh_amqp_new(uv_loop_t *loop, nh_store_t *store, const char *url,
       return NULL;
     }
   }
-  outbox_claim(a);
+  nh_amqp_outbox_claim(a);
   if (a->url.servicebus) a->sb = nh_sb_new(&a->url);
   a->pm = pn_message();
   nh_amqp_conn_cbs_t cbs = { on_up, on_event, on_down };

@@ -1,0 +1,137 @@
+/* The AMQP transport's state, shared by nh_amqp.c (the vtable, receiving and settling),
+ * nh_amqp_outbox.c (sending) and nh_amqp_topo.c (topology, readiness, probes, Service
+ * Bus tokens and lock renewal). Not for other modules: they use nh_amqp.h. */
+#ifndef NH_AMQP_PRIV_H
+#define NH_AMQP_PRIV_H
+
+#include <proton/delivery.h>
+#include <proton/link.h>
+#include <proton/session.h>
+#include <sqlite3.h>
+
+#include "nh_amqp.h"
+#include "nh_amqp_int.h"
+
+#define NH_BUCKETS 4096
+#define NH_OUTBOX_BATCH 256
+#define NH_REPLY_WINDOW 256
+#define NH_MIN_WINDOW 16
+#ifndef NH_WINDOW_FACTOR
+#define NH_WINDOW_FACTOR 4
+#endif
+
+enum { A_OUT_ADD, A_OUT_NEXT, A_OUT_DEL, A_DLV_BUMP, A_DLV_DEL, A_OUT_LEFT, A_OUT_OWNERS, A_OUT_CLAIM, A_OUT_DROP, A_COUNT };
+
+typedef struct aep aep_t;
+typedef struct amqp amqp_t;
+
+typedef struct rec {
+  uint64_t id;                   /* arrival order; the handle in nh_msg_t.tr_id */
+  struct rec *hnext;             /* hash chain */
+  struct rec *prev, *next;       /* the endpoint's buffer, while buffered */
+  aep_t *ep;
+  pn_delivery_t *dlv;
+  nh_msg_t msg;
+  int buffered;
+  int handouts;                  /* times handed to the dispatcher by this process */
+  int base;                      /* deliveries before this process saw it (store count) */
+  int redelivered;               /* the broker says another consumer had it first */
+  int persisted;                 /* an amqp_deliveries row exists */
+  int lock_lost;                 /* Service Bus: a renew-lock answer said the lock is gone */
+} rec_t;
+
+struct aep {
+  struct amqp *a;
+  char *name;
+  char *address;                 /* the receiver's source */
+  char *entity;                  /* Service Bus: the subscription path (token audience) */
+  char **types;
+  int ntypes;
+  int capacity;
+  int reply;                     /* this process's reply queue */
+  int declared;
+  nh_rmq_decl_t *decl;
+  pn_link_t *link;
+  int attached;
+  rec_t *head, *tail;
+  int nbuf, inflight;
+  aep_t *next;
+};
+
+typedef struct sender {
+  char *address;
+  pn_link_t *link;
+  struct sender *next;
+} sender_t;
+
+typedef struct pend {
+  uint64_t id;
+  nh_settle_t how;
+  char *reason;
+} pend_t;
+
+struct amqp {
+  nh_transport_t base;
+  nh_transport_t *emb;
+  uv_loop_t *loop;
+  nh_store_t *store;
+  sqlite3 *db;
+  char *owner;
+  sqlite3_stmt *q[A_COUNT];
+  nh_amqp_url_t url;
+  nh_amqp_conn_t *conn;
+  pn_session_t *ssn;
+  pn_message_t *pm;
+  char *buf;
+  size_t bufcap;
+  aep_t *eps;
+  sender_t *senders;
+  rec_t *buckets[NH_BUCKETS];
+  uint64_t next_id;
+  pend_t *pend;                  /* settlements waiting for the open transaction */
+  int npend, cpend;
+  uint64_t *txh;                 /* deliveries handed out in the open transaction */
+  int ntxh, ctxh;
+  int64_t *acked;                /* outbox rows the broker accepted, to delete */
+  int nacked, cacked, deleting;
+  int64_t last_sent;             /* highest outbox seq sent on this connection */
+  int unconfirmed;               /* sent on this connection, outcome not back yet */
+  int outbox_dirty;
+  int in_tx;
+  int started, ready_sent, fatal, shutting_down;
+  nh_amqp_status_cb status_cb;
+  void *status_data;
+  void (*shutdown_cb)(void *);
+  void *shutdown_data;
+  struct aprobe *probes;
+  nh_sb_t *sb;                   /* Service Bus profile */
+  uv_timer_t sb_refresh;         /* puts the tokens again before they expire */
+  int sb_timer;
+  int topic_ok;                  /* Service Bus: the token for the topic was accepted */
+};
+
+/* nh_amqp.c */
+void nh_amqp_status(amqp_t *a, nh_amqp_status_t st, const char *msg);
+void nh_amqp_wake(amqp_t *a);
+rec_t *nh_amqp_rec_get(amqp_t *a, uint64_t id);
+aep_t *nh_amqp_ep_find(amqp_t *a, const char *name);
+void nh_amqp_topup(aep_t *ep);
+void *nh_amqp_grow(void *p, int *cap, int need, size_t size);
+
+/* nh_amqp_outbox.c: sends through the store's outbox */
+int nh_amqp_outbox_add(amqp_t *a, const char *address, const nh_msg_t *m, const char *to, nh_error_t *err);
+void nh_amqp_outbox_pump(amqp_t *a);
+void nh_amqp_outbox_outcome(amqp_t *a, pn_delivery_t *d);
+void nh_amqp_outbox_claim(amqp_t *a);
+
+/* nh_amqp_topo.c: topology, receivers, readiness, probes, Service Bus tokens and locks */
+void nh_amqp_attach(amqp_t *a, aep_t *ep);
+void nh_amqp_declare(amqp_t *a, aep_t *ep);
+void nh_amqp_check_ready(amqp_t *a);
+void nh_amqp_topic_token(void *data, int code, const char *desc);
+int nh_amqp_sb_renew(amqp_t *a, const char *endpoint, const char *session);
+void nh_amqp_sb_refresh(uv_timer_t *h);
+void nh_amqp_probes_cancel(amqp_t *a);
+int nh_amqp_vt_probe(nh_transport_t *t, const char *event_type, void (*done)(void *, int), void *data);
+
+#endif
