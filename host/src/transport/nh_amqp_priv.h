@@ -55,6 +55,7 @@ struct aep {
   int attached;
   rec_t *head, *tail;
   int nbuf, inflight;
+  int max_nbuf;                  /* the most ever buffered (a broker may send past the credit) */
   aep_t *next;
 };
 
