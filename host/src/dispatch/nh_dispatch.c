@@ -391,11 +391,15 @@ static void apply_done(nh_dispatch_t *d, nh_job_t **applied, nh_job_t **retry)
     if (rc == NH_OK && nh_store_savepoint_end(d->store)) rc = NH_EFAIL;
     else if (rc != NH_OK) nh_store_savepoint_rollback(d->store);
     if (rc == NH_OK || rc == NH_ESTATE || ++job->apply_failures >= NH_APPLY_ATTEMPTS || d->force_stop) {
-      if (rc != NH_OK && rc != NH_ESTATE) {
+      if (rc != NH_OK && rc != NH_ESTATE)
         nh_log_error("dispatch", "%s: giving up recording the outcome of %s (session %s) after %d attempts; the "
                      "message will be delivered again", job->ep->name, job->msg.event_id, job->msg.session_id,
                      job->apply_failures);
-        d->tr->vt->unlock_session(d->tr, job->ep->name, job->msg.session_id);
+      if (rc != NH_OK) {
+        /* Nothing of it was recorded: hand the message back unsettled (a broker
+         * transport keeps the delivery; the embedded one just frees the session). */
+        if (job->src == NH_JOB_QUEUE) d->tr->vt->settle(d->tr, &job->msg, NH_SETTLE_RELEASE, 0, NULL);
+        else if (rc != NH_ESTATE) d->tr->vt->unlock_session(d->tr, job->ep->name, job->msg.session_id);
       }
       job->next = *applied;
       *applied = job;

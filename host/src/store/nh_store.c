@@ -233,6 +233,7 @@ int nh_store_savepoint(nh_store_t *s)
     return NH_EFAIL;
   }
   s->failed = 0;
+  if (s->txn_cb) s->txn_cb(s->txn_data, NH_TXN_SAVEPOINT);
   return NH_OK;
 }
 
@@ -240,6 +241,7 @@ void nh_store_savepoint_rollback(nh_store_t *s)
 {
   sqlite3_exec(s->db, "ROLLBACK TO job; RELEASE job", NULL, NULL, NULL);
   s->failed = 0;
+  if (s->txn_cb) s->txn_cb(s->txn_data, NH_TXN_SAVEPOINT_ROLLBACK);
 }
 
 int nh_store_savepoint_end(nh_store_t *s)
@@ -253,6 +255,7 @@ int nh_store_savepoint_end(nh_store_t *s)
     nh_store_savepoint_rollback(s);
     return NH_EFAIL;
   }
+  if (s->txn_cb) s->txn_cb(s->txn_data, NH_TXN_SAVEPOINT_END);
   return NH_OK;
 }
 

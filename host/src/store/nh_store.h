@@ -54,7 +54,10 @@ const char *nh_store_path(nh_store_t *s);
 /* Told after every begin, commit and rollback of a store transaction. A broker
  * transport cannot join the sqlite transaction, so it holds the dispositions and sends
  * it is asked for until the transaction that recorded their effects has committed. */
-typedef enum { NH_TXN_BEGIN, NH_TXN_COMMIT, NH_TXN_ROLLBACK } nh_txn_phase_t;
+typedef enum {
+  NH_TXN_BEGIN, NH_TXN_COMMIT, NH_TXN_ROLLBACK,
+  NH_TXN_SAVEPOINT, NH_TXN_SAVEPOINT_END, NH_TXN_SAVEPOINT_ROLLBACK   /* one job's savepoint (not nested) */
+} nh_txn_phase_t;
 typedef void (*nh_store_txn_cb)(void *data, nh_txn_phase_t phase);
 void nh_store_set_txn_hook(nh_store_t *s, nh_store_txn_cb cb, void *data);
 

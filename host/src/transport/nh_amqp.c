@@ -61,7 +61,8 @@ static const char *const a_sql[A_COUNT] = {
   [A_OUT_LEFT] = "SELECT count(*) FROM amqp_outbox WHERE seq > ?1 AND owner = ?2",
   [A_OUT_OWNERS] = "SELECT DISTINCT owner FROM amqp_outbox WHERE owner <> ?1",
   [A_OUT_CLAIM] = "UPDATE amqp_outbox SET owner = ?1 WHERE owner = ?2",
-  [A_OUT_DROP] = "DELETE FROM amqp_outbox WHERE owner = ?1",
+  [A_OUT_DROP] = "DELETE FROM amqp_outbox WHERE owner = ?1 AND seq >= ?2",
+  [A_OUT_ONE] = "SELECT seq, address, message FROM amqp_outbox WHERE seq = ?1",
 };
 
 int nh_amqp_is_url(const char *s)
@@ -382,10 +383,48 @@ static void apply_settlements(amqp_t *a)
   a->npend = 0;
 }
 
+/* Deliveries handed out since index `from` of txh go back to their buffers. */
+static void give_back(amqp_t *a, int from)
+{
+  for (int i = from; i < a->ntxh; i++) {
+    rec_t *r = nh_amqp_rec_get(a, a->txh[i]);
+    if (r && !r->buffered) {
+      r->ep->inflight--;
+      r->handouts--;
+      buf_insert(r);
+    }
+  }
+  if (a->ntxh > from) nh_amqp_wake(a);
+  a->ntxh = from;
+}
+
+static void drop_pending(amqp_t *a, int from)
+{
+  for (int i = from; i < a->npend; i++) free(a->pend[i].reason);
+  a->npend = from;
+}
+
 static void txn_hook(void *data, nh_txn_phase_t phase)
 {
   amqp_t *a = data;
   switch (phase) {
+  case NH_TXN_SAVEPOINT:
+    a->in_sp = 1;
+    a->sp_npend = a->npend;
+    a->sp_ntxh = a->ntxh;
+    break;
+  case NH_TXN_SAVEPOINT_END:
+    a->in_sp = 0;
+    break;
+  case NH_TXN_SAVEPOINT_ROLLBACK:
+    /* one job undone (its lock lost, a write failed): neither its settlement nor its
+     * hand-out happened; the dispatcher applies it again or lets it be delivered again */
+    if (a->in_sp) {
+      drop_pending(a, a->sp_npend);
+      give_back(a, a->sp_ntxh);
+    }
+    a->in_sp = 0;
+    break;
   case NH_TXN_BEGIN:
     a->in_tx = 1;
     /* accepted outbox rows go with this transaction (and come back if it rolls back) */
@@ -409,20 +448,11 @@ static void txn_hook(void *data, nh_txn_phase_t phase)
     break;
   case NH_TXN_ROLLBACK:
     a->in_tx = 0;
+    a->in_sp = 0;
     a->deleting = 0;
     a->outbox_dirty = 0;
-    for (int i = 0; i < a->npend; i++) free(a->pend[i].reason);
-    a->npend = 0;
-    for (int i = 0; i < a->ntxh; i++) {   /* handed out for nothing: give them back */
-      rec_t *r = nh_amqp_rec_get(a, a->txh[i]);
-      if (r && !r->buffered) {
-        r->ep->inflight--;
-        r->handouts--;
-        buf_insert(r);
-      }
-    }
-    if (a->ntxh) nh_amqp_wake(a);
-    a->ntxh = 0;
+    drop_pending(a, 0);
+    give_back(a, 0);   /* handed out for nothing */
     break;
   }
 }
@@ -457,6 +487,7 @@ static void on_down(void *data, const char *why, int fatal)
   amqp_t *a = data;
   a->ssn = NULL;
   a->topic_ok = 0;
+  a->nresend = 0;   /* the next connection sends every row not accepted yet */
   if (a->sb) nh_sb_down(a->sb);
   for (sender_t *s = a->senders; s;) {
     sender_t *next = s->next;
@@ -669,7 +700,7 @@ void nh_amqp_shutdown(nh_transport_t *t, void (*done)(void *), void *data)
   int held = 0;
   for (int i = 0; i < NH_BUCKETS; i++)
     for (rec_t *r = a->buckets[i]; r; r = r->hnext) held++;
-  nh_log_info("amqp", "stopping: %d delivery(ies) unsettled (the broker gives them out again)", held);
+  if (held) nh_log_info("amqp", "stopping: %d delivery(ies) unsettled (the broker gives them out again)", held);
   for (aep_t *ep = a->eps; ep; ep = ep->next)
     if (!ep->reply) nh_log_info("amqp", "%s: at most %d message(s) were buffered at once", ep->name, ep->max_nbuf);
   a->shutting_down = 1;
@@ -707,6 +738,7 @@ static void am_close(nh_transport_t *t)
   free(a->pend);
   free(a->txh);
   free(a->acked);
+  free(a->resend);
   free(a->buf);
   if (a->pm) pn_message_free(a->pm);
   for (int i = 0; i < A_COUNT; i++) sqlite3_finalize(a->q[i]);

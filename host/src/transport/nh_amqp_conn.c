@@ -45,6 +45,7 @@ struct nh_amqp_conn {
   int tcp_open;
   uv_timer_t tick, retry;
   int writes;                    /* uv_write requests in flight */
+  int flushing, again;           /* inside nh_amqp_conn_flush; asked again meanwhile */
   pn_connection_driver_t drv;
   int drv_open;
   pn_ssl_domain_t *ssl;
@@ -189,7 +190,26 @@ static void write_cb(uv_write_t *req, int status)
   if (c->state == C_OPEN) nh_amqp_conn_flush(c);
 }
 
+static void flush_once(nh_amqp_conn_t *c);
+
+/* Handlers of the events it runs may ask for a flush again (sending, attaching): such a
+ * nested call only marks another round, so proton's current event is not recycled
+ * underneath the outer loop. */
 void nh_amqp_conn_flush(nh_amqp_conn_t *c)
+{
+  if (c->flushing) {
+    c->again = 1;
+    return;
+  }
+  c->flushing = 1;
+  do {
+    c->again = 0;
+    flush_once(c);
+  } while (c->again);
+  c->flushing = 0;
+}
+
+static void flush_once(nh_amqp_conn_t *c)
 {
   if (c->state != C_OPEN || !c->drv_open) return;
   for (;;) {

@@ -89,7 +89,7 @@ typedef struct nh_sb nh_sb_t;
 nh_sb_t *nh_sb_new(const nh_amqp_url_t *url);
 void nh_sb_free(nh_sb_t *sb);
 void nh_sb_up(nh_sb_t *sb, pn_session_t *ssn);   /* a new connection: start over */
-void nh_sb_down(nh_sb_t *sb);                    /* unanswered requests are dropped, not called */
+void nh_sb_down(nh_sb_t *sb);                    /* unanswered requests are called with status -1 */
 /* put-token for sb://<host>/<entity>; done(data, status-code, status-description). */
 void nh_sb_put_token(nh_sb_t *sb, const char *entity, void (*done)(void *, int, const char *), void *data);
 /* com.microsoft:renew-lock of one peek-locked delivery of `entity`; done(data, statusCode, why). */

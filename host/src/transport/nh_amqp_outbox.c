@@ -35,6 +35,7 @@ int nh_amqp_outbox_add(amqp_t *a, const char *address, const nh_msg_t *m, const 
   nh_sqlite_bind_text(st, 4, a->owner);
   if (nh_sqlite_step_done(a->db, st, "amqp outbox"))
     return nh_error_set(err, NH_EFAIL, "amqp outbox: %s", sqlite3_errmsg(a->db));
+  if (!a->first_own_seq) a->first_own_seq = sqlite3_last_insert_rowid(a->db);
   a->outbox_dirty = 1;
   if (!a->in_tx) nh_amqp_outbox_pump(a);
   return NH_OK;
@@ -57,10 +58,40 @@ static sender_t *sender_for(amqp_t *a, const char *address)
   return s;
 }
 
+/* Accepted, its delete not committed yet: a resend after a reconnect would duplicate it. */
+static int is_acked(const amqp_t *a, int64_t seq)
+{
+  for (int i = 0; i < a->nacked; i++)
+    if (a->acked[i] == seq) return 1;
+  return 0;
+}
+
+/* Sends the row at the cursor of `st` (seq, address, message); 0 when its sender has no credit. */
+static int send_row(amqp_t *a, sqlite3_stmt *st)
+{
+  int64_t seq = sqlite3_column_int64(st, 0);
+  sender_t *s = sender_for(a, (const char *)sqlite3_column_text(st, 1));
+  if (pn_link_credit(s->link) <= 0) return 0;   /* resumed by PN_LINK_FLOW */
+  pn_delivery(s->link, pn_dtag((const char *)&seq, sizeof seq));
+  pn_link_send(s->link, sqlite3_column_blob(st, 2), (size_t)sqlite3_column_bytes(st, 2));
+  pn_link_advance(s->link);
+  a->unconfirmed++;
+  return 1;
+}
+
 void nh_amqp_outbox_pump(amqp_t *a)
 {
   a->outbox_dirty = 0;
   if (!a->ssn || a->in_tx || (a->sb && !a->topic_ok)) return;
+  while (a->nresend > 0) {   /* released by the broker: that row again, nothing after it */
+    sqlite3_stmt *one = a->q[A_OUT_ONE];
+    sqlite3_bind_int64(one, 1, a->resend[0]);
+    int sent = 1;
+    if (sqlite3_step(one) == SQLITE_ROW) sent = send_row(a, one);
+    sqlite3_reset(one);
+    if (!sent) break;
+    memmove(a->resend, a->resend + 1, sizeof *a->resend * (size_t)--a->nresend);
+  }
   sqlite3_stmt *st = a->q[A_OUT_NEXT];
   int more = 1;
   while (more) {
@@ -72,16 +103,11 @@ void nh_amqp_outbox_pump(amqp_t *a)
     while (!blocked && sqlite3_step(st) == SQLITE_ROW) {
       rows++;
       int64_t seq = sqlite3_column_int64(st, 0);
-      sender_t *s = sender_for(a, (const char *)sqlite3_column_text(st, 1));
-      if (pn_link_credit(s->link) <= 0) {   /* resumed by PN_LINK_FLOW */
+      if (!is_acked(a, seq) && !send_row(a, st)) {
         blocked = 1;
         break;
       }
-      pn_delivery(s->link, pn_dtag((const char *)&seq, sizeof seq));
-      pn_link_send(s->link, sqlite3_column_blob(st, 2), (size_t)sqlite3_column_bytes(st, 2));
-      pn_link_advance(s->link);
       a->last_sent = seq;
-      a->unconfirmed++;
     }
     sqlite3_reset(st);
     if (!blocked && rows == NH_OUTBOX_BATCH) more = 1;
@@ -111,7 +137,8 @@ void nh_amqp_outbox_outcome(amqp_t *a, pn_delivery_t *d)
   } else {   /* released / modified: send it again */
     nh_log_warn("amqp", "the broker released outbox message %lld to %s; sending it again", (long long)seq,
                 addr ? addr : "?");
-    if (seq <= a->last_sent) a->last_sent = seq - 1;
+    a->resend = nh_amqp_grow(a->resend, &a->cresend, a->nresend + 1, sizeof *a->resend);
+    a->resend[a->nresend++] = seq;
     a->outbox_dirty = 1;
   }
   pn_delivery_settle(d);
@@ -143,7 +170,9 @@ void nh_amqp_outbox_claim(amqp_t *a)
 int nh_amqp_outbox_discard(nh_transport_t *t)
 {
   amqp_t *a = (amqp_t *)t;
+  if (!a->first_own_seq) return NH_OK;   /* rows it took over from dead processes stay */
   nh_sqlite_bind_text(a->q[A_OUT_DROP], 1, a->owner);
+  sqlite3_bind_int64(a->q[A_OUT_DROP], 2, a->first_own_seq);
   return nh_sqlite_step_done(a->db, a->q[A_OUT_DROP], "amqp outbox discard");
 }
 

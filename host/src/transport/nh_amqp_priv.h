@@ -20,7 +20,7 @@
 #define NH_WINDOW_FACTOR 4
 #endif
 
-enum { A_OUT_ADD, A_OUT_NEXT, A_OUT_DEL, A_DLV_BUMP, A_DLV_DEL, A_OUT_LEFT, A_OUT_OWNERS, A_OUT_CLAIM, A_OUT_DROP, A_COUNT };
+enum { A_OUT_ADD, A_OUT_NEXT, A_OUT_DEL, A_DLV_BUMP, A_DLV_DEL, A_OUT_LEFT, A_OUT_OWNERS, A_OUT_CLAIM, A_OUT_DROP, A_OUT_ONE, A_COUNT };
 
 typedef struct aep aep_t;
 typedef struct amqp amqp_t;
@@ -93,6 +93,10 @@ struct amqp {
   int npend, cpend;
   uint64_t *txh;                 /* deliveries handed out in the open transaction */
   int ntxh, ctxh;
+  int sp_npend, sp_ntxh, in_sp;  /* marks at the open savepoint (one job's) */
+  int64_t *resend;               /* outbox rows the broker released: sent again, alone */
+  int nresend, cresend;
+  int64_t first_own_seq;         /* the first outbox row this process wrote (0: none) */
   int64_t *acked;                /* outbox rows the broker accepted, to delete */
   int nacked, cacked, deleting;
   int64_t last_sent;             /* highest outbox seq sent on this connection */

@@ -85,11 +85,13 @@ nh_sb_t *nh_sb_new(const nh_amqp_url_t *url)
   return sb;
 }
 
+/* Unanswered requests end with status -1 (no answer) so their owners can let go. */
 static void reqs_drop(nh_sb_t *sb)
 {
   while (sb->reqs) {
     sb_req_t *r = sb->reqs;
     sb->reqs = r->next;
+    r->done(r->data, -1, NULL);
     free(r->bytes);
     free(r);
   }

@@ -77,7 +77,7 @@ typedef struct renew_ctx {
 static void lock_answer(void *data, int code, const char *desc)
 {
   renew_ctx_t *c = data;
-  rec_t *r = nh_amqp_rec_get(c->a, c->id);
+  rec_t *r = code < 0 ? NULL : nh_amqp_rec_get(c->a, c->id);
   if (r && code != 200) {
     nh_log_warn("amqp", "%s: renewing the lock of %s failed (status %d%s%s)", r->ep->name, r->msg.message_id, code,
                 desc ? ": " : "", desc ? desc : "");
@@ -129,6 +129,7 @@ static void token_refused(amqp_t *a, const char *entity, int code, const char *d
 
 void nh_amqp_topic_token(void *data, int code, const char *desc)
 {
+  if (code < 0) return;   /* the connection went first: the next one asks again */
   amqp_t *a = data;
   if (code != 200 && code != 202) {
     token_refused(a, a->url.exchange, code, desc);
@@ -153,6 +154,7 @@ static void declared(void *data, const char *why, int fatal);
 
 static void sub_token(void *data, int code, const char *desc)
 {
+  if (code < 0) return;   /* the connection went first: the next one asks again */
   aep_t *ep = data;
   amqp_t *a = ep->a;
   if (code != 200 && code != 202) {
@@ -167,6 +169,7 @@ static void sub_token(void *data, int code, const char *desc)
 
 static void mgmt_token(void *data, int code, const char *desc)
 {
+  if (code < 0) return;   /* the connection went first: the next one asks again */
   aep_t *ep = data;
   if (code != 200 && code != 202)
     nh_log_warn("amqp", "%s: Service Bus refused the token for %s/$management (status %d%s%s): lock renewals will "
