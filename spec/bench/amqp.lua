@@ -32,16 +32,14 @@
 -- Exits 1 if a run did not complete (or, with BENCH_STRICT=1, the ratio is below target).
 local system = require("system")
 local cjson = require("cjson")
+local B = dofile((arg[0]:match("^(.*)/[^/]*$") or ".") .. "/benchlib.lua")
+local env_int, sh_quote, sh, read_file, write_file, die, alive, mb =
+  B.env_int, B.sh_quote, B.sh, B.read_file, B.write_file, B.die, B.alive, B.mb
 
 local HOST, TOOL = arg[1], arg[2]
 if not HOST or not TOOL then
   io.stderr:write("usage: nimbus-host -l spec/bench/amqp.lua NIMBUS_HOST_BINARY NH_AMQP_BENCH_BINARY\n")
   os.exit(2)
-end
-
-local function env_int(name, default)
-  local v = tonumber(os.getenv(name) or "")
-  return v and math.tointeger(v) or default
 end
 
 local N = env_int("BENCH_N", 20000)
@@ -62,8 +60,6 @@ local t_bench0 = system.monotime()
 
 local EXCHANGE, EVENT, ENDPOINT, BAREQ = "nimbus.events", "BenchEvent", "BenchEp", "BareQ"
 
-local function sh_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
-
 for _, bin in ipairs({ HOST, TOOL }) do
   if not os.execute("test -x " .. sh_quote(bin)) then
     io.stderr:write("bench: " .. bin .. " is not an executable (build it: make build)\n")
@@ -73,31 +69,6 @@ end
 
 local here = (arg[0]:match("^(.*)/[^/]*$") or ".")
 local RABBITMQ_SH = here .. "/../../scripts/rabbitmq.sh"
-
-local function sh(cmd)
-  local p = assert(io.popen(cmd, "r"))
-  local out = p:read("a")
-  local ok, _, code = p:close()
-  return out, ok and 0 or code
-end
-
-local function read_file(path)
-  local f = io.open(path, "r")
-  if not f then return nil end
-  local s = f:read("a")
-  f:close()
-  return s
-end
-
-local function write_file(path, s)
-  local f = assert(io.open(path, "w"))
-  f:write(s)
-  f:close()
-end
-
-local function die(msg)
-  error({ bench_failure = msg }, 0)
-end
 
 local function remaining()
   return DEADLINE_S - (system.monotime() - t_bench0)
@@ -166,12 +137,6 @@ end
 
 ---------------------------------------------------------------------------- processes
 local procs = {}
-
-local function alive(pid)
-  local st = read_file("/proc/" .. pid .. "/status")
-  if not st then return false end
-  return not st:match("\nState:%s+Z")
-end
 
 local function proc_kb(pid, key)
   local st = read_file("/proc/" .. pid .. "/status") or ""
@@ -439,7 +404,6 @@ local function run_host(round)
 end
 
 ---------------------------------------------------------------------------- report
-local function mb(kb) return kb and ("%.1f MB"):format(kb / 1024) or "n/a" end
 
 local function median(xs)
   local t = {}

@@ -21,16 +21,14 @@
 -- Exits 1 if a run did not complete (or is below target with BENCH_STRICT=1).
 local system = require("system")
 local cjson = require("cjson")
+local B = dofile((arg[0]:match("^(.*)/[^/]*$") or ".") .. "/benchlib.lua")
+local env_int, sh_quote, sh, read_file, write_file, die, alive, mb =
+  B.env_int, B.sh_quote, B.sh, B.read_file, B.write_file, B.die, B.alive, B.mb
 
 local HOST = arg[1] or os.getenv("NIMBUS_HOST")
 if not HOST then
   io.stderr:write("usage: nimbus-host -l spec/bench/throughput.lua NIMBUS_HOST_BINARY\n")
   os.exit(2)
-end
-
-local function env_int(name, default)
-  local v = tonumber(os.getenv(name) or "")
-  return v and math.tointeger(v) or default
 end
 
 local N = env_int("BENCH_N", 50000)
@@ -51,38 +49,11 @@ end
 local here = (arg[0]:match("^(.*)/[^/]*$") or ".")
 local ADAPTER = here .. "/bench_adapter.lua"
 
-local function sh_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
-
-local function sh(cmd)
-  local p = assert(io.popen(cmd, "r"))
-  local out = p:read("a")
-  local ok, _, code = p:close()
-  return out, ok and 0 or code
-end
-
-local function read_file(path)
-  local f = io.open(path, "r")
-  if not f then return nil end
-  local s = f:read("a")
-  f:close()
-  return s
-end
-
-local function die(msg)
-  error({ bench_failure = msg }, 0)
-end
-
 ---------------------------------------------------------------------------- processes
 local TMP = (sh("mktemp -d -t nimbus-bench.XXXXXX")):gsub("%s+$", "")
 assert(TMP ~= "" and TMP:match("nimbus%-bench"), "mktemp failed")
 
 local hosts = {}          -- every host started, for cleanup
-
-local function alive(pid)
-  local st = read_file("/proc/" .. pid .. "/status")
-  if not st then return false end
-  return not st:match("\nState:%s+Z")
-end
 
 local function proc_field(pid, key)
   local st = read_file("/proc/" .. pid .. "/status") or ""
@@ -278,7 +249,6 @@ local function run_consume()
 end
 
 ---------------------------------------------------------------------------- report
-local function mb(kb) return kb and ("%.1f MB"):format(kb / 1024) or "n/a" end
 
 -- Bytes the host moved through read/write syscalls (sqlite's WAL, checkpoints and page
 -- cache misses; the log is tiny), per event: the store's write amplification.
