@@ -70,7 +70,6 @@ int nh_amqp_is_url(const char *s)
   return s && (strncmp(s, "amqp://", 7) == 0 || strncmp(s, "amqps://", 8) == 0);
 }
 
-const char *nh_amqp_describe(nh_transport_t *t) { return ((amqp_t *)t)->url.display; }
 
 void nh_amqp_status(amqp_t *a, nh_amqp_status_t st, const char *msg)
 {

@@ -41,7 +41,5 @@ int nh_amqp_unconfirmed(nh_transport_t *t);
  * whether the queue `to` exists: done(data, 1|0, NULL) or done(data, -1, why). */
 int nh_amqp_probe(nh_transport_t *t, const char *event_type, const char *to, void (*done)(void *, int, const char *),
                   void *data, nh_error_t *err);
-/* "amqp://user@host:port/vhost" (no password) for logs. */
-const char *nh_amqp_describe(nh_transport_t *t);
 
 #endif

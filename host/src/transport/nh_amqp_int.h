@@ -68,11 +68,11 @@ void nh_amqp_event_id(const char *endpoint, const char *message_id, int64_t crea
 
 typedef struct nh_rmq_decl nh_rmq_decl_t;
 /* Declares exchange, the queue `queue` and one binding per routing key through the
- * management API, in order, asynchronously. done(data, NULL, 0) on success;
- * done(data, why, fatal) on failure (fatal: credentials, vhost, inequivalent queue). */
+ * management API, in order, asynchronously. done(data, NULL) on success; done(data,
+ * why) on a failure retrying cannot fix (credentials, vhost, an inequivalent queue):
+ * transient ones (broker unreachable, 5xx) are retried inside with backoff. */
 nh_rmq_decl_t *nh_rmq_declare(uv_loop_t *loop, const nh_amqp_url_t *url, const char *queue, int reply_queue,
-                              const char *const *keys, int nkeys, void (*done)(void *, const char *, int),
-                              void *data);
+                              const char *const *keys, int nkeys, void (*done)(void *, const char *), void *data);
 void nh_rmq_cancel(nh_rmq_decl_t *decl);
 /* Does anything consume `routing_key` on the exchange (a binding with that key or #),
  * or, with `queue`, does that queue exist? done(data, 1|0, NULL), or (data, -1, why). */

@@ -36,9 +36,8 @@ struct nh_rmq_decl {
   int64_t retry_ms;
   nh_http_call_t *call;
   uv_timer_t timer;
-  void (*done)(void *, const char *, int);
+  void (*done)(void *, const char *);
   void *data;
-  char *queue;
 };
 
 static char *esc(const char *s)
@@ -72,11 +71,11 @@ static void run_step(nh_rmq_decl_t *d);
 
 static void timer_cb(uv_timer_t *t) { run_step(t->data); }
 
-static void finish(nh_rmq_decl_t *d, const char *why, int fatal)
+static void finish(nh_rmq_decl_t *d, const char *why)
 {
-  void (*cb)(void *, const char *, int) = d->done;
+  void (*cb)(void *, const char *) = d->done;
   d->done = NULL;
-  if (cb) cb(d->data, why, fatal);   /* may cancel (free) d */
+  if (cb) cb(d->data, why);   /* may cancel (free) d */
 }
 
 static void on_done(void *data, nh_http_res_t *res)
@@ -88,7 +87,7 @@ static void on_done(void *data, nh_http_res_t *res)
   if (res->status >= 200 && res->status < 300) {
     d->retry_ms = NH_RMQ_RETRY_MIN_MS;
     if (++d->at == d->nsteps) {
-      finish(d, NULL, 0);
+      finish(d, NULL);
       return;
     }
     run_step(d);
@@ -116,7 +115,7 @@ static void on_done(void *data, nh_http_res_t *res)
              res->body ? res->body : "");
   }
   if (fatal) {
-    finish(d, why, 1);
+    finish(d, why);
     return;
   }
   nh_log_warn("amqp", "%s; retrying in %.1f s", why, (double)d->retry_ms / 1000.0);
@@ -134,7 +133,7 @@ static void run_step(nh_rmq_decl_t *d)
                         .body_len = s->body ? strlen(s->body) : 0, .timeout_s = 10 };
   nh_error_t err = {0};
   d->call = nh_http_request(d->loop, &req, on_done, d, &err);
-  if (!d->call) finish(d, err.msg, 1);
+  if (!d->call) finish(d, err.msg);
 }
 
 static char *base_with_credentials(const nh_amqp_url_t *u)
@@ -158,14 +157,13 @@ static char *base_with_credentials(const nh_amqp_url_t *u)
 }
 
 nh_rmq_decl_t *nh_rmq_declare(uv_loop_t *loop, const nh_amqp_url_t *url, const char *queue, int reply_queue,
-                              const char *const *keys, int nkeys, void (*done)(void *, const char *, int), void *data)
+                              const char *const *keys, int nkeys, void (*done)(void *, const char *), void *data)
 {
   nh_rmq_decl_t *d = nh_xcalloc(1, sizeof *d);
   d->loop = loop;
   d->url = url;
   d->done = done;
   d->data = data;
-  d->queue = nh_xstrdup(queue);
   d->retry_ms = NH_RMQ_RETRY_MIN_MS;
   d->base = base_with_credentials(url);
   uv_timer_init(loop, &d->timer);
@@ -216,7 +214,6 @@ void nh_rmq_cancel(nh_rmq_decl_t *d)
   }
   free(d->steps);
   free(d->base);
-  free(d->queue);
   uv_close((uv_handle_t *)&d->timer, timer_closed);
 }
 

@@ -150,7 +150,7 @@ void nh_amqp_check_ready(amqp_t *a)
 
 /* ---------------------------------------------------------------- topology */
 
-static void declared(void *data, const char *why, int fatal);
+static void declared(void *data, const char *why);
 
 static void sub_token(void *data, int code, const char *desc)
 {
@@ -202,7 +202,7 @@ void nh_amqp_declare(amqp_t *a, aep_t *ep)
                             declared, ep);
 }
 
-static void declared(void *data, const char *why, int fatal)
+static void declared(void *data, const char *why)
 {
   aep_t *ep = data;
   amqp_t *a = ep->a;
@@ -212,7 +212,6 @@ static void declared(void *data, const char *why, int fatal)
     nh_amqp_status(a, NH_AMQP_FATAL, why);
     return;
   }
-  (void)fatal;
   nh_log_debug("amqp", "%s: queue and bindings declared", ep->name);
   ep->declared = 1;
   nh_amqp_attach(a, ep);
