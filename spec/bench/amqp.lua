@@ -539,13 +539,4 @@ local function cleanup()
   end
 end
 
-local ok, res = xpcall(main, function(err)
-  if type(err) == "table" and err.bench_failure then return err end
-  return debug.traceback(tostring(err), 2)
-end)
-cleanup()
-if not ok then
-  io.stderr:write("bench FAILED: " .. (type(res) == "table" and res.bench_failure or tostring(res)) .. "\n")
-  os.exit(1)
-end
-os.exit(res)
+B.run(main, cleanup)

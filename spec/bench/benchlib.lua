@@ -47,4 +47,19 @@ end
 
 function B.mb(kb) return kb and ("%.1f MB"):format(kb / 1024) or "n/a" end
 
+-- Runs main(), then cleanup() whatever happened; exits with main's status, or 1 with the
+-- failure (a B.die message, or any error with its traceback).
+function B.run(main, cleanup)
+  local ok, res = xpcall(main, function(err)
+    if type(err) == "table" and err.bench_failure then return err end
+    return debug.traceback(tostring(err), 2)
+  end)
+  cleanup()
+  if not ok then
+    io.stderr:write("bench FAILED: " .. (type(res) == "table" and res.bench_failure or tostring(res)) .. "\n")
+    os.exit(1)
+  end
+  os.exit(res)
+end
+
 return B
