@@ -503,20 +503,11 @@ static void on_down(void *data, const char *why, int fatal)
 
 static void receive_delivery(amqp_t *a, aep_t *ep, pn_delivery_t *d)
 {
-  pn_link_t *l = pn_delivery_link(d);
-  size_t size = pn_delivery_pending(d);
-  if (size > a->bufcap) {
-    a->bufcap = size;
-    a->buf = nh_xrealloc(a->buf, a->bufcap);
-  }
-  ssize_t got = pn_link_recv(l, a->buf, size);
-  pn_link_advance(l);
   rec_t *r = nh_xcalloc(1, sizeof *r);
   r->id = ++a->next_id;
   r->ep = ep;
   r->dlv = d;
-  pn_message_clear(a->pm);
-  if (got < 0 || pn_message_decode(a->pm, a->buf, (size_t)got) != 0) {
+  if (nh_amqp_msg_read(d, a->pm, &a->buf, &a->bufcap) != NH_OK) {
     char id[37];
     nh_uuid_v7(id);
     memset(&r->msg, 0, sizeof r->msg);

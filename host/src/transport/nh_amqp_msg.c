@@ -12,6 +12,8 @@
 #include <inttypes.h>
 #include <openssl/evp.h>
 #include <proton/codec.h>
+#include <proton/delivery.h>
+#include <proton/link.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -117,6 +119,21 @@ static void malformed(nh_msg_t *m, const char *why)
   m->type = NH_MT_UNKNOWN;
   free(m->error_text);
   m->error_text = nh_xstrdup(why);
+}
+
+int nh_amqp_msg_read(pn_delivery_t *d, pn_message_t *pm, char **buf, size_t *cap)
+{
+  pn_link_t *l = pn_delivery_link(d);
+  size_t size = pn_delivery_pending(d);
+  if (size > *cap) {
+    *cap = size;
+    *buf = nh_xrealloc(*buf, *cap);
+  }
+  ssize_t got = pn_link_recv(l, *buf, size);
+  pn_link_advance(l);
+  pn_message_clear(pm);
+  if (got < 0 || pn_message_decode(pm, *buf, (size_t)got) != 0) return NH_EFAIL;
+  return NH_OK;
 }
 
 /* A timestamp message annotation (ms), or 0. */

@@ -298,18 +298,11 @@ int nh_sb_event(nh_sb_t *sb, pn_event_t *e)
   case PN_DELIVERY: {
     pn_delivery_t *d = pn_event_delivery(e);
     if (l != n->rcv || !pn_delivery_readable(d) || pn_delivery_partial(d)) break;
-    size_t size = pn_delivery_pending(d);
-    if (size > sb->cap) {
-      sb->cap = size;
-      sb->buf = nh_xrealloc(sb->buf, sb->cap);
-    }
-    ssize_t got = pn_link_recv(l, sb->buf, size);
-    pn_link_advance(l);
+    int decoded = nh_amqp_msg_read(d, sb->pm, &sb->buf, &sb->cap);
     pn_delivery_update(d, PN_ACCEPTED);
     pn_delivery_settle(d);
     pn_link_flow(l, 1);
-    pn_message_clear(sb->pm);
-    if (got < 0 || pn_message_decode(sb->pm, sb->buf, (size_t)got) != 0) break;
+    if (decoded != NH_OK) break;
     pn_atom_t corr = pn_message_get_correlation_id(sb->pm);
     if (corr.type != PN_STRING) break;
     sb_req_t **pp = &sb->reqs;
