@@ -29,6 +29,7 @@ test-asan: deps
 
 bench: build
 	@$(BUILD)/host/nimbus-host -l spec/bench/throughput.lua $(BUILD)/host/nimbus-host
+	@$(BUILD)/host/nimbus-host -l spec/bench/outage.lua $(BUILD)/host/nimbus-host
 	@$(BUILD)/host/nimbus-host -l spec/bench/sleepers.lua
 	@$(BUILD)/host/nimbus-host -l spec/bench/http_serve.lua
 	@$(BUILD)/host/nimbus-host -l spec/bench/renewals.lua $(BUILD)/host/nimbus-host

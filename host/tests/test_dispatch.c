@@ -101,14 +101,15 @@ static env_t *env_start(const char *adapter_body)
   return e;
 }
 
-#define WAIT_FOR(e, cond)                                                                          \
+#define WAIT_FOR_MS(e, cond, ms)                                                                   \
   do {                                                                                             \
-    int64_t nh_dl_ = nh_test_mono_ms() + WAIT_MS;                                                  \
+    int64_t nh_dl_ = nh_test_mono_ms() + (ms);                                                     \
     while (!(cond)) {                                                                              \
-      if (nh_test_mono_ms() > nh_dl_) FAIL("timed out after %d ms waiting for %s", WAIT_MS, #cond); \
+      if (nh_test_mono_ms() > nh_dl_) FAIL("timed out after %d ms waiting for %s", (ms), #cond);    \
       uv_run(&(e)->loop, UV_RUN_ONCE);                                                             \
     }                                                                                              \
   } while (0)
+#define WAIT_FOR(e, cond) WAIT_FOR_MS(e, cond, WAIT_MS)
 
 /* Runs the loop for a number of iterations (to show that something does NOT happen,
  * after the state it would follow from has been reached). */
@@ -1031,6 +1032,103 @@ TEST(stop_with_running_task_cancels_without_settling)
   ASSERT_EQ_INT(queued(e), 1);   /* still there for the next host */
   ASSERT_EQ_INT(q1i(e, "SELECT count(*) FROM session_locks"), 0);   /* released, not left to expire */
   env_stop(e);
+}
+
+/* ---------------------------------------------------------------- cost at outage scale */
+
+/* sqlite VM steps since the last call, summed over every statement of the connection:
+ * a deterministic measure of the rows the store touched (a scan adds steps per row). */
+static long long vm_steps(env_t *e)
+{
+  long long n = 0;
+  sqlite3 *db = nh_store_db(e->store);
+  for (sqlite3_stmt *st = sqlite3_next_stmt(db, NULL); st; st = sqlite3_next_stmt(db, st))
+    n += sqlite3_stmt_status(st, SQLITE_STMTSTATUS_VM_STEP, 1);
+  return n;
+}
+
+/* One message of `type` per session and round, `per` rounds over `nsessions` sessions
+ * (interleaved, as an outage's traffic arrives), all in one transaction. Event ids are
+ * "<tag>-<session>-<round>". */
+static void send_rounds_of(env_t *e, nh_msg_type_t type, int nsessions, int per, const char *tag, const char *body)
+{
+  if (nh_store_begin(e->store)) FAIL("begin");
+  for (int r = 0; r < per; r++) {
+    for (int i = 0; i < nsessions; i++) {
+      char mid[37], eid[64], session[32];
+      nh_uuid_v7(mid);
+      snprintf(eid, sizeof eid, "%s-%d-%d", tag, i, r);
+      snprintf(session, sizeof session, "s%d", i);
+      nh_msg_t m;
+      memset(&m, 0, sizeof m);
+      m.session_id = session;
+      m.message_id = mid;
+      m.event_id = eid;
+      m.event_type = "Thing";
+      m.type = type;
+      m.body = (char *)body;
+      m.body_len = body ? strlen(body) : 0;
+      m.enqueued_at = nh_time_now_ms();
+      nh_error_t err = {0};
+      int copies = 0;
+      if (e->tr->vt->send(e->tr, &m, "Ep", &copies, &err)) FAIL("send: %s", err.msg);
+    }
+  }
+  if (nh_store_commit(e->store)) FAIL("commit");
+}
+
+static void send_rounds(env_t *e, int nsessions, int per, const char *tag, const char *body)
+{
+  send_rounds_of(e, NH_MT_EVENT, nsessions, per, tag, body);
+}
+
+static int count_status(env_t *e, const char *status)
+{
+  return (int)q1i(e, "SELECT count(*) FROM audit WHERE endpoint = 'Ep' AND status = '%s'", status);
+}
+
+/* thousands of events: valgrind runs them 50x slower than the plain build */
+#define BIG_WAIT_MS 240000
+
+/* Blocks `nblocked` sessions, parks `background` events in each, then measures the
+ * store work (VM steps) per event parked for 3 more events per session, and per event
+ * replayed once every blocker is skipped. */
+static double park_steps_per_event(int nblocked, int background, double *replay)
+{
+  env_t *e = env_start("local ep = nimbus.endpoint('Ep', { concurrency = 64, retry = { max_retries = 0 } })\n"
+                       "ep:on('Thing', function(event) if event.fail then error('ERP down') end end)\n");
+  send_rounds(e, nblocked, 1, "head", "{\"fail\":true}");
+  WAIT_FOR_MS(e, count_status(e, NH_ST_FAILED) == nblocked, BIG_WAIT_MS);
+  if (background) {
+    send_rounds(e, nblocked, background, "bg", "{}");
+    WAIT_FOR_MS(e, count_status(e, NH_ST_DEFERRED) == nblocked * background, BIG_WAIT_MS);
+  }
+  vm_steps(e);
+  send_rounds(e, nblocked, 3, "late", "{}");
+  WAIT_FOR_MS(e, count_status(e, NH_ST_DEFERRED) == nblocked * (background + 3), BIG_WAIT_MS);
+  double per = (double)vm_steps(e) / (nblocked * 3);
+  send_rounds_of(e, NH_MT_SKIP, nblocked, 1, "head", NULL);   /* skip every blocker: head-<i>-0 */
+  WAIT_FOR_MS(e, count_status(e, NH_ST_COMPLETED) == nblocked * (background + 3), BIG_WAIT_MS);
+  *replay = (double)vm_steps(e) / (nblocked * (background + 3));
+  ASSERT_EQ_INT(q1i(e, "SELECT count(*) FROM sessions"), 0);
+  env_stop(e);
+  static const char *const files[] = { "nimbus.db", "nimbus.db-wal", "nimbus.db-shm", "calls.log" };
+  for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) unlink(nh_test_path(files[i]));   /* a fresh store next */
+  return per;
+}
+
+/* Issue 10: parking costs the same per event with few or many blocked sessions and
+ * parked events. Before the partial indexes, every pump scanned all blocked sessions for
+ * due retries and each park scanned the endpoint's queue for the session's next rows. */
+TEST(parking_and_replay_cost_do_not_grow_with_the_backlog)
+{
+  double small_replay, large_replay;
+  double small = park_steps_per_event(50, 0, &small_replay);
+  double large = park_steps_per_event(1000, 4, &large_replay);
+  fprintf(stderr, "  store VM steps per parked event: %.0f (50 blocked) vs %.0f (1000 blocked, 4000 parked)\n"
+          "  per replayed event: %.0f vs %.0f\n", small, large, small_replay, large_replay);
+  ASSERT_CMP_INT((long long)large, <, (long long)(small * 1.5));
+  ASSERT_CMP_INT((long long)large_replay, <, (long long)(small_replay * 1.5));
 }
 
 NH_TEST_MAIN()

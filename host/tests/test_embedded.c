@@ -169,11 +169,11 @@ TEST(new_transport_has_capabilities_and_schema)
   ASSERT_TRUE(a->tr->caps & NH_CAP_DEAD_LETTER);
   ASSERT_TRUE(a->tr->caps & NH_CAP_SCHEDULED_SEND);
   ASSERT_CMP_INT(a->tr->lock_ms, >, 0);
-  ASSERT_EQ_INT(q1i(a, "SELECT version FROM nh_schema WHERE component = 'embedded'"), 1);
+  ASSERT_EQ_INT(q1i(a, "SELECT version FROM nh_schema WHERE component = 'embedded'"), 2);
   proc_close(a);
   /* reopening migrates nothing twice */
   a = proc_open("owner-a");
-  ASSERT_EQ_INT(q1i(a, "SELECT version FROM nh_schema WHERE component = 'embedded'"), 1);
+  ASSERT_EQ_INT(q1i(a, "SELECT version FROM nh_schema WHERE component = 'embedded'"), 2);
   proc_close(a);
 }
 

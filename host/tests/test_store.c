@@ -77,7 +77,7 @@ TEST(open_creates_wal_store)
   ASSERT_EQ_STR(nh_store_path(s), nh_test_path("nimbus.db"));
   sqlite3 *db = nh_store_db(s);
   ASSERT_EQ_STR(q1(db, "PRAGMA journal_mode"), "wal");
-  ASSERT_EQ_INT(q1i(db, "SELECT version FROM nh_schema WHERE component = 'store'"), 1);
+  ASSERT_EQ_INT(q1i(db, "SELECT version FROM nh_schema WHERE component = 'store'"), 2);
   ASSERT_EQ_INT(q1i(db, "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name IN "
                         "('audit','history','sessions','parked','inbox','processed','operator_log')"),
                 7);
@@ -171,7 +171,7 @@ TEST(reopen_keeps_data_and_migrations_are_idempotent)
   for (int round = 0; round < 3; round++) {
     s = open_store("nimbus.db");
     sqlite3 *db = nh_store_db(s);
-    ASSERT_EQ_INT(q1i(db, "SELECT version FROM nh_schema WHERE component = 'store'"), 1);
+    ASSERT_EQ_INT(q1i(db, "SELECT version FROM nh_schema WHERE component = 'store'"), 2);
     ASSERT_EQ_INT(q1i(db, "SELECT count(*) FROM nh_schema"), 1);
     ASSERT_EQ_STR(q1(db, "PRAGMA journal_mode"), "wal");
     nh_audit_t a = {0};
@@ -544,7 +544,7 @@ TEST(sessions_due_retry_and_draining)
   put_session(s, "Other", "other-due", "e6", 0, now - 1);
 
   sess_t c = {0};
-  ASSERT_EQ_INT(nh_store_sessions_due(s, "Ep", now, 100, collect_session, &c), 3);
+  ASSERT_EQ_INT(nh_store_sessions_due(s, "Ep", now, 100, NULL, collect_session, &c), 3);
   ASSERT_EQ_INT(c.n, 3);
   ASSERT_TRUE(has_id(&c, "retry-due"));
   ASSERT_TRUE(has_id(&c, "retry-exactly-now"));
@@ -552,14 +552,14 @@ TEST(sessions_due_retry_and_draining)
 
   /* the later retry becomes due with time */
   memset(&c, 0, sizeof c);
-  ASSERT_EQ_INT(nh_store_sessions_due(s, "Ep", now + 5000, 100, collect_session, &c), 4);
+  ASSERT_EQ_INT(nh_store_sessions_due(s, "Ep", now + 5000, 100, NULL, collect_session, &c), 4);
   ASSERT_TRUE(has_id(&c, "retry-later"));
   ASSERT_FALSE(has_id(&c, "blocked-no-retry"));
   ASSERT_FALSE(has_id(&c, "blocked-and-draining"));
 
   /* limit */
   memset(&c, 0, sizeof c);
-  ASSERT_EQ_INT(nh_store_sessions_due(s, "Ep", now, 2, collect_session, &c), 2);
+  ASSERT_EQ_INT(nh_store_sessions_due(s, "Ep", now, 2, NULL, collect_session, &c), 2);
   nh_store_close(s);
 }
 
@@ -574,7 +574,7 @@ TEST(sessions_due_callback_may_write)
   }
   ASSERT_EQ_INT(nh_store_begin(s), NH_OK);
   sess_t c = {0};
-  int n = nh_store_sessions_due(s, "Ep", 1, 1000, collect_session, &c);
+  int n = nh_store_sessions_due(s, "Ep", 1, 1000, NULL, collect_session, &c);
   ASSERT_EQ_INT(n, 40);
   ASSERT_EQ_INT(nh_store_commit(s), NH_OK);
   nh_store_close(s);

@@ -1,5 +1,7 @@
+#define _GNU_SOURCE   /* strptime, timegm */
 #include "nh_util.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -24,6 +26,58 @@ void nh_time_iso8601(int64_t ms, char *out, size_t outlen)
   char base[32];
   strftime(base, sizeof base, "%Y-%m-%dT%H:%M:%S", &tm);
   snprintf(out, outlen, "%s.%03dZ", base, (int)(ms % 1000));
+}
+
+int64_t nh_duration_parse_ms(const char *s)
+{
+  if (!s || !*s) return -1;
+  char *end;
+  double v = strtod(s, &end);
+  if (end == s || v < 0) return -1;
+  double unit = 1000;
+  if (*end) {
+    switch (*end) {
+    case 's': unit = 1000; break;
+    case 'm': unit = 60e3; break;
+    case 'h': unit = 3600e3; break;
+    case 'd': unit = 86400e3; break;
+    case 'w': unit = 7 * 86400e3; break;
+    default: return -1;
+    }
+    if (end[1]) return -1;
+  }
+  return (int64_t)(v * unit);
+}
+
+int64_t nh_time_parse_ms(const char *s, int64_t now_ms)
+{
+  if (!s || !*s) return -1;
+  if (!strchr(s, '-')) {   /* no date: a duration ago */
+    int64_t d = nh_duration_parse_ms(s);
+    return d < 0 ? -1 : now_ms - d;
+  }
+  static const char *const formats[] = { "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S", "%Y-%m-%dT%H:%M",
+                                         "%Y-%m-%d %H:%M", "%Y-%m-%d" };
+  for (size_t i = 0; i < sizeof formats / sizeof formats[0]; i++) {
+    struct tm tm;
+    memset(&tm, 0, sizeof tm);
+    const char *rest = strptime(s, formats[i], &tm);
+    if (!rest) continue;
+    int64_t ms = 0;
+    if (*rest == '.') {   /* fraction of a second: up to milliseconds count */
+      rest++;
+      int64_t scale = 100;
+      while (isdigit((unsigned char)*rest)) {
+        ms += (*rest - '0') * scale;
+        scale /= 10;
+        rest++;
+      }
+    }
+    if (*rest == 'Z') rest++;
+    if (*rest) continue;
+    return (int64_t)timegm(&tm) * 1000 + ms;
+  }
+  return -1;
 }
 
 /* xorshift128+ seeded from /dev/urandom: ids need uniqueness, not cryptographic strength. */

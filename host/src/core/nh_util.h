@@ -10,6 +10,12 @@ int64_t nh_time_now_ms(void);
 /* Formats ms-since-epoch as ISO-8601 UTC with milliseconds: 2026-12-02T13:49:59.123Z */
 void nh_time_iso8601(int64_t ms, char *out, size_t outlen);
 
+/* A duration such as 45s, 30m, 2h, 7d (a bare number is seconds) in ms; -1 if malformed. */
+int64_t nh_duration_parse_ms(const char *s);
+/* A point in time for operator filters: ISO-8601 UTC (2026-12-03, 2026-12-03T06:00,
+ * 2026-12-03T06:00:00[.123][Z]) or a duration ago (30m, 2h, 7d). -1 if malformed. */
+int64_t nh_time_parse_ms(const char *s, int64_t now_ms);
+
 /* Random RFC 4122 version-4 UUID, lower-case, 36 chars + NUL. */
 void nh_uuid_v4(char out[37]);
 /* Time-ordered UUID (RFC 9562 version 7): ms timestamp first, then random bits. Ids

@@ -254,7 +254,7 @@ static int on_due_session(void *data, const char *endpoint, const char *session,
       nh_session_state_t copy = *st;
       copy.retry_due = 0;
       copy.blocked_by = NULL;
-      copy.draining = nh_store_parked_count(d->store, c->ep->name, session) > 0;
+      copy.draining = nh_store_parked_any(d->store, c->ep->name, session) > 0;
       if (nh_store_session_put(d->store, c->ep->name, session, &copy)) c->failed = 1;
       d->tr->vt->unlock_session(d->tr, c->ep->name, session);
       return 0;
@@ -308,7 +308,7 @@ static int fetch(nh_dispatch_t *d, int64_t now, int *fetched)
     if (cap <= 0 || ep->retired) continue;
     struct due_ctx c = { d, ep, now, 0, 0 };
     /* in-flight sessions may still look due; ask for enough rows to see past them */
-    if (nh_store_sessions_due(d->store, ep->name, now, cap + ep->in_flight, on_due_session, &c) < 0 || c.failed)
+    if (nh_store_sessions_due(d->store, ep->name, now, cap + ep->in_flight, &ep->due_cursor, on_due_session, &c) < 0 || c.failed)
       return NH_EFAIL;
     *fetched += c.taken;
     cap = ep->concurrency - ep->in_flight;

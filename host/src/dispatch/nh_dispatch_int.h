@@ -19,6 +19,7 @@ typedef struct nh_endpoint {
   int *commands;                 /* per type: a command (exactly one consuming endpoint) */
   int ntypes;
   int in_flight;
+  char *due_cursor;              /* where the next scan of draining sessions starts */
   int retired;                   /* dropped by a reload: no new work */
   struct nh_endpoint *next;
 } nh_endpoint_t;

@@ -204,6 +204,7 @@ int nh_endpoint_parse(nh_endpoint_t *ep, lua_State *L, int opts, nh_error_t *err
 void nh_endpoint_free(nh_endpoint_t *ep)
 {
   free(ep->name);
+  free(ep->due_cursor);
   nh_retry_config_free(&ep->retry);
   for (int i = 0; i < ep->ntypes; i++) free(ep->types[i]);
   free(ep->types);

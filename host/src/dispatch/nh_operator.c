@@ -58,6 +58,48 @@ static int coords_match(const nh_op_req_t *r, const nh_audit_t *ev, nh_error_t *
   return NH_OK;
 }
 
+int nh_operator_queue(nh_store_t *s, nh_transport_t *t, const nh_op_req_t *r, const nh_audit_t *ev, nh_error_t *err)
+{
+  int rc = check_state(s, r, ev, err);
+  if (rc) return rc;
+  if (nh_store_oppending_has(s, ev->endpoint, ev->event_id))
+    return nh_error_set(err, NH_ESTATE,
+                        "a request for event %s is already queued and not yet applied by the host; wait for it "
+                        "(nimbus-host show %s)",
+                        ev->event_id, ev->event_id);
+  char mid[37];
+  nh_uuid_v7(mid);
+  nh_msg_t m;
+  memset(&m, 0, sizeof m);
+  m.session_id = ev->session_id;
+  m.message_id = mid;
+  m.event_id = ev->event_id;
+  m.event_type = ev->event_type;
+  m.type = op_types[r->kind];
+  m.correlation_id = ev->correlation_id;
+  m.originating_message_id = ev->originating_message_id ? ev->originating_message_id : ev->message_id;
+  m.parent_message_id = ev->message_id;
+  m.from = "Manager";
+  const char *body = r->kind == NH_OP_RESUBMIT ? (r->body ? r->body : ev->payload) : r->body;
+  m.body = (char *)body;
+  m.body_len = body ? strlen(body) : 0;
+  m.error_text = (char *)r->error_text;
+  m.error_type = (char *)r->error_type;
+  m.enqueued_at = nh_time_now_ms();
+  char detail[160];
+  snprintf(detail, sizeof detail, "%s%s by %s", op_names[r->kind],
+           r->kind == NH_OP_RESUBMIT && r->body ? " with a new body" : "", r->actor ? r->actor : "operator");
+  int copies = 0;
+  if (t->vt->send(t, &m, ev->endpoint, &copies, err) ||
+      nh_store_oppending_add(s, mid, ev->endpoint, ev->event_id, op_names[r->kind], ev->status) ||
+      (!r->no_oplog && nh_store_oplog_add(s, op_names[r->kind], ev->endpoint, ev->event_id, ev->session_id, detail)) ||
+      nh_store_history_add(s, ev->endpoint, ev->event_id, mid, nh_msg_type_name(m.type), "Requested", detail)) {
+    if (!err->msg[0]) nh_error_set(err, NH_EFAIL, "store: cannot queue the request");
+    return NH_EFAIL;
+  }
+  return NH_OK;
+}
+
 int nh_operator_submit(nh_store_t *s, nh_transport_t *t, const nh_op_req_t *r, nh_audit_t *out, nh_error_t *err)
 {
   nh_audit_t ev;
@@ -71,44 +113,9 @@ int nh_operator_submit(nh_store_t *s, nh_transport_t *t, const nh_op_req_t *r, n
     if (rc == NH_ENOTFOUND) err->code = rc = NH_EUSAGE;
     return rc;
   }
-  if ((rc = coords_match(r, &ev, err)) || (rc = check_state(s, r, &ev, err))) goto fail;
-  if (nh_store_oppending_has(s, ev.endpoint, ev.event_id)) {
-    rc = nh_error_set(err, NH_ESTATE,
-                      "a request for event %s is already queued and not yet applied by the host; wait for it "
-                      "(nimbus-host show %s)",
-                      ev.event_id, ev.event_id);
-    goto fail;
-  }
-  char mid[37];
-  nh_uuid_v7(mid);
-  nh_msg_t m;
-  memset(&m, 0, sizeof m);
-  m.session_id = ev.session_id;
-  m.message_id = mid;
-  m.event_id = ev.event_id;
-  m.event_type = ev.event_type;
-  m.type = op_types[r->kind];
-  m.correlation_id = ev.correlation_id;
-  m.originating_message_id = ev.originating_message_id ? ev.originating_message_id : ev.message_id;
-  m.parent_message_id = ev.message_id;
-  m.from = "Manager";
-  const char *body = r->kind == NH_OP_RESUBMIT ? (r->body ? r->body : ev.payload) : r->body;
-  m.body = (char *)body;
-  m.body_len = body ? strlen(body) : 0;
-  m.error_text = (char *)r->error_text;
-  m.error_type = (char *)r->error_type;
-  m.enqueued_at = nh_time_now_ms();
-  char detail[160];
-  snprintf(detail, sizeof detail, "%s%s by %s", op_names[r->kind],
-           r->kind == NH_OP_RESUBMIT && r->body ? " with a new body" : "", r->actor ? r->actor : "operator");
-  int copies = 0;
-  if (t->vt->send(t, &m, ev.endpoint, &copies, err) ||
-      nh_store_oppending_add(s, mid, ev.endpoint, ev.event_id, op_names[r->kind], ev.status) ||
-      nh_store_oplog_add(s, op_names[r->kind], ev.endpoint, ev.event_id, ev.session_id, detail) ||
-      nh_store_history_add(s, ev.endpoint, ev.event_id, mid, nh_msg_type_name(m.type), "Requested", detail) ||
-      nh_store_commit(s)) {
-    if (!err->msg[0]) nh_error_set(err, NH_EFAIL, "store: cannot queue the request");
-    rc = NH_EFAIL;
+  if ((rc = coords_match(r, &ev, err)) || (rc = nh_operator_queue(s, t, r, &ev, err))) goto fail;
+  if (nh_store_commit(s)) {
+    rc = nh_error_set(err, NH_EFAIL, "store: cannot queue the request: %s", nh_store_errmsg(s));
     goto fail;
   }
   if (out) *out = ev;

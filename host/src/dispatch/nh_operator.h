@@ -21,6 +21,7 @@ typedef struct nh_op_req {
   const char *error_text;      /* handoff fail */
   const char *error_type;
   const char *actor;           /* "cli", "checker NAME", "script": for the operator log */
+  int no_oplog;                /* a bulk run logs itself once instead of once per event */
 } nh_op_req_t;
 
 /* Validates and queues the request in its own store transaction. NH_EUSAGE: unknown
@@ -28,6 +29,10 @@ typedef struct nh_op_req {
  * (err says which); NH_EFAIL: store failure. On success `ev` (optional) receives the
  * event's audit row. */
 int nh_operator_submit(nh_store_t *s, nh_transport_t *t, const nh_op_req_t *req, nh_audit_t *ev, nh_error_t *err);
+/* The same check and queueing for an event already read (`ev`), inside the caller's
+ * open store transaction: bulk runs queue a batch per transaction. */
+int nh_operator_queue(nh_store_t *s, nh_transport_t *t, const nh_op_req_t *req, const nh_audit_t *ev,
+                      nh_error_t *err);
 const char *nh_operator_name(nh_op_kind_t kind);
 
 #endif

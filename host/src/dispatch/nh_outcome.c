@@ -93,7 +93,7 @@ static void unblock(nh_dispatch_t *d, nh_job_t *job, nh_session_state_t *st)
 {
   set(&st->blocked_by, NULL);
   st->retry_due = 0;
-  st->draining = nh_store_parked_count(d->store, job->ep->name, job->msg.session_id) > 0;
+  st->draining = nh_store_parked_any(d->store, job->ep->name, job->msg.session_id) > 0;
 }
 
 static int is_blocker(const nh_session_state_t *st, const char *event_id)
@@ -162,7 +162,7 @@ static int route_skip(nh_dispatch_t *d, nh_job_t *job, nh_session_state_t *st)
   int removed = nh_store_parked_delete_event(d->store, job->ep->name, m->event_id);
   if (is_blocker(st, m->event_id)) unblock(d, job, st);
   if (removed > 0 && !st->blocked_by)
-    st->draining = nh_store_parked_count(d->store, job->ep->name, m->session_id) > 0;
+    st->draining = nh_store_parked_any(d->store, job->ep->name, m->session_id) > 0;
   if (nh_store_session_put(d->store, m->endpoint, m->session_id, st) ||
       audit_write(d, job, &a, removed > 0 ? "skipped by operator (removed from the parked queue)" : "skipped by operator"))
     return NH_EFAIL;
@@ -244,7 +244,7 @@ static int stale_request(nh_dispatch_t *d, nh_job_t *job, const char *expected)
 static int parked_done(nh_dispatch_t *d, nh_job_t *job, nh_session_state_t *st)
 {
   if (nh_store_parked_delete(d->store, job->ep->name, job->msg.session_id, job->park_seq)) return NH_EFAIL;
-  if (!st->blocked_by) st->draining = nh_store_parked_count(d->store, job->ep->name, job->msg.session_id) > 0;
+  if (!st->blocked_by) st->draining = nh_store_parked_any(d->store, job->ep->name, job->msg.session_id) > 0;
   return nh_store_session_put(d->store, job->ep->name, job->msg.session_id, st);
 }
 
@@ -495,7 +495,7 @@ int nh_dispatch_apply(nh_dispatch_t *d, nh_job_t *job)
   if (job->src == NH_JOB_PARKED) {
     if (!rc) rc = nh_store_parked_delete(d->store, ep->name, m->session_id, job->park_seq);
     if (!st.blocked_by) {
-      st.draining = nh_store_parked_count(d->store, ep->name, m->session_id) > 0;
+      st.draining = nh_store_parked_any(d->store, ep->name, m->session_id) > 0;
     } else if (!rc && is_blocker(&st, m->event_id)) {
       /* re-blocked during the replay: the still-parked rows now wait for this event */
       char text[512];

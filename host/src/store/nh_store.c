@@ -2,6 +2,7 @@
  * operations live in nh_store_rows.c. */
 #include "nh_store_int.h"
 #include "nh_store_schema.h"
+#include "core/nh_failgroup.h"
 #include "core/nh_log.h"
 #include "core/nh_sqlite.h"
 #include "core/nh_util.h"
@@ -19,8 +20,8 @@ static const char *const stmt_sql[NH_SQL_COUNT] = {
   [NH_SQL_AUDIT_PUT] =
     "INSERT INTO audit(endpoint, event_id, session_id, event_type, status, sub_status, error_text, error_type,"
     " handoff_reason, external_job_id, expected_by, message_id, correlation_id, originating_message_id,"
-    " retry_count, payload, result, created_at, updated_at, error_stack)"
-    " VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?18,?19)"
+    " retry_count, payload, result, created_at, updated_at, error_stack, fail_group)"
+    " VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?18,?19,?20)"
     " ON CONFLICT(event_id, endpoint) DO UPDATE SET session_id=excluded.session_id,"
     " event_type=excluded.event_type, status=excluded.status, sub_status=excluded.sub_status,"
     " error_text=excluded.error_text, error_type=excluded.error_type, handoff_reason=excluded.handoff_reason,"
@@ -28,14 +29,11 @@ static const char *const stmt_sql[NH_SQL_COUNT] = {
     " message_id=excluded.message_id, correlation_id=excluded.correlation_id,"
     " originating_message_id=excluded.originating_message_id, retry_count=excluded.retry_count,"
     " payload=excluded.payload, result=excluded.result, updated_at=excluded.updated_at,"
-    " error_stack=excluded.error_stack",
+    " error_stack=excluded.error_stack, fail_group=excluded.fail_group",
   [NH_SQL_AUDIT_GET] = "SELECT " NH_AUDIT_COLS " FROM audit WHERE endpoint = ?1 AND event_id = ?2",
   [NH_SQL_AUDIT_FIND] = "SELECT " NH_AUDIT_COLS " FROM audit WHERE event_id = ?1",
   [NH_SQL_AUDIT_FIND_PREFIX] =
     "SELECT " NH_AUDIT_COLS " FROM audit WHERE event_id >= ?1 AND event_id < ?1 || x'ff' LIMIT 2",
-  [NH_SQL_AUDIT_LIST] =
-    "SELECT " NH_AUDIT_COLS " FROM audit WHERE (?1 IS NULL OR endpoint = ?1) AND (?2 IS NULL OR status = ?2"
-    " COLLATE NOCASE) AND (?3 IS NULL OR session_id = ?3) ORDER BY created_at, rowid",
   [NH_SQL_AUDIT_RETEXT] =
     "UPDATE audit SET error_text = ?3 WHERE endpoint = ?1 AND session_id = ?2 AND status = 'Deferred'",
   [NH_SQL_HISTORY_ADD] =
@@ -50,13 +48,14 @@ static const char *const stmt_sql[NH_SQL_COUNT] = {
     "INSERT OR REPLACE INTO sessions(endpoint, session_id, blocked_by, draining, retry_due, next_park_seq)"
     " VALUES (?1,?2,?3,?4,?5,?6)",
   [NH_SQL_SESSION_DEL] = "DELETE FROM sessions WHERE endpoint = ?1 AND session_id = ?2",
-  [NH_SQL_SESSIONS_DUE] =
+  /* Each through its partial index (migration 2): the cost is the rows returned, however
+   * many sessions are blocked without a retry due. */
+  [NH_SQL_SESSIONS_RETRY_DUE] =
     "SELECT session_id, blocked_by, draining, retry_due, next_park_seq FROM sessions WHERE endpoint = ?1"
-    " AND ((blocked_by IS NOT NULL AND retry_due IS NOT NULL AND retry_due <= ?2)"
-    "  OR (blocked_by IS NULL AND draining = 1)) LIMIT ?3",
-  [NH_SQL_SESSIONS_LIST] =
-    "SELECT session_id, blocked_by, draining, retry_due, next_park_seq, endpoint FROM sessions"
-    " WHERE (?1 IS NULL OR endpoint = ?1) AND (?2 = 0 OR blocked_by IS NOT NULL) ORDER BY endpoint, session_id",
+    " AND blocked_by IS NOT NULL AND retry_due IS NOT NULL AND retry_due <= ?2 ORDER BY retry_due LIMIT ?3",
+  [NH_SQL_SESSIONS_DRAINING] =
+    "SELECT session_id, blocked_by, draining, retry_due, next_park_seq FROM sessions WHERE endpoint = ?1"
+    " AND blocked_by IS NULL AND draining = 1 AND session_id > ?2 ORDER BY session_id LIMIT ?3",
   [NH_SQL_PARK] =
     "INSERT INTO parked(endpoint, session_id, park_seq, message_id, event_id, event_type, message_type,"
     " correlation_id, originating_message_id, parent_message_id, from_, retry_count, enqueued_at, body,"
@@ -68,6 +67,7 @@ static const char *const stmt_sql[NH_SQL_COUNT] = {
   [NH_SQL_PARKED_DEL] = "DELETE FROM parked WHERE endpoint = ?1 AND session_id = ?2 AND park_seq = ?3",
   [NH_SQL_PARKED_DEL_EVENT] = "DELETE FROM parked WHERE endpoint = ?1 AND event_id = ?2",
   [NH_SQL_PARKED_COUNT] = "SELECT count(*) FROM parked WHERE endpoint = ?1 AND session_id = ?2",
+  [NH_SQL_PARKED_ANY] = "SELECT 1 FROM parked WHERE endpoint = ?1 AND session_id = ?2 LIMIT 1",
   [NH_SQL_INBOX_HAS] = "SELECT 1 FROM inbox WHERE endpoint = ?1 AND message_id = ?2",
   [NH_SQL_INBOX_ADD] = "INSERT OR IGNORE INTO inbox(endpoint, message_id, at) VALUES (?1,?2,?3)",
   [NH_SQL_PROCESSED_HAS] = "SELECT 1 FROM processed WHERE endpoint = ?1 AND message_id = ?2 AND event_id = ?3",
@@ -113,6 +113,39 @@ static int check_ours(sqlite3 *db, const char *path, nh_error_t *err)
   if (sqlite3_exec(db, sql, NULL, NULL, NULL) != SQLITE_OK)
     return nh_error_set(err, NH_EFAIL, "%s: %s", path, sqlite3_errmsg(db));
   return NH_OK;
+}
+
+/* Failed and DeadLettered rows written before failure groups existed (schema 1) get
+ * theirs once; afterwards this finds nothing through the status index and returns. */
+static int backfill_groups(nh_store_t *s)
+{
+  static const char *const sel =
+    "SELECT rowid, endpoint, error_type, error_text FROM audit WHERE status IN ('Failed', 'DeadLettered')"
+    " AND fail_group IS NULL";
+  sqlite3_stmt *st = NULL, *up = NULL;
+  if (sqlite3_prepare_v2(s->db, sel, -1, &st, NULL) != SQLITE_OK) return NH_EFAIL;
+  int rc = sqlite3_step(st);
+  if (rc != SQLITE_ROW) {
+    sqlite3_finalize(st);
+    return rc == SQLITE_DONE ? NH_OK : NH_EFAIL;
+  }
+  if (sqlite3_prepare_v2(s->db, "UPDATE audit SET fail_group = ?2 WHERE rowid = ?1", -1, &up, NULL) != SQLITE_OK ||
+      nh_store_begin(s)) {
+    sqlite3_finalize(st);
+    sqlite3_finalize(up);
+    return NH_EFAIL;
+  }
+  for (; rc == SQLITE_ROW; rc = sqlite3_step(st)) {
+    char group[NH_FAILGROUP_ID_LEN + 1];
+    nh_failgroup_id((const char *)sqlite3_column_text(st, 1), (const char *)sqlite3_column_text(st, 2),
+                    (const char *)sqlite3_column_text(st, 3), group);
+    sqlite3_bind_int64(up, 1, sqlite3_column_int64(st, 0));
+    nh_sqlite_bind_text(up, 2, group);
+    if (nh_sqlite_step_done(s->db, up, "failure group backfill")) s->failed = 1;
+  }
+  sqlite3_finalize(st);
+  sqlite3_finalize(up);
+  return rc == SQLITE_DONE ? nh_store_commit(s) : (nh_store_rollback(s), NH_EFAIL);
 }
 
 int nh_store_open(nh_store_t **out, const char *path, int flags, nh_error_t *err)
@@ -162,7 +195,7 @@ int nh_store_open(nh_store_t **out, const char *path, int flags, nh_error_t *err
   /* temp_store=MEMORY: the per-job savepoints keep their sub-journals in memory instead
    * of writing every touched page to a temporary file (13x the I/O per event otherwise). */
   if (sqlite3_exec(db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA foreign_keys=OFF;"
-                       " PRAGMA temp_store=MEMORY;", NULL,
+                       " PRAGMA temp_store=MEMORY; PRAGMA cache_size=-16384;", NULL,
                    NULL, NULL) != SQLITE_OK) {
     nh_error_set(err, NH_EFAIL, "store %s: %s", path, sqlite3_errmsg(db));
     sqlite3_close(db);
@@ -185,6 +218,11 @@ int nh_store_open(nh_store_t **out, const char *path, int flags, nh_error_t *err
       nh_store_close(s);
       return NH_EFAIL;
     }
+  }
+  if (!(flags & NH_STORE_READONLY) && backfill_groups(s)) {
+    nh_error_set(err, NH_EFAIL, "store %s: %s", path, sqlite3_errmsg(db));
+    nh_store_close(s);
+    return NH_EFAIL;
   }
   *out = s;
   return NH_OK;

@@ -85,11 +85,69 @@ int nh_store_audit_get(nh_store_t *s, const char *endpoint, const char *event_id
 /* By event id (or a unique prefix of at least 8 characters) across endpoints. */
 int nh_store_audit_find(nh_store_t *s, const char *event_id, nh_audit_t *out, nh_error_t *err);
 void nh_audit_clear(nh_audit_t *a);
+/* Failed or DeadLettered: the statuses that carry a failure group and that an operator
+ * resolves (resubmit, skip). */
+int nh_audit_unresolved_failure(const char *status);
 /* Rewrites the reason on a session's Deferred rows (the blocker changed during a replay). */
 int nh_store_audit_retext_deferred(nh_store_t *s, const char *endpoint, const char *session, const char *text);
 typedef int (*nh_audit_cb)(void *data, const nh_audit_t *a);
+/* Compatibility wrapper over nh_store_events: status matched case-insensitively. */
 int nh_store_audit_list(nh_store_t *s, const char *endpoint, const char *status,
                         const char *session, nh_audit_cb cb, void *data);
+
+/* ---- operator queries (nh_store_query.c): built per call from the filters given, so
+ * each runs on the index of its most selective filter (status, session or group). */
+typedef struct nh_event_filter {
+  const char *endpoint, *status, *session, *type;
+  const char *error;              /* substring of error_text, case-insensitive */
+  const char *group;              /* failure group id (nh_failgroup_id) */
+  int64_t since_ms, before_ms;    /* updated_at range, 0 = open */
+  int64_t cutoff_ms;              /* bulk snapshot: unchanged since (updated_at <= cutoff), 0 = none */
+  int without_request;            /* leave out events with an operator request waiting */
+  const char *not_status[4];      /* leave out these statuses (what a bulk action cannot apply to) */
+  int need_payload;               /* only events with a stored payload (resubmit without a body) */
+  int limit;                      /* 0: all, oldest first; N: the newest N, still oldest first */
+  int64_t after_created;          /* keyset paging (bulk batches): rows after (created_at, rowid) */
+  int64_t after_rowid;
+} nh_event_filter_t;
+/* Calls cb per row in (created_at, rowid) order; a non-zero return stops. Returns the
+ * number of rows passed to cb, or NH_EFAIL. `last_rowid` (optional) gets the rowid of
+ * the last row passed (keyset paging). */
+int nh_store_events(nh_store_t *s, const nh_event_filter_t *f, nh_audit_cb cb, void *data, int64_t *last_rowid);
+int64_t nh_store_events_count(nh_store_t *s, const nh_event_filter_t *f);
+/* 1 if the row satisfies every filter (for rows read some other way: events --follow). */
+int nh_event_filter_match(const nh_event_filter_t *f, const nh_audit_t *a);
+/* Every endpoint with audit rows (an index skip-scan, not a table scan). */
+int nh_store_endpoints(nh_store_t *s, int (*cb)(void *data, const char *endpoint), void *data);
+/* History rows after `after_id`, oldest first, at most `limit`: the endpoint and event of
+ * each, for following changes as they happen. Returns the count; *last gets the last id. */
+int nh_store_history_after(nh_store_t *s, int64_t after_id, int limit,
+                           int (*cb)(void *data, const char *endpoint, const char *event_id), void *data,
+                           int64_t *last);
+int64_t nh_store_history_last_id(nh_store_t *s);
+/* The SQL nh_store_events would run for f (for the query-plan test); caller frees. */
+char *nh_store_events_sql(const nh_event_filter_t *f, int count);
+
+typedef struct nh_failgroup_row {
+  const char *group, *endpoint, *error_type, *sample_event_id, *sample_text;
+  int64_t count, first_ms, last_ms;
+} nh_failgroup_row_t;
+typedef int (*nh_failgroup_cb)(void *data, const nh_failgroup_row_t *g);
+/* Failure groups of unresolved events (Failed, DeadLettered), largest first. */
+int nh_store_failgroups(nh_store_t *s, const char *endpoint, nh_failgroup_cb cb, void *data);
+/* 1 if any unresolved event belongs to the group, 0 if none, NH_EFAIL. */
+int nh_store_failgroup_exists(nh_store_t *s, const char *group);
+
+/* Bulk operator runs (resubmit --all, skip --all): a run keeps the snapshot time it
+ * started with, so running an interrupted command again picks up the rest and never
+ * applies anything twice. */
+typedef struct nh_bulk_run {
+  int64_t cutoff_ms, started_ms, queued;
+  char *owner;                    /* "host:pid:bulk" of the process that started it */
+} nh_bulk_run_t;
+int nh_store_bulk_get(nh_store_t *s, const char *key, nh_bulk_run_t *out);   /* 1 found, 0 not, NH_EFAIL */
+int nh_store_bulk_put(nh_store_t *s, const char *key, const nh_bulk_run_t *run);
+int nh_store_bulk_done(nh_store_t *s, const char *key);
 
 /* message history: append-only */
 int nh_store_history_add(nh_store_t *s, const char *endpoint, const char *event_id,
@@ -106,8 +164,10 @@ int nh_store_session_put(nh_store_t *s, const char *endpoint, const char *sessio
 void nh_session_state_clear(nh_session_state_t *st);
 /* Sessions with work that is not in the queue: a due retry or parked messages to replay. */
 typedef int (*nh_session_cb)(void *data, const char *endpoint, const char *session, const nh_session_state_t *st);
-int nh_store_sessions_due(nh_store_t *s, const char *endpoint, int64_t now, int limit, nh_session_cb cb,
-                          void *data);
+/* Due retries first (earliest first), then draining sessions from *cursor on (the last
+ * session returned is stored back; NULL cursor: from the start). Returns the count. */
+int nh_store_sessions_due(nh_store_t *s, const char *endpoint, int64_t now, int limit, char **cursor,
+                          nh_session_cb cb, void *data);
 int nh_store_sessions_list(nh_store_t *s, const char *endpoint, int blocked_only, nh_session_cb cb,
                            void *data);
 
@@ -118,6 +178,8 @@ int nh_store_parked_head(nh_store_t *s, const char *endpoint, const char *sessio
 int nh_store_parked_delete(nh_store_t *s, const char *endpoint, const char *session, int64_t park_seq);
 int nh_store_parked_delete_event(nh_store_t *s, const char *endpoint, const char *event_id);
 int nh_store_parked_count(nh_store_t *s, const char *endpoint, const char *session);
+/* 1 if the session has anything parked (reads one index entry, not the whole queue). */
+int nh_store_parked_any(nh_store_t *s, const char *endpoint, const char *session);
 
 /* inbox: (endpoint, message_id) pairs already handled successfully */
 int nh_store_inbox_has(nh_store_t *s, const char *endpoint, const char *message_id);

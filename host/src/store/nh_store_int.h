@@ -9,20 +9,20 @@ enum {
   NH_SQL_AUDIT_GET,
   NH_SQL_AUDIT_FIND,
   NH_SQL_AUDIT_FIND_PREFIX,
-  NH_SQL_AUDIT_LIST,
   NH_SQL_AUDIT_RETEXT,
   NH_SQL_HISTORY_ADD,
   NH_SQL_HISTORY_LIST,
   NH_SQL_SESSION_GET,
   NH_SQL_SESSION_PUT,
   NH_SQL_SESSION_DEL,
-  NH_SQL_SESSIONS_DUE,
-  NH_SQL_SESSIONS_LIST,
+  NH_SQL_SESSIONS_RETRY_DUE,
+  NH_SQL_SESSIONS_DRAINING,
   NH_SQL_PARK,
   NH_SQL_PARKED_HEAD,
   NH_SQL_PARKED_DEL,
   NH_SQL_PARKED_DEL_EVENT,
   NH_SQL_PARKED_COUNT,
+  NH_SQL_PARKED_ANY,
   NH_SQL_INBOX_HAS,
   NH_SQL_INBOX_ADD,
   NH_SQL_PROCESSED_HAS,
@@ -39,6 +39,10 @@ enum {
   "endpoint, event_id, session_id, event_type, status, sub_status, error_text, error_type,"        \
   " handoff_reason, external_job_id, expected_by, message_id, correlation_id, originating_message_id," \
   " retry_count, payload, result, created_at, updated_at, error_stack"
+
+/* Row readers shared with the listing queries (nh_store_query.c). */
+void nh_store_audit_read(sqlite3_stmt *st, nh_audit_t *a);        /* NH_AUDIT_COLS from column 0 */
+void nh_store_session_read(sqlite3_stmt *st, int col, nh_session_state_t *out);
 
 struct nh_store {
   sqlite3 *db;

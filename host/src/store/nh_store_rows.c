@@ -1,6 +1,7 @@
 /* Row-level store operations. Every function resets its statement before returning
  * so cached statements never hold a read transaction open. */
 #include "nh_store_int.h"
+#include "core/nh_failgroup.h"
 #include "core/nh_log.h"
 #include "core/nh_sqlite.h"
 #include "core/nh_util.h"
@@ -41,6 +42,11 @@ static void finish(sqlite3_stmt *st)
 
 /* ---- audit ---- */
 
+int nh_audit_unresolved_failure(const char *status)
+{
+  return status && (strcmp(status, NH_ST_FAILED) == 0 || strcmp(status, NH_ST_DEADLETTERED) == 0);
+}
+
 void nh_audit_clear(nh_audit_t *a)
 {
   free(a->endpoint); free(a->event_id); free(a->session_id); free(a->event_type);
@@ -62,10 +68,17 @@ int nh_store_audit_put(nh_store_t *s, const nh_audit_t *a)
   T(st, 16, a->payload); T(st, 17, a->result);
   sqlite3_bind_int64(st, 18, a->updated_at ? a->updated_at : nh_time_now_ms());
   T(st, 19, a->error_stack);
+  char group[NH_FAILGROUP_ID_LEN + 1];
+  if (nh_audit_unresolved_failure(a->status)) {
+    nh_failgroup_id(a->endpoint, a->error_type, a->error_text, group);
+    T(st, 20, group);
+  } else {
+    sqlite3_bind_null(st, 20);
+  }
   return done(s, st, "audit put");
 }
 
-static void audit_read(sqlite3_stmt *st, nh_audit_t *a)
+void nh_store_audit_read(sqlite3_stmt *st, nh_audit_t *a)
 {
   a->endpoint = nh_sqlite_col_strdup(st, 0);
   a->event_id = nh_sqlite_col_strdup(st, 1);
@@ -96,7 +109,7 @@ int nh_store_audit_get(nh_store_t *s, const char *endpoint, const char *event_id
   int rc = sstep(s, st);
   int found = 0;
   if (rc == SQLITE_ROW) {
-    audit_read(st, out);
+    nh_store_audit_read(st, out);
     found = 1;
   } else if (rc != SQLITE_DONE) {
     nh_log_error("store", "audit get: %s", sqlite3_errmsg(s->db));
@@ -112,7 +125,7 @@ int nh_store_audit_find(nh_store_t *s, const char *event_id, nh_audit_t *out, nh
   T(st, 1, event_id);
   int rc = sstep(s, st);
   if (rc == SQLITE_ROW) {
-    audit_read(st, out);
+    nh_store_audit_read(st, out);
     finish(st);
     return NH_OK;
   }
@@ -124,7 +137,7 @@ int nh_store_audit_find(nh_store_t *s, const char *event_id, nh_audit_t *out, nh
   T(st, 1, event_id);
   int n = 0;
   while (sstep(s, st) == SQLITE_ROW) {
-    if (n == 0) audit_read(st, out);
+    if (n == 0) nh_store_audit_read(st, out);
     n++;
   }
   finish(st);
@@ -135,26 +148,6 @@ int nh_store_audit_find(nh_store_t *s, const char *event_id, nh_audit_t *out, nh
                         event_id);
   }
   return nh_error_set(err, NH_ENOTFOUND, "no event with id %s in this store (see `nimbus-host events`)", event_id);
-}
-
-int nh_store_audit_list(nh_store_t *s, const char *endpoint, const char *status, const char *session,
-                        nh_audit_cb cb, void *data)
-{
-  sqlite3_stmt *st = stmt(s, NH_SQL_AUDIT_LIST);
-  T(st, 1, endpoint); T(st, 2, status); T(st, 3, session);
-  int rc, n = 0;
-  while ((rc = sstep(s, st)) == SQLITE_ROW) {
-    nh_audit_t a = {0};
-    audit_read(st, &a);
-    int stop = cb(data, &a);
-    nh_audit_clear(&a);
-    n++;
-    if (stop) break;
-  }
-  int bad = rc != SQLITE_ROW && rc != SQLITE_DONE;
-  if (bad) nh_log_error("store", "audit list: %s", sqlite3_errmsg(s->db));
-  finish(st);
-  return bad ? NH_EFAIL : n;
 }
 
 int nh_store_audit_retext_deferred(nh_store_t *s, const char *endpoint, const char *session, const char *text)
@@ -201,7 +194,7 @@ void nh_session_state_clear(nh_session_state_t *st)
   memset(st, 0, sizeof *st);
 }
 
-static void session_read(sqlite3_stmt *st, int col, nh_session_state_t *out)
+void nh_store_session_read(sqlite3_stmt *st, int col, nh_session_state_t *out)
 {
   out->exists = 1;
   out->blocked_by = nh_sqlite_col_strdup(st, col);
@@ -217,7 +210,7 @@ int nh_store_session_get(nh_store_t *s, const char *endpoint, const char *sessio
   sqlite3_stmt *st = stmt(s, NH_SQL_SESSION_GET);
   T(st, 1, endpoint); T(st, 2, session);
   int rc = sstep(s, st);
-  if (rc == SQLITE_ROW) session_read(st, 0, out);
+  if (rc == SQLITE_ROW) nh_store_session_read(st, 0, out);
   finish(st);
   if (rc != SQLITE_ROW && rc != SQLITE_DONE) {
     nh_log_error("store", "session get: %s", sqlite3_errmsg(s->db));
@@ -243,18 +236,15 @@ int nh_store_session_put(nh_store_t *s, const char *endpoint, const char *sessio
   return done(s, st, "session put");
 }
 
-int nh_store_sessions_due(nh_store_t *s, const char *endpoint, int64_t now, int limit, nh_session_cb cb, void *data)
+/* Collects up to `limit` rows of `st` first: the callback writes to the store, which
+ * must not happen while the statement is mid-scan over the same table. */
+static int sessions_collect(nh_store_t *s, sqlite3_stmt *st, const char *endpoint, int limit, char **last,
+                            nh_session_cb cb, void *data)
 {
-  sqlite3_stmt *st = stmt(s, NH_SQL_SESSIONS_DUE);
-  T(st, 1, endpoint);
-  sqlite3_bind_int64(st, 2, now);
-  sqlite3_bind_int(st, 3, limit);
-  /* Collect first: the callback writes to the store, which must not happen while
-   * this statement is mid-scan over the same table. */
   int cap = 16, n = 0;
   char **ids = nh_xmalloc(sizeof *ids * (size_t)cap);
   nh_session_state_t *sts = nh_xmalloc(sizeof *sts * (size_t)cap);
-  while (sstep(s, st) == SQLITE_ROW) {
+  while (n < limit && sstep(s, st) == SQLITE_ROW) {
     if (n == cap) {
       cap *= 2;
       ids = nh_xrealloc(ids, sizeof *ids * (size_t)cap);
@@ -262,10 +252,14 @@ int nh_store_sessions_due(nh_store_t *s, const char *endpoint, int64_t now, int 
     }
     ids[n] = nh_sqlite_col_strdup(st, 0);
     memset(&sts[n], 0, sizeof sts[n]);
-    session_read(st, 1, &sts[n]);
+    nh_store_session_read(st, 1, &sts[n]);
     n++;
   }
   finish(st);
+  if (last && n > 0) {
+    free(*last);
+    *last = nh_xstrdup(ids[n - 1]);
+  }
   for (int i = 0; i < n; i++) {
     cb(data, endpoint, ids[i], &sts[i]);
     free(ids[i]);
@@ -276,22 +270,36 @@ int nh_store_sessions_due(nh_store_t *s, const char *endpoint, int64_t now, int 
   return n;
 }
 
-int nh_store_sessions_list(nh_store_t *s, const char *endpoint, int blocked_only, nh_session_cb cb, void *data)
+int nh_store_sessions_due(nh_store_t *s, const char *endpoint, int64_t now, int limit, char **cursor,
+                          nh_session_cb cb, void *data)
 {
-  sqlite3_stmt *st = stmt(s, NH_SQL_SESSIONS_LIST);
+  sqlite3_stmt *st = stmt(s, NH_SQL_SESSIONS_RETRY_DUE);
   T(st, 1, endpoint);
-  sqlite3_bind_int(st, 2, blocked_only);
-  int n = 0;
-  while (sstep(s, st) == SQLITE_ROW) {
-    nh_session_state_t ss = {0};
-    session_read(st, 1, &ss);
-    int stop = cb(data, (const char *)sqlite3_column_text(st, 5), (const char *)sqlite3_column_text(st, 0), &ss);
-    nh_session_state_clear(&ss);
-    n++;
-    if (stop) break;
+  sqlite3_bind_int64(st, 2, now);
+  sqlite3_bind_int(st, 3, limit);
+  int n = sessions_collect(s, st, endpoint, limit, NULL, cb, data);
+  if (n >= limit) return n;
+  /* Draining sessions go round from a cursor: sessions we cannot lock (held by another
+   * process, or for a transient delay) are passed over instead of filling every batch. */
+  st = stmt(s, NH_SQL_SESSIONS_DRAINING);
+  T(st, 1, endpoint);
+  T(st, 2, cursor && *cursor ? *cursor : "");
+  sqlite3_bind_int(st, 3, limit - n);
+  int was_from_start = !cursor || !*cursor;
+  int m = sessions_collect(s, st, endpoint, limit - n, cursor, cb, data);
+  if (cursor && m < limit - n && *cursor) {
+    /* reached the end: start over next time (now, if we began mid-way and have room) */
+    free(*cursor);
+    *cursor = NULL;
+    if (!was_from_start) {
+      st = stmt(s, NH_SQL_SESSIONS_DRAINING);
+      T(st, 1, endpoint);
+      T(st, 2, "");
+      sqlite3_bind_int(st, 3, limit - n - m);
+      m += sessions_collect(s, st, endpoint, limit - n - m, cursor, cb, data);
+    }
   }
-  finish(st);
-  return n;
+  return n + m;
 }
 
 /* ---- parked ---- */
@@ -357,6 +365,16 @@ int nh_store_parked_delete_event(nh_store_t *s, const char *endpoint, const char
   T(st, 1, endpoint); T(st, 2, event_id);
   if (done(s, st, "parked delete event")) return NH_EFAIL;
   return sqlite3_changes(s->db);
+}
+
+int nh_store_parked_any(nh_store_t *s, const char *endpoint, const char *session)
+{
+  sqlite3_stmt *st = stmt(s, NH_SQL_PARKED_ANY);
+  T(st, 1, endpoint); T(st, 2, session);
+  int rc = sstep(s, st);
+  finish(st);
+  if (rc != SQLITE_ROW && rc != SQLITE_DONE) return NH_EFAIL;
+  return rc == SQLITE_ROW;
 }
 
 int nh_store_parked_count(nh_store_t *s, const char *endpoint, const char *session)

@@ -43,6 +43,25 @@ static const char *const nh_store_migrations[] = {
   "CREATE TABLE operator_log ("
   "  id INTEGER PRIMARY KEY, at INTEGER NOT NULL, actor TEXT, action TEXT NOT NULL,"
   "  endpoint TEXT, event_id TEXT, session_id TEXT, detail TEXT);",
+
+  /* 2: outage scale. Every hot statement is bounded by an index to the rows of its batch
+   * (spec: host/tests/test_store_plans.c runs EXPLAIN QUERY PLAN over all of them):
+   * due retries and draining sessions are found through partial indexes instead of a scan
+   * of every blocked session; a session's Deferred rows and a parked event are found
+   * without reading the rest of the session; audit rows carry their failure group. */
+  "CREATE INDEX sessions_retry ON sessions(endpoint, retry_due)"
+  "  WHERE blocked_by IS NOT NULL AND retry_due IS NOT NULL;"
+  "CREATE INDEX sessions_draining ON sessions(endpoint, session_id) WHERE blocked_by IS NULL AND draining = 1;"
+  "CREATE INDEX parked_event ON parked(endpoint, event_id);"
+  "ALTER TABLE audit ADD COLUMN fail_group TEXT;"
+  "DROP INDEX audit_status;"
+  "DROP INDEX audit_session;"
+  "CREATE INDEX audit_status ON audit(status, endpoint, updated_at);"
+  "CREATE INDEX audit_session ON audit(endpoint, session_id, status);"
+  "CREATE INDEX audit_group ON audit(fail_group, endpoint) WHERE fail_group IS NOT NULL;"
+  "CREATE TABLE bulk_runs ("
+  "  key TEXT PRIMARY KEY, cutoff INTEGER NOT NULL, started_at INTEGER NOT NULL, owner TEXT,"
+  "  queued INTEGER NOT NULL DEFAULT 0) WITHOUT ROWID;",
 };
 
 #endif

@@ -27,6 +27,9 @@ static const char *const embedded_migrations[] = {
   "CREATE TABLE dead_letters ("
   "  seq INTEGER PRIMARY KEY, endpoint TEXT NOT NULL, session_id TEXT, message_id TEXT, event_id TEXT,"
   "  event_type TEXT, message_type TEXT, body TEXT, reason TEXT, delivery_count INTEGER, at INTEGER NOT NULL);",
+  /* 2: a session's queued rows without reading the rest of the endpoint's queue
+   * (session_next parks a blocked session's backlog; it read every row after the head). */
+  "CREATE INDEX queue_session ON queue(endpoint, session_id, seq);",
 };
 
 enum {

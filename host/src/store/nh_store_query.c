@@ -1,0 +1,396 @@
+#define _GNU_SOURCE   /* strcasestr */
+/* Operator queries: events (with every filter of the CLI and the bulk commands),
+ * sessions, failure groups, bulk-run bookkeeping. Built per call from the filters that
+ * are set, so sqlite picks the index of the most selective one; `?1 IS NULL OR ...`
+ * forms would defeat every index and read the whole audit table each time. */
+#include "nh_store_int.h"
+#include "core/nh_failgroup.h"
+#include "core/nh_log.h"
+#include "core/nh_sqlite.h"
+#include "core/nh_util.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+typedef struct sqlbuf {
+  char *p;
+  size_t len, cap;
+} sqlbuf_t;
+
+static void add(sqlbuf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void add(sqlbuf_t *b, const char *fmt, ...)
+{
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(NULL, 0, fmt, ap);
+  va_end(ap);
+  if (b->len + (size_t)n + 1 > b->cap) {
+    b->cap = (b->len + (size_t)n + 1) * 2;
+    b->p = nh_xrealloc(b->p, b->cap);
+  }
+  va_start(ap, fmt);
+  vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap);
+  va_end(ap);
+  b->len += (size_t)n;
+}
+
+static void where(sqlbuf_t *b, const nh_event_filter_t *f)
+{
+  add(b, " WHERE 1");
+  if (f->status) add(b, " AND status = :status");
+  if (f->endpoint) add(b, " AND endpoint = :endpoint");
+  if (f->session) add(b, " AND session_id = :session");
+  if (f->type) add(b, " AND event_type = :type");
+  if (f->group) add(b, " AND fail_group = :group");
+  if (f->error) add(b, " AND instr(lower(error_text), lower(:error)) > 0");
+  if (f->since_ms) add(b, " AND updated_at >= :since");
+  if (f->before_ms) add(b, " AND updated_at < :before");
+  if (f->cutoff_ms) add(b, " AND updated_at <= :cutoff");
+  if (f->after_created || f->after_rowid) add(b, " AND (created_at, rowid) > (:after_created, :after_rowid)");
+  for (int i = 0; i < 4 && f->not_status[i]; i++) add(b, " AND status <> :not%d", i);
+  if (f->need_payload) add(b, " AND payload IS NOT NULL");
+  if (f->without_request)
+    add(b, " AND NOT EXISTS (SELECT 1 FROM operator_pending p WHERE p.event_id = audit.event_id"
+           " AND p.endpoint = audit.endpoint)");
+}
+
+char *nh_store_events_sql(const nh_event_filter_t *f, int count)
+{
+  sqlbuf_t b = { 0 };
+  if (count) {
+    add(&b, "SELECT count(*) FROM audit");
+    where(&b, f);
+  } else if (f->limit > 0) {
+    /* the newest N, printed oldest first */
+    add(&b, "SELECT * FROM (SELECT " NH_AUDIT_COLS ", rowid AS rid FROM audit");
+    where(&b, f);
+    add(&b, " ORDER BY created_at DESC, rowid DESC LIMIT :limit) ORDER BY created_at, rid");
+  } else {
+    add(&b, "SELECT " NH_AUDIT_COLS ", rowid AS rid FROM audit");
+    where(&b, f);
+    add(&b, " ORDER BY created_at, rowid");
+  }
+  return b.p;
+}
+
+static void bind_name(sqlite3_stmt *st, const char *name, const char *v)
+{
+  int i = sqlite3_bind_parameter_index(st, name);
+  if (i > 0) nh_sqlite_bind_text(st, i, v);
+}
+
+static void bind_i64(sqlite3_stmt *st, const char *name, int64_t v)
+{
+  int i = sqlite3_bind_parameter_index(st, name);
+  if (i > 0) sqlite3_bind_int64(st, i, v);
+}
+
+static sqlite3_stmt *prepare(nh_store_t *s, const nh_event_filter_t *f, int count)
+{
+  char *sql = nh_store_events_sql(f, count);
+  sqlite3_stmt *st = NULL;
+  if (sqlite3_prepare_v2(s->db, sql, -1, &st, NULL) != SQLITE_OK) {
+    nh_log_error("store", "events query: %s", sqlite3_errmsg(s->db));
+    free(sql);
+    return NULL;
+  }
+  free(sql);
+  bind_name(st, ":status", f->status);
+  bind_name(st, ":endpoint", f->endpoint);
+  bind_name(st, ":session", f->session);
+  bind_name(st, ":type", f->type);
+  bind_name(st, ":group", f->group);
+  bind_name(st, ":error", f->error);
+  bind_i64(st, ":since", f->since_ms);
+  bind_i64(st, ":before", f->before_ms);
+  bind_i64(st, ":cutoff", f->cutoff_ms);
+  bind_i64(st, ":after_created", f->after_created);
+  bind_i64(st, ":after_rowid", f->after_rowid);
+  bind_i64(st, ":limit", f->limit);
+  for (int i = 0; i < 4 && f->not_status[i]; i++) {
+    char name[16];
+    snprintf(name, sizeof name, ":not%d", i);
+    bind_name(st, name, f->not_status[i]);
+  }
+  return st;
+}
+
+int nh_store_events(nh_store_t *s, const nh_event_filter_t *f, nh_audit_cb cb, void *data, int64_t *last_rowid)
+{
+  sqlite3_stmt *st = prepare(s, f, 0);
+  if (!st) return NH_EFAIL;
+  int rc, n = 0;
+  while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+    nh_audit_t a = { 0 };
+    nh_store_audit_read(st, &a);
+    if (last_rowid) *last_rowid = sqlite3_column_int64(st, 20);
+    int stop = cb(data, &a);
+    nh_audit_clear(&a);
+    n++;
+    if (stop) {
+      rc = SQLITE_DONE;
+      break;
+    }
+  }
+  if (rc != SQLITE_DONE) nh_log_error("store", "events query: %s", sqlite3_errmsg(s->db));
+  sqlite3_finalize(st);
+  return rc == SQLITE_DONE ? n : NH_EFAIL;
+}
+
+int64_t nh_store_events_count(nh_store_t *s, const nh_event_filter_t *f)
+{
+  sqlite3_stmt *st = prepare(s, f, 1);
+  if (!st) return NH_EFAIL;
+  int64_t n = sqlite3_step(st) == SQLITE_ROW ? sqlite3_column_int64(st, 0) : NH_EFAIL;
+  if (n < 0) nh_log_error("store", "events count: %s", sqlite3_errmsg(s->db));
+  sqlite3_finalize(st);
+  return n;
+}
+
+int nh_store_audit_list(nh_store_t *s, const char *endpoint, const char *status, const char *session,
+                        nh_audit_cb cb, void *data)
+{
+  static const char *const known[] = { NH_ST_COMPLETED, NH_ST_FAILED, NH_ST_PENDING, NH_ST_DEFERRED,
+                                       NH_ST_DEADLETTERED, NH_ST_UNSUPPORTED, NH_ST_SKIPPED, NULL };
+  nh_event_filter_t f = { .endpoint = endpoint, .session = session, .status = status };
+  for (int i = 0; status && known[i]; i++)
+    if (strcasecmp(status, known[i]) == 0) f.status = known[i];
+  return nh_store_events(s, &f, cb, data, NULL);
+}
+
+static int eq(const char *want, const char *have) { return !want || (have && strcmp(want, have) == 0); }
+
+int nh_event_filter_match(const nh_event_filter_t *f, const nh_audit_t *a)
+{
+  if (!eq(f->status, a->status) || !eq(f->endpoint, a->endpoint) || !eq(f->session, a->session_id) ||
+      !eq(f->type, a->event_type))
+    return 0;
+  if (f->error && (!a->error_text || !strcasestr(a->error_text, f->error))) return 0;
+  if (f->since_ms && a->updated_at < f->since_ms) return 0;
+  if (f->before_ms && a->updated_at >= f->before_ms) return 0;
+  if (f->cutoff_ms && a->updated_at > f->cutoff_ms) return 0;
+  for (int i = 0; i < 4 && f->not_status[i]; i++)
+    if (a->status && strcmp(a->status, f->not_status[i]) == 0) return 0;
+  if (f->need_payload && !a->payload) return 0;
+  if (f->group) {
+    if (!nh_audit_unresolved_failure(a->status)) return 0;
+    char g[NH_FAILGROUP_ID_LEN + 1];
+    nh_failgroup_id(a->endpoint, a->error_type, a->error_text, g);
+    if (strcmp(g, f->group) != 0) return 0;
+  }
+  return 1;
+}
+
+int nh_store_endpoints(nh_store_t *s, int (*cb)(void *data, const char *endpoint), void *data)
+{
+  /* min(endpoint) > x, one index seek per endpoint (audit_session starts with endpoint) */
+  static const char *const sql =
+    "WITH RECURSIVE e(x) AS (SELECT min(endpoint) FROM audit UNION ALL"
+    " SELECT (SELECT min(endpoint) FROM audit WHERE endpoint > e.x) FROM e WHERE e.x IS NOT NULL)"
+    " SELECT x FROM e WHERE x IS NOT NULL";
+  sqlite3_stmt *st = NULL;
+  if (sqlite3_prepare_v2(s->db, sql, -1, &st, NULL) != SQLITE_OK) return NH_EFAIL;
+  int rc, n = 0;
+  while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+    n++;
+    if (cb(data, (const char *)sqlite3_column_text(st, 0))) {
+      rc = SQLITE_DONE;
+      break;
+    }
+  }
+  sqlite3_finalize(st);
+  return rc == SQLITE_DONE ? n : NH_EFAIL;
+}
+
+int64_t nh_store_history_last_id(nh_store_t *s)
+{
+  sqlite3_stmt *st = NULL;
+  if (sqlite3_prepare_v2(s->db, "SELECT max(id) FROM history", -1, &st, NULL) != SQLITE_OK) return NH_EFAIL;
+  int64_t id = sqlite3_step(st) == SQLITE_ROW ? sqlite3_column_int64(st, 0) : NH_EFAIL;
+  sqlite3_finalize(st);
+  return id;
+}
+
+int nh_store_history_after(nh_store_t *s, int64_t after_id, int limit,
+                           int (*cb)(void *data, const char *endpoint, const char *event_id), void *data,
+                           int64_t *last)
+{
+  sqlite3_stmt *st = NULL;
+  if (sqlite3_prepare_v2(s->db, "SELECT id, endpoint, event_id FROM history WHERE id > ?1 ORDER BY id LIMIT ?2", -1,
+                         &st, NULL) != SQLITE_OK)
+    return NH_EFAIL;
+  sqlite3_bind_int64(st, 1, after_id);
+  sqlite3_bind_int(st, 2, limit);
+  int rc, n = 0;
+  while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+    *last = sqlite3_column_int64(st, 0);
+    n++;
+    if (cb(data, (const char *)sqlite3_column_text(st, 1), (const char *)sqlite3_column_text(st, 2))) {
+      rc = SQLITE_DONE;
+      break;
+    }
+  }
+  sqlite3_finalize(st);
+  return rc == SQLITE_DONE ? n : NH_EFAIL;
+}
+
+/* ---- sessions ---- */
+
+int nh_store_sessions_list(nh_store_t *s, const char *endpoint, int blocked_only, nh_session_cb cb, void *data)
+{
+  sqlbuf_t b = { 0 };
+  add(&b, "SELECT session_id, blocked_by, draining, retry_due, next_park_seq, endpoint FROM sessions WHERE 1");
+  if (endpoint) add(&b, " AND endpoint = :endpoint");
+  if (blocked_only) add(&b, " AND blocked_by IS NOT NULL");
+  add(&b, " ORDER BY endpoint, session_id");
+  sqlite3_stmt *st = NULL;
+  int rc = sqlite3_prepare_v2(s->db, b.p, -1, &st, NULL);
+  free(b.p);
+  if (rc != SQLITE_OK) {
+    nh_log_error("store", "sessions list: %s", sqlite3_errmsg(s->db));
+    s->failed = 1;
+    return NH_EFAIL;
+  }
+  bind_name(st, ":endpoint", endpoint);
+  int n = 0;
+  while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+    nh_session_state_t ss = { 0 };
+    nh_store_session_read(st, 1, &ss);
+    int stop = cb(data, (const char *)sqlite3_column_text(st, 5), (const char *)sqlite3_column_text(st, 0), &ss);
+    nh_session_state_clear(&ss);
+    n++;
+    if (stop) {
+      rc = SQLITE_DONE;
+      break;
+    }
+  }
+  if (rc != SQLITE_DONE) {
+    nh_log_error("store", "sessions list: %s", sqlite3_errmsg(s->db));
+    s->failed = 1;
+  }
+  sqlite3_finalize(st);
+  return n;
+}
+
+/* ---- failure groups ---- */
+
+int nh_store_failgroups(nh_store_t *s, const char *endpoint, nh_failgroup_cb cb, void *data)
+{
+  /* One pass over the partial group index (only unresolved failures are in it); the
+   * sample is the newest event of the group. */
+  sqlbuf_t b = { 0 };
+  add(&b, "SELECT fail_group, endpoint, count(*), min(updated_at), max(updated_at),"
+          " (SELECT a2.event_id FROM audit a2 WHERE a2.fail_group = g.fail_group AND a2.endpoint = g.endpoint"
+          "  ORDER BY a2.updated_at DESC LIMIT 1) AS sample"
+          " FROM audit g WHERE fail_group IS NOT NULL");
+  if (endpoint) add(&b, " AND endpoint = :endpoint");
+  add(&b, " GROUP BY fail_group, endpoint ORDER BY count(*) DESC, fail_group");
+  sqlite3_stmt *st = NULL, *one = NULL;
+  int rc = sqlite3_prepare_v2(s->db, b.p, -1, &st, NULL);
+  free(b.p);
+  if (rc == SQLITE_OK)
+    rc = sqlite3_prepare_v2(s->db, "SELECT error_type, error_text FROM audit WHERE event_id = ?1 AND endpoint = ?2",
+                            -1, &one, NULL);
+  if (rc != SQLITE_OK) {
+    nh_log_error("store", "failure groups: %s", sqlite3_errmsg(s->db));
+    sqlite3_finalize(st);
+    return NH_EFAIL;
+  }
+  bind_name(st, ":endpoint", endpoint);
+  int n = 0;
+  while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+    nh_failgroup_row_t g = { 0 };
+    g.group = (const char *)sqlite3_column_text(st, 0);
+    g.endpoint = (const char *)sqlite3_column_text(st, 1);
+    g.count = sqlite3_column_int64(st, 2);
+    g.first_ms = sqlite3_column_int64(st, 3);
+    g.last_ms = sqlite3_column_int64(st, 4);
+    g.sample_event_id = (const char *)sqlite3_column_text(st, 5);
+    nh_sqlite_bind_text(one, 1, g.sample_event_id);
+    nh_sqlite_bind_text(one, 2, g.endpoint);
+    if (sqlite3_step(one) == SQLITE_ROW) {
+      g.error_type = (const char *)sqlite3_column_text(one, 0);
+      g.sample_text = (const char *)sqlite3_column_text(one, 1);
+    }
+    int stop = cb(data, &g);
+    sqlite3_reset(one);
+    n++;
+    if (stop) {
+      rc = SQLITE_DONE;
+      break;
+    }
+  }
+  if (rc != SQLITE_DONE) nh_log_error("store", "failure groups: %s", sqlite3_errmsg(s->db));
+  sqlite3_finalize(one);
+  sqlite3_finalize(st);
+  return rc == SQLITE_DONE ? n : NH_EFAIL;
+}
+
+int nh_store_failgroup_exists(nh_store_t *s, const char *group)
+{
+  sqlite3_stmt *st = NULL;
+  if (sqlite3_prepare_v2(s->db, "SELECT 1 FROM audit WHERE fail_group = ?1 LIMIT 1", -1, &st, NULL) != SQLITE_OK)
+    return NH_EFAIL;
+  nh_sqlite_bind_text(st, 1, group);
+  int rc = sqlite3_step(st);
+  sqlite3_finalize(st);
+  if (rc != SQLITE_ROW && rc != SQLITE_DONE) return NH_EFAIL;
+  return rc == SQLITE_ROW;
+}
+
+/* ---- bulk runs ---- */
+
+int nh_store_bulk_get(nh_store_t *s, const char *key, nh_bulk_run_t *out)
+{
+  memset(out, 0, sizeof *out);
+  sqlite3_stmt *st = NULL;
+  if (sqlite3_prepare_v2(s->db, "SELECT cutoff, started_at, owner, queued FROM bulk_runs WHERE key = ?1", -1, &st,
+                         NULL) != SQLITE_OK)
+    return NH_EFAIL;
+  nh_sqlite_bind_text(st, 1, key);
+  int rc = sqlite3_step(st);
+  if (rc == SQLITE_ROW) {
+    out->cutoff_ms = sqlite3_column_int64(st, 0);
+    out->started_ms = sqlite3_column_int64(st, 1);
+    out->owner = nh_sqlite_col_strdup(st, 2);
+    out->queued = sqlite3_column_int64(st, 3);
+  }
+  sqlite3_finalize(st);
+  if (rc != SQLITE_ROW && rc != SQLITE_DONE) return NH_EFAIL;
+  return rc == SQLITE_ROW;
+}
+
+static int exec_bound(nh_store_t *s, const char *sql, const char *key, const nh_bulk_run_t *run)
+{
+  sqlite3_stmt *st = NULL;
+  if (sqlite3_prepare_v2(s->db, sql, -1, &st, NULL) != SQLITE_OK) {
+    nh_log_error("store", "bulk run: %s", sqlite3_errmsg(s->db));
+    s->failed = 1;
+    return NH_EFAIL;
+  }
+  nh_sqlite_bind_text(st, 1, key);
+  if (run) {
+    sqlite3_bind_int64(st, 2, run->cutoff_ms);
+    sqlite3_bind_int64(st, 3, run->started_ms);
+    nh_sqlite_bind_text(st, 4, run->owner);
+    sqlite3_bind_int64(st, 5, run->queued);
+  }
+  int rc = nh_sqlite_step_done(s->db, st, "bulk run");
+  sqlite3_finalize(st);
+  if (rc) s->failed = 1;
+  return rc;
+}
+
+int nh_store_bulk_put(nh_store_t *s, const char *key, const nh_bulk_run_t *run)
+{
+  return exec_bound(s, "INSERT OR REPLACE INTO bulk_runs(key, cutoff, started_at, owner, queued)"
+                       " VALUES (?1, ?2, ?3, ?4, ?5)", key, run);
+}
+
+int nh_store_bulk_done(nh_store_t *s, const char *key)
+{
+  return exec_bound(s, "DELETE FROM bulk_runs WHERE key = ?1", key, NULL);
+}
