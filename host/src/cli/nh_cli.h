@@ -4,6 +4,10 @@
 #ifndef NH_CLI_H
 #define NH_CLI_H
 
+#include <stddef.h>
+
+#include "store/nh_store.h"
+
 #define NH_EXIT_OK 0
 #define NH_EXIT_FAIL 1
 #define NH_EXIT_USAGE 2
@@ -34,6 +38,16 @@ int nh_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(
  * printing the reason. */
 char *nh_cli_json_arg(const char *cmd, const char *what, const char *arg);
 
+/* Event filters (nh_cli_filter.c): the options --endpoint --status --type --session
+ * --error --group --since --before, checked against the store (an unknown endpoint or
+ * group is a usage error naming what exists). Returns an exit code (0: ok). */
+#define NH_CLI_FILTER_OPTS                                                                          \
+  { "--endpoint", 1 }, { "--status", 1 }, { "--type", 1 }, { "--session", 1 }, { "--error", 1 },    \
+  { "--group", 1 }, { "--since", 1 }, { "--before", 1 }
+int nh_cli_filter_parse(const nh_args_t *a, const char *cmd, nh_store_t *s, nh_event_filter_t *f);
+void nh_cli_filter_describe(const nh_event_filter_t *f, const nh_args_t *a, char *out, size_t len);
+const char *nh_cli_status_canon(const char *s);
+
 int nh_cmd_run(int argc, char **argv, int first);
 int nh_cmd_publish(int argc, char **argv);
 int nh_cmd_events(int argc, char **argv);
@@ -42,6 +56,9 @@ int nh_cmd_resubmit(int argc, char **argv);
 int nh_cmd_skip(int argc, char **argv);
 int nh_cmd_handoff(int argc, char **argv);
 int nh_cmd_sessions(int argc, char **argv);
+int nh_cmd_failures(int argc, char **argv);
+/* resubmit --all / skip --all (nh_cli_bulk.c); kind: NH_OP_RESUBMIT or NH_OP_SKIP */
+int nh_cli_bulk(int kind, const nh_args_t *a);
 void nh_cli_help(void);
 
 #endif

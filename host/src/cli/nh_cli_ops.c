@@ -279,13 +279,30 @@ static int submit(const char *cmd, const char *store, const nh_op_req_t *req)
   return NH_EXIT_OK;
 }
 
+/* The filters only make sense with --all: a lone `--status failed` must not pass for
+ * "this one event". Returns an exit code. */
+static int single_or_bulk(const char *cmd, const nh_args_t *a)
+{
+  static const char *const bulk_only[] = { "--endpoint", "--status", "--type", "--session", "--error",
+                                           "--group", "--since", "--before", "--dry-run", NULL };
+  for (int i = 0; bulk_only[i]; i++)
+    if (nh_args_has(a, bulk_only[i]))
+      return nh_usage_error(cmd, "%s selects events for --all; add --all, or give one EVENT_ID alone", bulk_only[i]);
+  if (a->npos != 1)
+    return nh_usage_error(cmd, "expected one EVENT_ID, or --all with filters (%s --all --endpoint E --status failed)",
+                          cmd);
+  return NH_EXIT_OK;
+}
+
 int nh_cmd_resubmit(int argc, char **argv)
 {
-  static const nh_opt_spec_t specs[] = { { "--body", 1 }, { NULL, 0 } };
+  static const nh_opt_spec_t specs[] = { { "--body", 1 }, { "--all", 0 }, { "--dry-run", 0 }, NH_CLI_FILTER_OPTS,
+                                         { NULL, 0 } };
   nh_args_t a;
   int rc = nh_args_parse(&a, "resubmit", argc, argv, 2, specs);
   if (rc) return rc;
-  if (a.npos != 1) return nh_usage_error("resubmit", "expected one EVENT_ID");
+  if (nh_args_has(&a, "--all")) return nh_cli_bulk(NH_OP_RESUBMIT, &a);
+  if ((rc = single_or_bulk("resubmit", &a))) return rc;
   char *body = NULL;
   if (nh_args_has(&a, "--body") && !(body = nh_cli_json_arg("resubmit", "--body", nh_args_get(&a, "--body"))))
     return NH_EXIT_USAGE;
@@ -297,10 +314,12 @@ int nh_cmd_resubmit(int argc, char **argv)
 
 int nh_cmd_skip(int argc, char **argv)
 {
+  static const nh_opt_spec_t specs[] = { { "--all", 0 }, { "--dry-run", 0 }, NH_CLI_FILTER_OPTS, { NULL, 0 } };
   nh_args_t a;
-  int rc = nh_args_parse(&a, "skip", argc, argv, 2, NULL);
+  int rc = nh_args_parse(&a, "skip", argc, argv, 2, specs);
   if (rc) return rc;
-  if (a.npos != 1) return nh_usage_error("skip", "expected one EVENT_ID");
+  if (nh_args_has(&a, "--all")) return nh_cli_bulk(NH_OP_SKIP, &a);
+  if ((rc = single_or_bulk("skip", &a))) return rc;
   nh_op_req_t req = { .kind = NH_OP_SKIP, .event_id = a.pos[0], .actor = "cli" };
   return submit("skip", a.store, &req);
 }

@@ -1,5 +1,6 @@
 /* Read-only commands: events, show, sessions. */
 #include "nh_cli.h"
+#include "core/nh_failgroup.h"
 #include "core/nh_util.h"
 #include "store/nh_store.h"
 
@@ -8,11 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <signal.h>
+#include <unistd.h>
 
-static const char *const statuses[] = {
-  NH_ST_COMPLETED, NH_ST_FAILED, NH_ST_PENDING, NH_ST_DEFERRED, NH_ST_DEADLETTERED, NH_ST_UNSUPPORTED, NH_ST_SKIPPED,
-  NULL,
-};
 
 static int open_store(nh_store_t **s, const char *cmd, const char *path)
 {
@@ -62,55 +61,234 @@ static void print_json_line(json_t *o)
   json_decref(o);
 }
 
+/* Table output: columns as wide as their content. The first rows are held back to
+ * measure them (all of them unless there are very many; later rows are cut to fit). */
+#define NH_TABLE_MEASURE 2000
+enum { C_ID, C_EP, C_SESSION, C_TYPE, C_STATUS, C_DETAIL, C_COUNT };
+static const char *const col_names[C_COUNT] = { "EVENT_ID", "ENDPOINT", "SESSION", "TYPE", "STATUS", "DETAIL" };
+
+typedef struct row {
+  char *col[C_COUNT];
+} row_t;
+
 struct list_ctx {
   int json;
-  int n;
+  long long n;
+  row_t *held;
+  int nheld;
+  int width[C_COUNT];
+  int measured;     /* widths fixed, rows print as they come */
 };
+
+static void row_make(row_t *r, const nh_audit_t *a)
+{
+  char status[40];
+  snprintf(status, sizeof status, "%s%s%s", a->status, a->sub_status ? "+" : "", a->sub_status ? a->sub_status : "");
+  const char *detail = a->error_text ? a->error_text : a->handoff_reason ? a->handoff_reason : "";
+  size_t dl = strcspn(detail, "\n");
+  if (dl > 160) dl = 160;
+  r->col[C_ID] = nh_xstrdup(a->event_id);
+  r->col[C_EP] = nh_xstrdup(a->endpoint);
+  r->col[C_SESSION] = nh_xstrdup(a->session_id);
+  r->col[C_TYPE] = nh_xstrdup(a->event_type ? a->event_type : "-");
+  r->col[C_STATUS] = nh_xstrdup(status);
+  r->col[C_DETAIL] = nh_xstrndup(detail, dl);
+}
+
+static void row_print(struct list_ctx *c, row_t *r)
+{
+  for (int i = 0; i < C_COUNT; i++) {
+    if (i == C_DETAIL) printf("%s\n", r->col[i]);
+    else printf("%-*.*s  ", c->width[i], c->width[i], r->col[i]);
+    free(r->col[i]);
+  }
+}
+
+static void table_flush(struct list_ctx *c)
+{
+  if (c->measured) return;
+  c->measured = 1;
+  for (int i = 0; i < C_COUNT; i++) c->width[i] = (int)strlen(col_names[i]);
+  for (int k = 0; k < c->nheld; k++)
+    for (int i = 0; i < C_COUNT; i++) {
+      int w = (int)strlen(c->held[k].col[i]);
+      if (w > c->width[i]) c->width[i] = w;
+    }
+  if (c->nheld) {
+    row_t head;
+    for (int i = 0; i < C_COUNT; i++) head.col[i] = nh_xstrdup(col_names[i]);
+    row_print(c, &head);
+  }
+  for (int k = 0; k < c->nheld; k++) row_print(c, &c->held[k]);
+  free(c->held);
+  c->held = NULL;
+  c->nheld = 0;
+}
 
 static int print_event(void *data, const nh_audit_t *a)
 {
   struct list_ctx *c = data;
+  c->n++;
   if (c->json) {
     print_json_line(audit_json(a));
-  } else {
-    if (c->n == 0) printf("%-36s  %-20s  %-16s  %-24s  %-13s  %s\n", "EVENT_ID", "ENDPOINT", "SESSION", "TYPE", "STATUS", "DETAIL");
-    char status[32];
-    snprintf(status, sizeof status, "%s%s%s", a->status, a->sub_status ? "+" : "", a->sub_status ? a->sub_status : "");
-    const char *detail = a->error_text ? a->error_text : a->handoff_reason ? a->handoff_reason : "";
-    const char *nl = strchr(detail, '\n');
-    printf("%-36s  %-20s  %-16s  %-24s  %-13s  %.*s\n", a->event_id, a->endpoint, a->session_id,
-           a->event_type ? a->event_type : "-", status, nl ? (int)(nl - detail) : 120, detail);
+    return 0;
   }
-  c->n++;
+  row_t r;
+  row_make(&r, a);
+  if (c->measured) {
+    row_print(c, &r);
+    return 0;
+  }
+  if (!c->held) c->held = nh_xmalloc(sizeof *c->held * NH_TABLE_MEASURE);
+  c->held[c->nheld++] = r;
+  if (c->nheld == NH_TABLE_MEASURE) table_flush(c);
   return 0;
+}
+
+/* --follow: every audit change after the listing, read from the append-only history
+ * (its id is an index, so each poll reads only what is new). */
+struct follow_ctx {
+  nh_store_t *s;
+  const nh_event_filter_t *f;
+  struct list_ctx *list;
+};
+
+static int follow_one(void *data, const char *endpoint, const char *event_id)
+{
+  struct follow_ctx *fc = data;
+  nh_audit_t a;
+  memset(&a, 0, sizeof a);
+  if (nh_store_audit_get(fc->s, endpoint, event_id, &a) == 1 && nh_event_filter_match(fc->f, &a))
+    print_event(fc->list, &a);
+  nh_audit_clear(&a);
+  return 0;
+}
+
+static volatile sig_atomic_t follow_stop;
+static void on_follow_signal(int sig) { (void)sig; follow_stop = 1; }
+
+static int follow(nh_store_t *s, const nh_event_filter_t *f, struct list_ctx *c, int64_t from_id)
+{
+  signal(SIGINT, on_follow_signal);
+  signal(SIGTERM, on_follow_signal);
+  struct follow_ctx fc = { s, f, c };
+  int64_t last = from_id;
+  while (!follow_stop) {
+    int n = nh_store_history_after(s, last, 1000, follow_one, &fc, &last);
+    if (n < 0) return NH_EXIT_FAIL;
+    fflush(stdout);
+    if (n < 1000) usleep(250 * 1000);   /* a poll of the history tail: nothing to wait on across processes */
+  }
+  return NH_EXIT_OK;
 }
 
 int nh_cmd_events(int argc, char **argv)
 {
   static const nh_opt_spec_t specs[] = {
-    { "--endpoint", 1 }, { "--status", 1 }, { "--session", 1 }, { "--json", 0 }, { NULL, 0 },
+    NH_CLI_FILTER_OPTS, { "--json", 0 }, { "--limit", 1 }, { "--count", 0 }, { "--follow", 0 }, { NULL, 0 },
   };
   nh_args_t a;
   int rc = nh_args_parse(&a, "events", argc, argv, 2, specs);
   if (rc) return rc;
   if (a.npos) return nh_usage_error("events", "unexpected argument %s", a.pos[0]);
-  const char *status = nh_args_get(&a, "--status");
-  if (status) {
-    const char *canon = NULL;
-    for (int i = 0; statuses[i]; i++)
-      if (strcasecmp(status, statuses[i]) == 0) canon = statuses[i];
-    if (!canon)
-      return nh_usage_error("events", "unknown --status %s (one of completed, failed, pending, deferred, "
-                                      "deadlettered, unsupported, skipped)", status);
-    status = canon;
+  int limit = 0;
+  const char *lim = nh_args_get(&a, "--limit");
+  if (lim) {
+    char *end;
+    long v = strtol(lim, &end, 10);
+    if (*end || v <= 0 || v > 100000000) return nh_usage_error("events", "--limit %s: give a positive number", lim);
+    limit = (int)v;
   }
+  int count = nh_args_has(&a, "--count"), follow_on = nh_args_has(&a, "--follow");
+  if (count && (follow_on || lim)) return nh_usage_error("events", "--count prints a number; it takes no --limit or --follow");
+  const char *status = nh_args_get(&a, "--status");
+  if (status && (strcasecmp(status, "queued") == 0 || strcasecmp(status, "running") == 0))
+    return nh_usage_error("events", "--status %s is not recorded in the audit trail yet: see `nimbus-host sessions` "
+                                    "for blocked and draining sessions", status);
   nh_store_t *s;
   if ((rc = open_store(&s, "events", a.store))) return rc;
-  struct list_ctx c = { nh_args_has(&a, "--json"), 0 };
-  rc = nh_store_audit_list(s, nh_args_get(&a, "--endpoint"), status, nh_args_get(&a, "--session"), print_event, &c);
+  nh_event_filter_t f;
+  if ((rc = nh_cli_filter_parse(&a, "events", s, &f))) {
+    nh_store_close(s);
+    return rc;
+  }
+  f.limit = limit;
+  if (count) {
+    long long n = nh_store_events_count(s, &f);
+    if (n >= 0) printf("%lld\n", n);
+    nh_store_close(s);
+    return n < 0 ? NH_EXIT_FAIL : NH_EXIT_OK;
+  }
+  struct list_ctx c = { .json = nh_args_has(&a, "--json") };
+  int64_t from = follow_on ? nh_store_history_last_id(s) : 0;
+  rc = nh_store_events(s, &f, print_event, &c, NULL) < 0 ? NH_EXIT_FAIL : NH_EXIT_OK;
+  if (!c.json) table_flush(&c);
+  if (!rc && !c.json && c.n == 0 && !follow_on) printf("no events match\n");
+  if (!rc && follow_on) {
+    fflush(stdout);
+    f.limit = 0;
+    rc = follow(s, &f, &c, from);
+  }
   nh_store_close(s);
-  if (rc < 0) return NH_EXIT_FAIL;
-  if (!c.json && c.n == 0) printf("no events\n");
+  return rc;
+}
+
+/* ---- failures: the failure groups of unresolved events ---- */
+
+struct fail_ctx {
+  int json, n;
+};
+
+static int print_group(void *data, const nh_failgroup_row_t *g)
+{
+  struct fail_ctx *c = data;
+  char masked[512], first[40], last[40];
+  nh_failgroup_mask(g->sample_text, masked, sizeof masked);
+  nh_time_iso8601(g->first_ms, first, sizeof first);
+  nh_time_iso8601(g->last_ms, last, sizeof last);
+  if (c->json) {
+    json_t *o = json_object();
+    json_object_set_new(o, "group", json_string(g->group));
+    json_object_set_new(o, "endpoint", jstr(g->endpoint));
+    json_object_set_new(o, "error_type", jstr(g->error_type));
+    json_object_set_new(o, "message", json_string(masked));
+    json_object_set_new(o, "count", json_integer(g->count));
+    json_object_set_new(o, "first_seen", json_string(first));
+    json_object_set_new(o, "last_seen", json_string(last));
+    json_object_set_new(o, "sample_event_id", jstr(g->sample_event_id));
+    json_object_set_new(o, "sample_error_text", jstr(g->sample_text));
+    print_json_line(o);
+  } else {
+    if (c->n == 0) printf("%-12s  %8s  %-20s  %-16s  %-24s  %s\n", "GROUP", "COUNT", "ENDPOINT", "ERROR_TYPE",
+                          "LAST_SEEN", "MESSAGE");
+    printf("%-12s  %8lld  %-20s  %-16s  %-24s  %s\n", g->group, (long long)g->count, g->endpoint,
+           g->error_type ? g->error_type : "-", last, masked);
+  }
+  c->n++;
+  return 0;
+}
+
+int nh_cmd_failures(int argc, char **argv)
+{
+  static const nh_opt_spec_t specs[] = { { "--endpoint", 1 }, { "--json", 0 }, { NULL, 0 } };
+  nh_args_t a;
+  int rc = nh_args_parse(&a, "failures", argc, argv, 2, specs);
+  if (rc) return rc;
+  if (a.npos) return nh_usage_error("failures", "unexpected argument %s", a.pos[0]);
+  nh_store_t *s;
+  if ((rc = open_store(&s, "failures", a.store))) return rc;
+  nh_event_filter_t f;
+  if ((rc = nh_cli_filter_parse(&a, "failures", s, &f))) {
+    nh_store_close(s);
+    return rc;
+  }
+  struct fail_ctx c = { nh_args_has(&a, "--json"), 0 };
+  int n = nh_store_failgroups(s, f.endpoint, print_group, &c);
+  nh_store_close(s);
+  if (n < 0) return NH_EXIT_FAIL;
+  if (!c.json && n == 0) printf("no unresolved failures\n");
+  else if (!c.json)
+    printf("\nresubmit or skip a group: nimbus-host resubmit --all --group GROUP (add --dry-run to see it first)\n");
   return NH_EXIT_OK;
 }
 

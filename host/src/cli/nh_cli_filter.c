@@ -1,0 +1,110 @@
+/* The event filters shared by `events`, `failures` and the bulk operator commands
+ * (`resubmit --all`, `skip --all`): parsed and checked against the store once, here, so
+ * every command refuses the same bad input the same way. */
+#include "nh_cli.h"
+#include "core/nh_util.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+static const char *const statuses[] = {
+  NH_ST_COMPLETED, NH_ST_FAILED, NH_ST_PENDING, NH_ST_DEFERRED, NH_ST_DEADLETTERED, NH_ST_UNSUPPORTED, NH_ST_SKIPPED,
+  NULL,
+};
+
+const char *nh_cli_status_canon(const char *s)
+{
+  for (int i = 0; s && statuses[i]; i++)
+    if (strcasecmp(s, statuses[i]) == 0) return statuses[i];
+  return NULL;
+}
+
+struct known {
+  const char *want;
+  int found, n;
+  char list[512];
+};
+
+static int collect_endpoint(void *data, const char *ep)
+{
+  struct known *k = data;
+  if (strcmp(ep, k->want) == 0) k->found = 1;
+  size_t len = strlen(k->list);
+  if (len < sizeof k->list - 64)
+    snprintf(k->list + len, sizeof k->list - len, "%s%s", k->n++ ? ", " : "", ep);
+  return 0;
+}
+
+static int parse_time(const char *cmd, const char *opt, const char *v, int64_t now, int64_t *out)
+{
+  if (!v) return NH_EXIT_OK;
+  int64_t t = nh_time_parse_ms(v, now);
+  if (t < 0)
+    return nh_usage_error(cmd, "%s %s is not a time: give ISO-8601 UTC (2026-12-03, 2026-12-03T06:00:00Z) or an "
+                               "age such as 30m, 2h or 7d", opt, v);
+  *out = t;
+  return NH_EXIT_OK;
+}
+
+int nh_cli_filter_parse(const nh_args_t *a, const char *cmd, nh_store_t *s, nh_event_filter_t *f)
+{
+  memset(f, 0, sizeof *f);
+  f->endpoint = nh_args_get(a, "--endpoint");
+  f->session = nh_args_get(a, "--session");
+  f->type = nh_args_get(a, "--type");
+  f->error = nh_args_get(a, "--error");
+  f->group = nh_args_get(a, "--group");
+  const char *status = nh_args_get(a, "--status");
+  if (status && !(f->status = nh_cli_status_canon(status)))
+    return nh_usage_error(cmd, "unknown --status %s (one of completed, failed, pending, deferred, deadlettered, "
+                               "unsupported, skipped)", status);
+  int64_t now = nh_time_now_ms();
+  int rc = parse_time(cmd, "--since", nh_args_get(a, "--since"), now, &f->since_ms);
+  if (!rc) rc = parse_time(cmd, "--before", nh_args_get(a, "--before"), now, &f->before_ms);
+  if (rc) return rc;
+  if (f->since_ms && f->before_ms && f->since_ms >= f->before_ms)
+    return nh_usage_error(cmd, "--since is not before --before: nothing can match");
+  const char *empty[] = { "--endpoint", "--session", "--type", "--error", "--group" };
+  for (size_t i = 0; i < sizeof empty / sizeof empty[0]; i++) {
+    const char *v = nh_args_get(a, empty[i]);
+    if (v && !*v) return nh_usage_error(cmd, "%s needs a value", empty[i]);
+  }
+  if (f->endpoint) {
+    struct known k = { .want = f->endpoint };
+    if (nh_store_endpoints(s, collect_endpoint, &k) < 0) {
+      fprintf(stderr, "nimbus-host %s: store: %s\n", cmd, nh_store_errmsg(s));
+      return NH_EXIT_FAIL;
+    }
+    if (!k.found) {
+      if (k.n) return nh_usage_error(cmd, "unknown --endpoint %s (this store has events of %s)", f->endpoint, k.list);
+      return nh_usage_error(cmd, "unknown --endpoint %s (this store has no events yet)", f->endpoint);
+    }
+  }
+  if (f->group) {
+    int g = nh_store_failgroup_exists(s, f->group);
+    if (g < 0) {
+      fprintf(stderr, "nimbus-host %s: store: %s\n", cmd, nh_store_errmsg(s));
+      return NH_EXIT_FAIL;
+    }
+    if (g == 0)
+      return nh_usage_error(cmd, "unknown failure group %s: no unresolved event is in it (see nimbus-host failures)",
+                            f->group);
+  }
+  return NH_EXIT_OK;
+}
+
+/* Writes the filters given as "--endpoint E --status S ..." for messages and keys. */
+void nh_cli_filter_describe(const nh_event_filter_t *f, const nh_args_t *a, char *out, size_t len)
+{
+  static const char *const opts[] = { "--endpoint", "--status", "--type", "--session", "--error", "--group",
+                                      "--since", "--before", NULL };
+  size_t n = 0;
+  out[0] = '\0';
+  for (int i = 0; opts[i] && n < len; i++) {
+    const char *v = nh_args_get(a, opts[i]);
+    if (i == 1) v = f->status;   /* canonical spelling */
+    if (v) n += (size_t)snprintf(out + n, len - n, "%s%s %s", n ? " " : "", opts[i], v);
+  }
+}
