@@ -180,6 +180,26 @@ end
 -- (never running the handler again), unblocks its session and replays the parked
 -- messages. Returns true, or nil and the reason when the event is not Pending+Handoff
 -- (settled already, failed, unknown) — nothing changes then.
+-- nimbus.retention{ resolved = "7d", inbox = "30d" }: the host deletes resolved events
+-- (Completed, Skipped, Unsupported) and their history once they are older than
+-- `resolved`, and inbox entries older than `inbox`, in small batches in the background.
+-- Unresolved events (Failed, Pending, Deferred, DeadLettered) are never deleted.
+-- Ages: "45s", "30m", "12h", "7d", "2w", or a number of seconds. `--retention AGE` on the
+-- command line overrides this.
+function M.retention(opts)
+  if type(opts) ~= "table" then error("nimbus.retention: give a table { resolved = \"7d\", inbox = \"30d\" }", 2) end
+  local args = {}
+  for k, v in pairs(opts) do
+    if k ~= "resolved" and k ~= "inbox" then
+      error(("nimbus.retention: unknown option %s (resolved, inbox)"):format(tostring(k)), 2)
+    end
+    if type(v) == "number" then v = tostring(v) end
+    if type(v) ~= "string" then error(("nimbus.retention: %s must be an age such as \"7d\""):format(k), 2) end
+    args[k] = v
+  end
+  core.set_retention(args.resolved, args.inbox)
+end
+
 M.handoff = {}
 function M.handoff.complete(h, result)
   local event_id, endpoint, session, message_id = coords_of(h, "nimbus.handoff.complete")

@@ -57,6 +57,7 @@ int nh_cmd_skip(int argc, char **argv);
 int nh_cmd_handoff(int argc, char **argv);
 int nh_cmd_sessions(int argc, char **argv);
 int nh_cmd_failures(int argc, char **argv);
+int nh_cmd_purge(int argc, char **argv);
 /* resubmit --all / skip --all (nh_cli_bulk.c); kind: NH_OP_RESUBMIT or NH_OP_SKIP */
 int nh_cli_bulk(int kind, const nh_args_t *a);
 void nh_cli_help(void);

@@ -104,7 +104,7 @@ int nh_cmd_run(int argc, char **argv, int first)
 {
   static const nh_opt_spec_t specs[] = {
     { "--transport", 1 }, { "--admin", 1 }, { "--log-format", 1 }, { "--no-reload", 0 }, { "--log-level", 1 },
-    { NULL, 0 },
+    { "--retention", 1 }, { NULL, 0 },
   };
   nh_args_t a;
   int rc = nh_args_parse(&a, "run", argc, argv, first, specs);
@@ -126,6 +126,11 @@ int nh_cmd_run(int argc, char **argv, int first)
   if (transport && strcmp(transport, "embedded") != 0 && !nh_amqp_is_url(transport))
     return nh_usage_error("run", "--transport %s: give embedded (the default) or amqp[s]://user:password@host:port[/vhost]",
                           transport);
+  int64_t retention_ms = 0;
+  const char *retention = nh_args_get(&a, "--retention");
+  if (retention && (retention_ms = nh_duration_parse_ms(retention)) <= 0)
+    return nh_usage_error("run", "--retention %s: give the age after which resolved events are deleted, 1s or more "
+                                 "(7d, 12h, 30m)", retention);
   if (nh_args_has(&a, "--admin"))
     return nh_usage_error("run", "--admin (the operator HTTP API) is not available yet");
   for (int i = 0; i < a.npos; i++)
@@ -154,6 +159,7 @@ int nh_cmd_run(int argc, char **argv, int first)
   }
   h.tr = tr;
   h.d = nh_dispatch_new(&loop, store, tr, nh_vm_lua_dir(argv[0]));
+  if (retention_ms > 0) nh_dispatch_set_retention_fixed(h.d, retention_ms);
   int status = NH_EXIT_OK;
   for (int i = 0; i < a.npos && status == NH_EXIT_OK; i++) {
     if (nh_dispatch_load(h.d, a.pos[i], &err)) {

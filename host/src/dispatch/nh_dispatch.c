@@ -560,7 +560,8 @@ void nh_dispatch_renew_cb(uv_timer_t *h)
 const nh_vm_host_t *nh_dispatch_vm_host(nh_dispatch_t *d, nh_vm_host_t *h)
 {
   nh_vm_host_t host = { d, host_register_endpoint, host_publish, host_task_done, host_pending_handoffs,
-                        host_handoff, nh_dispatch_request, nh_dispatch_request_cancel };
+                        host_handoff, nh_dispatch_request, nh_dispatch_request_cancel,
+                        nh_dispatch_set_retention };
   *h = host;
   return h;
 }
@@ -589,6 +590,8 @@ nh_dispatch_t *nh_dispatch_new(uv_loop_t *loop, nh_store_t *store, nh_transport_
   uv_timer_init(loop, &d->renew_timer);
   d->renew_timer.data = d;
   uv_timer_init(loop, &d->reload_timer);
+  uv_timer_init(loop, &d->retention_timer);
+  d->retention_timer.data = d;
   d->reload_timer.data = d;
   char id[37];
   nh_uuid_v7(id);
@@ -649,6 +652,7 @@ int nh_dispatch_start(nh_dispatch_t *d, nh_error_t *err)
   d->started = 1;
   uint64_t every = (uint64_t)(d->tr->lock_ms / 3 > 0 ? d->tr->lock_ms / 3 : 1);
   uv_timer_start(&d->renew_timer, nh_dispatch_renew_cb, every, every);
+  nh_dispatch_retention_start(d);
   kick(d);
   return NH_OK;
 }
@@ -662,6 +666,7 @@ static void maybe_stopped(nh_dispatch_t *d)
   uv_timer_stop(&d->timer);
   uv_timer_stop(&d->renew_timer);
   uv_timer_stop(&d->reload_timer);
+  uv_timer_stop(&d->retention_timer);
   uv_idle_stop(&d->idle);
   nh_dispatch_unwatch(d);
   /* Handlers are done; what else the adapters run (status checkers, spawned loops, served
@@ -741,7 +746,8 @@ void nh_dispatch_free(nh_dispatch_t *d)
   }
   free(d->lua_dir);
   d->lua_dir = NULL;
-  d->closing = 5;
+  d->closing = 6;
+  uv_close((uv_handle_t *)&d->retention_timer, on_handle_closed);
   uv_close((uv_handle_t *)&d->reload_timer, on_handle_closed);
   uv_close((uv_handle_t *)&d->renew_timer, on_handle_closed);
   uv_close((uv_handle_t *)&d->idle, on_handle_closed);

@@ -18,6 +18,9 @@ nh_dispatch_t *nh_dispatch_new(uv_loop_t *loop, nh_store_t *store, nh_transport_
 int nh_dispatch_load(nh_dispatch_t *d, const char *adapter_path, nh_error_t *err);
 /* Subscribes endpoints and starts pulling work. */
 int nh_dispatch_start(nh_dispatch_t *d, nh_error_t *err);
+/* --retention AGE: resolved events and inbox entries older than age_ms are deleted in
+ * the background; the adapter's nimbus.retention{...} no longer changes it. */
+void nh_dispatch_set_retention_fixed(nh_dispatch_t *d, int64_t age_ms);
 /* Stops taking new work, lets running tasks finish until `drain_ms`, then cancels the
  * rest without settling; calls on_stopped once everything is committed. */
 void nh_dispatch_stop(nh_dispatch_t *d, int64_t drain_ms, void (*on_stopped)(void *), void *data);

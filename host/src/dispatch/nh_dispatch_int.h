@@ -91,6 +91,10 @@ struct nh_dispatch {
   uv_timer_t timer;
   uv_timer_t drain_timer;
   uv_timer_t renew_timer;
+  uv_timer_t retention_timer;    /* nh_retention.c */
+  int64_t retention_resolved_ms, retention_inbox_ms;   /* 0: keep */
+  int retention_fixed;           /* set on the command line: the adapter's nimbus.retention does not change it */
+  uint64_t purged;
 };
 
 /* nh_outcome.c: the state machine */
@@ -121,6 +125,10 @@ nh_endpoint_t *nh_dispatch_find_endpoint(nh_dispatch_t *d, const char *name);
 void nh_dispatch_collect_types(void *data, const char *endpoint, const char *const *types, const int *commands,
                                int n);
 extern const nh_vm_host_t *nh_dispatch_vm_host(nh_dispatch_t *d, nh_vm_host_t *out);
+
+/* nh_retention.c */
+void nh_dispatch_retention_start(nh_dispatch_t *d);
+int nh_dispatch_set_retention(void *data, const char *resolved, const char *inbox, nh_error_t *err);
 
 /* nh_endpoint.c */
 int nh_endpoint_parse(nh_endpoint_t *ep, lua_State *L, int opts, nh_error_t *err);

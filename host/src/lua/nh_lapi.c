@@ -49,6 +49,16 @@ static const char *opt_str(lua_State *L, int idx)
   return lua_isnoneornil(L, idx) ? NULL : luaL_checkstring(L, idx);
 }
 
+static int l_set_retention(lua_State *L)
+{
+  nh_vm_t *vm = upvm(L);
+  const char *resolved = opt_str(L, 1), *inbox = opt_str(L, 2);
+  if (!vm->has_host || !vm->host.set_retention) return 0;   /* interpreter mode: nothing to delete */
+  nh_error_t err = {0};
+  if (vm->host.set_retention(vm->host.data, resolved, inbox, &err)) return luaL_error(L, "nimbus.retention: %s", err.msg);
+  return 0;
+}
+
 static int l_publish(lua_State *L)
 {
   nh_vm_t *vm = upvm(L);
@@ -173,6 +183,7 @@ static int open_core(lua_State *L)
 {
   static const luaL_Reg fns[] = {
     { "log", l_log }, { "now", l_now }, { "register_endpoint", l_register_endpoint },
+    { "set_retention", l_set_retention },
     { "publish", l_publish }, { "pending_handoffs", l_pending_handoffs }, { "handoff", l_handoff },
     { "request", l_request },
     { NULL, NULL },

@@ -65,6 +65,8 @@ typedef struct nh_vm_host {
                    double timeout_s, void (*done)(void *ud, const char *reply, const char *msg, const char *code),
                    void *ud, nh_error_t *err);
   void (*request_cancel)(void *data, void *handle);
+  /* nimbus.retention{resolved = AGE, inbox = AGE}: ages as text ("7d"), NULL = unchanged. */
+  int (*set_retention)(void *data, const char *resolved, const char *inbox, nh_error_t *err);
 } nh_vm_host_t;
 
 typedef struct nh_task_args {

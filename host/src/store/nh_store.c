@@ -185,6 +185,9 @@ int nh_store_open(nh_store_t **out, const char *path, int flags, nh_error_t *err
   }
   /* A peer host holding the write lock for one batch is normal; wait for it. */
   sqlite3_busy_timeout(db, 10000);
+  /* New stores free pages incrementally (retention gives them back, nh_store_vacuum_step);
+   * the mode can only be chosen before the first table exists. */
+  if (!exists) sqlite3_exec(db, "PRAGMA auto_vacuum=INCREMENTAL", NULL, NULL, NULL);
   int rc = check_ours(db, path, err);
   if (rc) {
     sqlite3_close(db);
@@ -313,6 +316,13 @@ int nh_store_commit(nh_store_t *s)
   s->in_tx = 0;
   if (s->txn_cb) s->txn_cb(s->txn_data, NH_TXN_COMMIT);
   return NH_OK;
+}
+
+void nh_store_vacuum_step(nh_store_t *s, int pages)
+{
+  char sql[64];
+  snprintf(sql, sizeof sql, "PRAGMA incremental_vacuum(%d)", pages);
+  sqlite3_exec(s->db, sql, NULL, NULL, NULL);
 }
 
 void nh_store_checkpoint(nh_store_t *s)

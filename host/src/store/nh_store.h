@@ -138,6 +138,23 @@ int nh_store_failgroups(nh_store_t *s, const char *endpoint, nh_failgroup_cb cb,
 /* 1 if any unresolved event belongs to the group, 0 if none, NH_EFAIL. */
 int nh_store_failgroup_exists(nh_store_t *s, const char *group);
 
+/* Retention: deletes, in one call and at most `max_rows` audit rows, resolved events
+ * (Completed, Skipped, Unsupported) last changed before `resolved_before` with their
+ * history, `processed` entries older than that, and inbox entries older than
+ * `inbox_before` (0: keep). Never an unresolved event (Failed, Pending, Deferred,
+ * DeadLettered) or one with an operator request waiting. Runs in the caller's
+ * transaction. Returns the number of rows deleted (0: nothing left), or NH_EFAIL. */
+typedef struct nh_purge_counts {
+  int64_t events, history, inbox, processed;
+} nh_purge_counts_t;
+int nh_store_purge(nh_store_t *s, int64_t resolved_before, int64_t inbox_before, int max_rows,
+                   nh_purge_counts_t *counts);
+/* What nh_store_purge would delete in all (audit rows and inbox entries). */
+int nh_store_purge_count(nh_store_t *s, int64_t resolved_before, int64_t inbox_before, nh_purge_counts_t *counts);
+/* Gives freed pages back to the file system (stores created with incremental vacuum),
+ * at most `pages` per call; a no-op on older stores, whose freed pages are reused. */
+void nh_store_vacuum_step(nh_store_t *s, int pages);
+
 /* Bulk operator runs (resubmit --all, skip --all): a run keeps the snapshot time it
  * started with, so running an interrupted command again picks up the rest and never
  * applies anything twice. */

@@ -394,3 +394,162 @@ int nh_store_bulk_done(nh_store_t *s, const char *key)
 {
   return exec_bound(s, "DELETE FROM bulk_runs WHERE key = ?1", key, NULL);
 }
+
+/* ---- retention ---- */
+
+struct names {
+  char **v;
+  int n;
+};
+
+static int collect_name(void *data, const char *name)
+{
+  struct names *ns = data;
+  ns->v = nh_xrealloc(ns->v, sizeof *ns->v * (size_t)(ns->n + 1));
+  ns->v[ns->n++] = nh_xstrdup(name);
+  return 0;
+}
+
+/* Resolved: nothing left for anyone to do. DeadLettered stays until an operator skips
+ * it (then it is Skipped); Failed, Pending and Deferred are the work of the outage. */
+static const char *const resolved[] = { NH_ST_COMPLETED, NH_ST_SKIPPED, NH_ST_UNSUPPORTED, NULL };
+
+struct purge_ctx {
+  nh_store_t *s;
+  int64_t before;
+  int max, deleted;
+  sqlite3_stmt *pick, *del_audit, *del_hist;
+  int failed;
+};
+
+/* One endpoint: the oldest resolved rows first, through audit_status
+ * (status, endpoint, updated_at), so each batch reads only what it deletes. */
+static int purge_endpoint(void *data, const char *endpoint)
+{
+  struct purge_ctx *c = data;
+  for (int i = 0; resolved[i] && c->deleted < c->max && !c->failed; i++) {
+    nh_sqlite_bind_text(c->pick, 1, resolved[i]);
+    nh_sqlite_bind_text(c->pick, 2, endpoint);
+    sqlite3_bind_int64(c->pick, 3, c->before);
+    sqlite3_bind_int(c->pick, 4, c->max - c->deleted);
+    int64_t rowids[1000];
+    char *eids[1000];
+    int n = 0, rc;
+    while (n < 1000 && (rc = sqlite3_step(c->pick)) == SQLITE_ROW) {
+      rowids[n] = sqlite3_column_int64(c->pick, 0);
+      eids[n++] = nh_sqlite_col_strdup(c->pick, 1);
+    }
+    sqlite3_reset(c->pick);
+    for (int k = 0; k < n; k++) {
+      nh_sqlite_bind_text(c->del_hist, 1, eids[k]);
+      nh_sqlite_bind_text(c->del_hist, 2, endpoint);
+      if (nh_sqlite_step_done(c->s->db, c->del_hist, "purge history")) c->failed = 1;
+      sqlite3_bind_int64(c->del_audit, 1, rowids[k]);
+      if (nh_sqlite_step_done(c->s->db, c->del_audit, "purge audit")) c->failed = 1;
+      free(eids[k]);
+    }
+    c->deleted += n;
+    if (n == 0) continue;
+  }
+  return c->deleted >= c->max || c->failed;
+}
+
+static int exec_count(nh_store_t *s, const char *sql, int64_t before, int64_t *out)
+{
+  sqlite3_stmt *st = NULL;
+  if (sqlite3_prepare_v2(s->db, sql, -1, &st, NULL) != SQLITE_OK) return NH_EFAIL;
+  sqlite3_bind_int64(st, 1, before);
+  int rc = sqlite3_step(st);
+  if (rc == SQLITE_ROW) *out += sqlite3_column_int64(st, 0);
+  else if (rc != SQLITE_DONE) *out = -1;
+  if (strncmp(sql, "DELETE", 6) == 0 && rc == SQLITE_DONE) *out += sqlite3_changes(s->db);
+  sqlite3_finalize(st);
+  return rc == SQLITE_ROW || rc == SQLITE_DONE ? NH_OK : NH_EFAIL;
+}
+
+int nh_store_purge(nh_store_t *s, int64_t resolved_before, int64_t inbox_before, int max_rows,
+                   nh_purge_counts_t *counts)
+{
+  struct purge_ctx c = { .s = s, .before = resolved_before, .max = max_rows };
+  int rc = NH_OK;
+  if (resolved_before > 0) {
+    if (sqlite3_prepare_v2(s->db,
+                           "SELECT rowid, event_id FROM audit a WHERE status = ?1 AND endpoint = ?2 AND updated_at < ?3"
+                           " AND NOT EXISTS (SELECT 1 FROM operator_pending p WHERE p.event_id = a.event_id"
+                           " AND p.endpoint = a.endpoint) ORDER BY updated_at LIMIT ?4",
+                           -1, &c.pick, NULL) != SQLITE_OK ||
+        sqlite3_prepare_v2(s->db, "DELETE FROM audit WHERE rowid = ?1", -1, &c.del_audit, NULL) != SQLITE_OK ||
+        sqlite3_prepare_v2(s->db, "DELETE FROM history WHERE event_id = ?1 AND endpoint = ?2", -1, &c.del_hist,
+                           NULL) != SQLITE_OK) {
+      nh_log_error("store", "purge: %s", sqlite3_errmsg(s->db));
+      rc = NH_EFAIL;
+    } else {
+      int64_t h0 = sqlite3_total_changes64(s->db);
+      /* the endpoints first: no deletes while the endpoint scan is open */
+      struct names eps = { 0 };
+      if (nh_store_endpoints(s, collect_name, &eps) < 0) c.failed = 1;
+      for (int i = 0; i < eps.n; i++) {
+        if (!c.failed && c.deleted < c.max) purge_endpoint(&c, eps.v[i]);
+        free(eps.v[i]);
+      }
+      free(eps.v);
+      if (c.failed) rc = NH_EFAIL;
+      if (counts) {
+        counts->events += c.deleted;
+        counts->history += sqlite3_total_changes64(s->db) - h0 - c.deleted;
+      }
+    }
+    sqlite3_finalize(c.pick);
+    sqlite3_finalize(c.del_audit);
+    sqlite3_finalize(c.del_hist);
+  }
+  int64_t inbox = 0, processed = 0;
+  if (rc == NH_OK && resolved_before > 0 &&
+      exec_count(s, "DELETE FROM processed WHERE (endpoint, message_id, event_id) IN"
+                    " (SELECT endpoint, message_id, event_id FROM processed WHERE at < ?1 LIMIT 1000)",
+                 resolved_before, &processed))
+    rc = NH_EFAIL;
+  if (rc == NH_OK && inbox_before > 0 &&
+      exec_count(s, "DELETE FROM inbox WHERE (endpoint, message_id) IN"
+                    " (SELECT endpoint, message_id FROM inbox WHERE at < ?1 LIMIT 1000)",
+                 inbox_before, &inbox))
+    rc = NH_EFAIL;
+  if (rc) {
+    s->failed = 1;
+    return NH_EFAIL;
+  }
+  if (counts) {
+    counts->inbox += inbox;
+    counts->processed += processed;
+  }
+  return c.deleted + (int)inbox + (int)processed;
+}
+
+struct count_ctx {
+  nh_store_t *s;
+  int64_t before, n;
+  int failed;
+};
+
+static int count_endpoint(void *data, const char *endpoint)
+{
+  struct count_ctx *c = data;
+  for (int i = 0; resolved[i]; i++) {
+    nh_event_filter_t f = { .endpoint = endpoint, .status = resolved[i], .before_ms = c->before, .without_request = 1 };
+    int64_t n = nh_store_events_count(c->s, &f);
+    if (n < 0) c->failed = 1;
+    else c->n += n;
+  }
+  return c->failed;
+}
+
+int nh_store_purge_count(nh_store_t *s, int64_t resolved_before, int64_t inbox_before, nh_purge_counts_t *counts)
+{
+  memset(counts, 0, sizeof *counts);
+  struct count_ctx c = { .s = s, .before = resolved_before };
+  if (resolved_before > 0 && (nh_store_endpoints(s, count_endpoint, &c) < 0 || c.failed)) return NH_EFAIL;
+  counts->events = c.n;
+  if (inbox_before > 0 && exec_count(s, "SELECT count(*) FROM inbox WHERE at < ?1", inbox_before, &counts->inbox))
+    return NH_EFAIL;
+  return NH_OK;
+}

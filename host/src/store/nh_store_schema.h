@@ -59,6 +59,8 @@ static const char *const nh_store_migrations[] = {
   "CREATE INDEX audit_status ON audit(status, endpoint, updated_at);"
   "CREATE INDEX audit_session ON audit(endpoint, session_id, status);"
   "CREATE INDEX audit_group ON audit(fail_group, endpoint) WHERE fail_group IS NOT NULL;"
+  "CREATE INDEX inbox_at ON inbox(at);"           /* retention deletes by age */
+  "CREATE INDEX processed_at ON processed(at);"
   "CREATE TABLE bulk_runs ("
   "  key TEXT PRIMARY KEY, cutoff INTEGER NOT NULL, started_at INTEGER NOT NULL, owner TEXT,"
   "  queued INTEGER NOT NULL DEFAULT 0) WITHOUT ROWID;",
