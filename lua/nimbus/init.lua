@@ -197,7 +197,8 @@ function M.retention(opts)
     if type(v) ~= "string" then error(("nimbus.retention: %s must be an age such as \"7d\""):format(k), 2) end
     args[k] = v
   end
-  core.set_retention(args.resolved, args.inbox)
+  local ok, err = core.set_retention(args.resolved, args.inbox)
+  if ok == nil then error("nimbus.retention: " .. err, 2) end
 end
 
 M.handoff = {}

@@ -55,8 +55,13 @@ static int l_set_retention(lua_State *L)
   const char *resolved = opt_str(L, 1), *inbox = opt_str(L, 2);
   if (!vm->has_host || !vm->host.set_retention) return 0;   /* interpreter mode: nothing to delete */
   nh_error_t err = {0};
-  if (vm->host.set_retention(vm->host.data, resolved, inbox, &err)) return luaL_error(L, "nimbus.retention: %s", err.msg);
-  return 0;
+  if (vm->host.set_retention(vm->host.data, resolved, inbox, &err)) {
+    lua_pushnil(L);   /* nimbus.retention raises it at the adapter's line */
+    lua_pushstring(L, err.msg);
+    return 2;
+  }
+  lua_pushboolean(L, 1);
+  return 1;
 }
 
 static int l_publish(lua_State *L)
