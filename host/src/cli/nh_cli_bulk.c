@@ -241,6 +241,11 @@ int nh_cli_bulk(int kind, const nh_args_t *a)
   for (int i = 0; i < neps; i++) printf("%s %s (%lld)", i ? "," : " for", eps[i].name, eps[i].n);
   printf("; the hosts owning the endpoints apply them in session order\n");
   if (refused) printf("%lld not queued, for example: %s\n", refused, first_refusal);
+  /* a host refreshes its row every 10 s: one silent for 30 s is gone */
+  for (int i = 0; i < neps; i++)
+    if (nh_store_hosts_serving(s, eps[i].name, nh_time_now_ms() - 30000) == 0)
+      printf("note: no running host serves %s; its requests wait in the store until one starts "
+             "(nimbus-host ADAPTER.lua --store %s)\n", eps[i].name, a->store);
   tr->vt->close(tr);
   nh_store_close(s);
   return NH_EXIT_OK;

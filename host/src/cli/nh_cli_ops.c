@@ -274,6 +274,8 @@ static int submit(const char *cmd, const char *store, const nh_op_req_t *req)
   }
   printf("%s of event %s queued (endpoint %s, session %s); the host owning %s applies it\n", cmd, ev.event_id,
          ev.endpoint, ev.session_id, ev.endpoint);
+  if (nh_store_hosts_serving(c.store, ev.endpoint, nh_time_now_ms() - 30000) == 0)
+    printf("note: no running host serves %s; the request waits in the store until one starts\n", ev.endpoint);
   nh_audit_clear(&ev);
   close_ctx(&c);
   return NH_EXIT_OK;

@@ -160,6 +160,7 @@ int nh_cmd_run(int argc, char **argv, int first)
   h.tr = tr;
   h.d = nh_dispatch_new(&loop, store, tr, nh_vm_lua_dir(argv[0]));
   if (retention_ms > 0) nh_dispatch_set_retention_fixed(h.d, retention_ms);
+  nh_dispatch_set_owner(h.d, owner);
   int status = NH_EXIT_OK;
   for (int i = 0; i < a.npos && status == NH_EXIT_OK; i++) {
     if (nh_dispatch_load(h.d, a.pos[i], &err)) {

@@ -592,6 +592,8 @@ nh_dispatch_t *nh_dispatch_new(uv_loop_t *loop, nh_store_t *store, nh_transport_
   uv_timer_init(loop, &d->reload_timer);
   uv_timer_init(loop, &d->retention_timer);
   d->retention_timer.data = d;
+  uv_timer_init(loop, &d->presence_timer);
+  d->presence_timer.data = d;
   d->reload_timer.data = d;
   char id[37];
   nh_uuid_v7(id);
@@ -653,6 +655,7 @@ int nh_dispatch_start(nh_dispatch_t *d, nh_error_t *err)
   uint64_t every = (uint64_t)(d->tr->lock_ms / 3 > 0 ? d->tr->lock_ms / 3 : 1);
   uv_timer_start(&d->renew_timer, nh_dispatch_renew_cb, every, every);
   nh_dispatch_retention_start(d);
+  nh_dispatch_presence_update(d);
   kick(d);
   return NH_OK;
 }
@@ -667,6 +670,7 @@ static void maybe_stopped(nh_dispatch_t *d)
   uv_timer_stop(&d->renew_timer);
   uv_timer_stop(&d->reload_timer);
   uv_timer_stop(&d->retention_timer);
+  nh_dispatch_presence_end(d);
   uv_idle_stop(&d->idle);
   nh_dispatch_unwatch(d);
   /* Handlers are done; what else the adapters run (status checkers, spawned loops, served
@@ -746,7 +750,10 @@ void nh_dispatch_free(nh_dispatch_t *d)
   }
   free(d->lua_dir);
   d->lua_dir = NULL;
-  d->closing = 6;
+  free(d->owner);
+  d->owner = NULL;
+  d->closing = 7;
+  uv_close((uv_handle_t *)&d->presence_timer, on_handle_closed);
   uv_close((uv_handle_t *)&d->retention_timer, on_handle_closed);
   uv_close((uv_handle_t *)&d->reload_timer, on_handle_closed);
   uv_close((uv_handle_t *)&d->renew_timer, on_handle_closed);

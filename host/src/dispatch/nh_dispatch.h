@@ -21,6 +21,9 @@ int nh_dispatch_start(nh_dispatch_t *d, nh_error_t *err);
 /* --retention AGE: resolved events and inbox entries older than age_ms are deleted in
  * the background; the adapter's nimbus.retention{...} no longer changes it. */
 void nh_dispatch_set_retention_fixed(nh_dispatch_t *d, int64_t age_ms);
+/* The process's owner id ("host:pid:tag"): with it the host lists itself and its
+ * endpoints in the store's `hosts` table while it runs. */
+void nh_dispatch_set_owner(nh_dispatch_t *d, const char *owner);
 /* Stops taking new work, lets running tasks finish until `drain_ms`, then cancels the
  * rest without settling; calls on_stopped once everything is committed. */
 void nh_dispatch_stop(nh_dispatch_t *d, int64_t drain_ms, void (*on_stopped)(void *), void *data);

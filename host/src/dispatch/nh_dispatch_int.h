@@ -95,6 +95,9 @@ struct nh_dispatch {
   int64_t retention_resolved_ms, retention_inbox_ms;   /* 0: keep */
   int retention_fixed;           /* set on the command line: the adapter's nimbus.retention does not change it */
   uint64_t purged;
+  uv_timer_t presence_timer;     /* nh_presence.c */
+  char *owner;                   /* "host:pid:tag", NULL: not registered in `hosts` */
+  int64_t started_ms;
 };
 
 /* nh_outcome.c: the state machine */
@@ -129,6 +132,11 @@ extern const nh_vm_host_t *nh_dispatch_vm_host(nh_dispatch_t *d, nh_vm_host_t *o
 /* nh_retention.c */
 void nh_dispatch_retention_start(nh_dispatch_t *d);
 int nh_dispatch_set_retention(void *data, const char *resolved, const char *inbox, nh_error_t *err);
+
+/* nh_presence.c */
+#define NH_PRESENCE_EVERY_MS 10000
+void nh_dispatch_presence_update(nh_dispatch_t *d);   /* at start and after a reload */
+void nh_dispatch_presence_end(nh_dispatch_t *d);
 
 /* nh_endpoint.c */
 int nh_endpoint_parse(nh_endpoint_t *ep, lua_State *L, int opts, nh_error_t *err);

@@ -124,6 +124,7 @@ static int reload_one(nh_dispatch_t *d, nh_adapter_t *a, nh_error_t *err)
   if (nh_dispatch_subscribe_all(d, &serr))
     nh_log_error("reload", "%s reloaded, but its subscriptions could not be stored (%s); new event types get "
                  "no messages until the next reload", a->path, serr.msg);
+  if (d->started) nh_dispatch_presence_update(d);   /* the endpoint list may have changed */
   return NH_OK;
 }
 

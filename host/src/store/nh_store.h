@@ -155,6 +155,14 @@ int nh_store_purge_count(nh_store_t *s, int64_t resolved_before, int64_t inbox_b
  * at most `pages` per call; a no-op on older stores, whose freed pages are reused. */
 void nh_store_vacuum_step(nh_store_t *s, int pages);
 
+/* Running hosts (`hosts`): each host writes its row at start with its endpoints as
+ * ",A,B,", refreshes seen_at while it runs and deletes it at stop, so an operator
+ * command can tell that no host serves an endpoint (its requests then wait). */
+int nh_store_host_put(nh_store_t *s, const char *owner, const char *endpoints_csv, int64_t started_at, int64_t now);
+int nh_store_host_del(nh_store_t *s, const char *owner);
+/* Hosts serving `endpoint` seen since `since` whose process is not known dead. */
+int nh_store_hosts_serving(nh_store_t *s, const char *endpoint, int64_t since);
+
 /* Bulk operator runs (resubmit --all, skip --all): a run keeps the snapshot time it
  * started with, so running an interrupted command again picks up the rest and never
  * applies anything twice. */

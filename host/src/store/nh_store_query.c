@@ -341,6 +341,48 @@ int nh_store_failgroup_exists(nh_store_t *s, const char *group)
   return rc == SQLITE_ROW;
 }
 
+/* ---- running hosts ---- */
+
+int nh_store_host_put(nh_store_t *s, const char *owner, const char *endpoints_csv, int64_t started_at, int64_t now)
+{
+  sqlite3_stmt *st = NULL;
+  if (sqlite3_prepare_v2(s->db, "INSERT OR REPLACE INTO hosts(owner, endpoints, started_at, seen_at) VALUES (?1,?2,?3,?4)",
+                         -1, &st, NULL) != SQLITE_OK)
+    return NH_EFAIL;
+  nh_sqlite_bind_text(st, 1, owner);
+  nh_sqlite_bind_text(st, 2, endpoints_csv);
+  sqlite3_bind_int64(st, 3, started_at);
+  sqlite3_bind_int64(st, 4, now);
+  int rc = nh_sqlite_step_done(s->db, st, "host put");
+  sqlite3_finalize(st);
+  return rc;
+}
+
+int nh_store_host_del(nh_store_t *s, const char *owner)
+{
+  sqlite3_stmt *st = NULL;
+  if (sqlite3_prepare_v2(s->db, "DELETE FROM hosts WHERE owner = ?1", -1, &st, NULL) != SQLITE_OK) return NH_EFAIL;
+  nh_sqlite_bind_text(st, 1, owner);
+  int rc = nh_sqlite_step_done(s->db, st, "host delete");
+  sqlite3_finalize(st);
+  return rc;
+}
+
+int nh_store_hosts_serving(nh_store_t *s, const char *endpoint, int64_t since)
+{
+  sqlite3_stmt *st = NULL;
+  if (sqlite3_prepare_v2(s->db, "SELECT owner FROM hosts WHERE seen_at >= ?2 AND instr(endpoints, ',' || ?1 || ',') > 0",
+                         -1, &st, NULL) != SQLITE_OK)
+    return NH_EFAIL;
+  nh_sqlite_bind_text(st, 1, endpoint);
+  sqlite3_bind_int64(st, 2, since);
+  int n = 0, rc;
+  while ((rc = sqlite3_step(st)) == SQLITE_ROW)
+    if (!nh_owner_dead((const char *)sqlite3_column_text(st, 0))) n++;
+  sqlite3_finalize(st);
+  return rc == SQLITE_DONE ? n : NH_EFAIL;
+}
+
 /* ---- bulk runs ---- */
 
 int nh_store_bulk_get(nh_store_t *s, const char *key, nh_bulk_run_t *out)

@@ -61,6 +61,9 @@ static const char *const nh_store_migrations[] = {
   "CREATE INDEX audit_group ON audit(fail_group, endpoint) WHERE fail_group IS NOT NULL;"
   "CREATE INDEX inbox_at ON inbox(at);"           /* retention deletes by age */
   "CREATE INDEX processed_at ON processed(at);"
+  "CREATE TABLE hosts ("                            /* running hosts and their endpoints */
+  "  owner TEXT PRIMARY KEY, endpoints TEXT NOT NULL, started_at INTEGER NOT NULL, seen_at INTEGER NOT NULL)"
+  "  WITHOUT ROWID;"
   "CREATE TABLE bulk_runs ("
   "  key TEXT PRIMARY KEY, cutoff INTEGER NOT NULL, started_at INTEGER NOT NULL, owner TEXT,"
   "  queued INTEGER NOT NULL DEFAULT 0) WITHOUT ROWID;",
