@@ -59,7 +59,8 @@ int nh_cli_filter_parse(const nh_args_t *a, const char *cmd, nh_store_t *s, nh_e
   const char *status = nh_args_get(a, "--status");
   if (status && !(f->status = nh_cli_status_canon(status)))
     return nh_usage_error(cmd, "unknown --status %s (one of completed, failed, pending, deferred, deadlettered, "
-                               "unsupported, skipped)", status);
+                               "unsupported, skipped%s)", status,
+                          strcmp(cmd, "events") == 0 ? "; queued and running list unfinished work" : "");
   int64_t now = nh_time_now_ms();
   int rc = parse_time(cmd, "--since", nh_args_get(a, "--since"), now, &f->since_ms);
   if (!rc) rc = parse_time(cmd, "--before", nh_args_get(a, "--before"), now, &f->before_ms);

@@ -15,6 +15,7 @@ void nh_cli_help(void)
     "  nimbus-host publish TYPE [JSON|@file] [--session S] [--correlation-id C] [--to ENDPOINT] [--raw]\n"
     "      [--transport URL]     send over AMQP; returns once the broker accepted it\n"
     "  nimbus-host events [FILTERS] [--limit N] [--count] [--follow] [--json]\n"
+    "      --status queued|running   work not finished yet (the embedded queue), oldest first\n"
     "  nimbus-host show EVENT_ID [--json]     history and current state of one event\n"
     "  nimbus-host resubmit EVENT_ID [--body JSON|@file]\n"
     "  nimbus-host resubmit --all FILTERS [--dry-run]   every matching event, in batches\n"

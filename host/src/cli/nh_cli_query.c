@@ -3,6 +3,7 @@
 #include "core/nh_failgroup.h"
 #include "core/nh_util.h"
 #include "store/nh_store.h"
+#include "transport/nh_embedded.h"
 
 #include <jansson.h>
 #include <stdio.h>
@@ -182,6 +183,72 @@ static int follow(nh_store_t *s, const nh_event_filter_t *f, struct list_ctx *c,
   return NH_EXIT_OK;
 }
 
+/* ---- events --status queued|running: the embedded queue ---- */
+
+struct unfinished_ctx {
+  struct list_ctx *list;
+  const char *type;
+  long long n;
+  int count;
+};
+
+static int print_unfinished(void *data, const nh_queued_row_t *r)
+{
+  struct unfinished_ctx *u = data;
+  if (u->type && (!r->event_type || strcmp(u->type, r->event_type) != 0)) return 0;
+  u->n++;
+  if (u->count) return 0;
+  char detail[300] = "", at[40];
+  int64_t now = nh_time_now_ms();
+  if (r->running) {
+    snprintf(detail, sizeof detail, "in a handler on %s", r->owner ? r->owner : "?");
+  } else if (r->visible_at > now) {
+    nh_time_iso8601(r->visible_at, at, sizeof at);
+    snprintf(detail, sizeof detail, "delayed until %s", at);
+  }
+  if (r->message_type && strcmp(r->message_type, "EventRequest") != 0) {
+    size_t len = strlen(detail);
+    snprintf(detail + len, sizeof detail - len, "%s%s", len ? "; " : "", r->message_type);
+  }
+  if (r->delivery_count > 0) {
+    size_t len = strlen(detail);
+    snprintf(detail + len, sizeof detail - len, "%sdelivered %d time%s", len ? "; " : "", r->delivery_count,
+             r->delivery_count == 1 ? "" : "s");
+  }
+  nh_audit_t a = { 0 };
+  a.endpoint = (char *)r->endpoint;
+  a.event_id = (char *)(r->event_id ? r->event_id : "-");
+  a.session_id = (char *)r->session_id;
+  a.event_type = (char *)r->event_type;
+  a.status = (char *)(r->running ? "Running" : "Queued");
+  a.error_text = detail[0] ? detail : NULL;
+  a.updated_at = r->enqueued_at;
+  print_event(u->list, &a);
+  return 0;
+}
+
+static int list_unfinished(nh_store_t *s, const nh_args_t *a, int running, int limit, int count)
+{
+  struct list_ctx c = { .json = nh_args_has(a, "--json") };
+  struct unfinished_ctx u = { &c, nh_args_get(a, "--type"), 0, count };
+  int n = nh_embedded_list(nh_store_db(s), nh_args_get(a, "--endpoint"), nh_args_get(a, "--session"), running,
+                           nh_time_now_ms(), u.type ? 0 : limit, print_unfinished, &u);
+  if (n < 0) {
+    /* a store no host has run on yet has no queue table */
+    if (strstr(nh_store_errmsg(s), "no such table") == NULL) {
+      fprintf(stderr, "nimbus-host events: store: %s\n", nh_store_errmsg(s));
+      return NH_EXIT_FAIL;
+    }
+  }
+  if (count) {
+    printf("%lld\n", u.n);
+    return NH_EXIT_OK;
+  }
+  if (!c.json) table_flush(&c);
+  if (!c.json && u.n == 0) printf("nothing %s\n", running ? "is running" : "is queued");
+  return NH_EXIT_OK;
+}
+
 int nh_cmd_events(int argc, char **argv)
 {
   static const nh_opt_spec_t specs[] = {
@@ -202,10 +269,17 @@ int nh_cmd_events(int argc, char **argv)
   int count = nh_args_has(&a, "--count"), follow_on = nh_args_has(&a, "--follow");
   if (count && (follow_on || lim)) return nh_usage_error("events", "--count prints a number; it takes no --limit or --follow");
   const char *status = nh_args_get(&a, "--status");
-  if (status && (strcasecmp(status, "queued") == 0 || strcasecmp(status, "running") == 0))
-    return nh_usage_error("events", "--status %s is not recorded in the audit trail yet: see `nimbus-host sessions` "
-                                    "for blocked and draining sessions", status);
   nh_store_t *s;
+  if (status && (strcasecmp(status, "queued") == 0 || strcasecmp(status, "running") == 0)) {
+    static const char *const audit_only[] = { "--error", "--group", "--since", "--before", "--follow", NULL };
+    for (int i = 0; audit_only[i]; i++)
+      if (nh_args_has(&a, audit_only[i]))
+        return nh_usage_error("events", "%s applies to the audit trail, not to --status %s", audit_only[i], status);
+    if ((rc = open_store(&s, "events", a.store))) return rc;
+    rc = list_unfinished(s, &a, strcasecmp(status, "running") == 0, limit, count);
+    nh_store_close(s);
+    return rc;
+  }
   if ((rc = open_store(&s, "events", a.store))) return rc;
   nh_event_filter_t f;
   if ((rc = nh_cli_filter_parse(&a, "events", s, &f))) {

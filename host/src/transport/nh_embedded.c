@@ -7,6 +7,7 @@
 #include "core/nh_strset.h"
 #include "core/nh_util.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -418,4 +419,48 @@ nh_transport_t *nh_embedded_new(sqlite3 *db, const char *owner, nh_error_t *err)
   }
   reap_dead_owners(e);
   return &e->base;
+}
+
+int nh_embedded_list(sqlite3 *db, const char *endpoint, const char *session, int want_running, int64_t now, int limit,
+                     int (*cb)(void *data, const nh_queued_row_t *r), void *data)
+{
+  /* head = the session's lowest seq; a live lock with an owner means its head is in a
+   * handler (an owner-less lock is a transient delay: still queued) */
+  char sql[1024];
+  snprintf(sql, sizeof sql,
+           "SELECT q.endpoint, q.session_id, q.event_id, q.event_type, q.message_type, l.owner, q.enqueued_at,"
+           " q.visible_at, q.delivery_count, (l.owner IS NOT NULL AND q.seq = (SELECT min(seq) FROM queue h"
+           "  WHERE h.endpoint = q.endpoint AND h.session_id = q.session_id)) AS running"
+           " FROM queue q LEFT JOIN session_locks l ON l.endpoint = q.endpoint AND l.session_id = q.session_id"
+           "  AND l.locked_until > ?3 WHERE %s %s ORDER BY q.seq",
+           endpoint ? "q.endpoint = ?1" : "q.endpoint NOT LIKE '\\_reply.%' ESCAPE '\\'",
+           session ? "AND q.session_id = ?2" : "");
+  sqlite3_stmt *st = NULL;
+  if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK) return NH_EFAIL;
+  nh_sqlite_bind_text(st, 1, endpoint);
+  nh_sqlite_bind_text(st, 2, session);
+  sqlite3_bind_int64(st, 3, now);
+  int n = 0, rc;
+  while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+    nh_queued_row_t r = {
+      .endpoint = (const char *)sqlite3_column_text(st, 0),
+      .session_id = (const char *)sqlite3_column_text(st, 1),
+      .event_id = (const char *)sqlite3_column_text(st, 2),
+      .event_type = (const char *)sqlite3_column_text(st, 3),
+      .message_type = (const char *)sqlite3_column_text(st, 4),
+      .enqueued_at = sqlite3_column_int64(st, 6),
+      .visible_at = sqlite3_column_int64(st, 7),
+      .delivery_count = sqlite3_column_int(st, 8),
+      .running = sqlite3_column_int(st, 9),
+    };
+    r.owner = r.running ? (const char *)sqlite3_column_text(st, 5) : NULL;
+    if (r.running != want_running) continue;
+    n++;
+    if (cb(data, &r) || (limit > 0 && n >= limit)) {
+      rc = SQLITE_DONE;
+      break;
+    }
+  }
+  sqlite3_finalize(st);
+  return rc == SQLITE_DONE ? n : NH_EFAIL;
 }
