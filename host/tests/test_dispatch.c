@@ -1131,4 +1131,25 @@ TEST(parking_and_replay_cost_do_not_grow_with_the_backlog)
   ASSERT_CMP_INT((long long)large_replay, <, (long long)(small_replay * 1.5));
 }
 
+/* During the recovery of a large outage the replays fill every slot; a new arrival in a
+ * free session must still be taken long before the whole backlog has replayed. */
+TEST(new_arrivals_move_while_a_large_backlog_replays)
+{
+  env_t *e = env_start("local ep = nimbus.endpoint('Ep', { concurrency = 4, retry = { max_retries = 0 } })\n"
+                       "ep:on('Thing', function(event) if event.fail then error('ERP down') end end)\n");
+  send_rounds(e, 200, 1, "head", "{\"fail\":true}");
+  WAIT_FOR_MS(e, count_status(e, NH_ST_FAILED) == 200, BIG_WAIT_MS);
+  send_rounds(e, 200, 5, "bg", "{}");
+  WAIT_FOR_MS(e, count_status(e, NH_ST_DEFERRED) == 1000, BIG_WAIT_MS);
+  send_rounds_of(e, NH_MT_SKIP, 200, 1, "head", NULL);
+  WAIT_FOR_MS(e, count_status(e, NH_ST_COMPLETED) >= 8, BIG_WAIT_MS);   /* the replay is under way */
+  send_full(e, "Ep", NH_MT_EVENT, "Thing", "fresh-session", "fresh", "{}", NULL, NULL);
+  WAIT_FOR_MS(e, is_status(e, "fresh", NH_ST_COMPLETED), BIG_WAIT_MS);
+  int replayed = count_status(e, NH_ST_COMPLETED) - 1;
+  fprintf(stderr, "  the new arrival completed after %d of 1000 replays\n", replayed);
+  ASSERT_CMP_INT(replayed, <, 500);
+  WAIT_FOR_MS(e, count_status(e, NH_ST_COMPLETED) == 1001, BIG_WAIT_MS);
+  env_stop(e);
+}
+
 NH_TEST_MAIN()

@@ -300,24 +300,49 @@ static int on_due_session(void *data, const char *endpoint, const char *session,
   return 0;
 }
 
+/* Due retries and parked replays (work the store holds for blocked and draining sessions). */
+static int fetch_due(nh_dispatch_t *d, nh_endpoint_t *ep, int64_t now, int *fetched)
+{
+  int cap = ep->concurrency - ep->in_flight;
+  if (cap <= 0) return NH_OK;
+  struct due_ctx c = { d, ep, now, 0, 0 };
+  /* in-flight sessions may still look due; ask for enough rows to see past them */
+  if (nh_store_sessions_due(d->store, ep->name, now, cap + ep->in_flight, &ep->due_cursor, on_due_session, &c) < 0 ||
+      c.failed)
+    return NH_EFAIL;
+  *fetched += c.taken;
+  return NH_OK;
+}
+
+/* Session heads from the transport (new arrivals, operator requests). */
+static int fetch_queue(nh_dispatch_t *d, nh_endpoint_t *ep, int64_t now, int *fetched)
+{
+  int cap = ep->concurrency - ep->in_flight;
+  if (cap <= 0) return NH_OK;
+  d->receiving_ep = ep;
+  int n = d->tr->vt->receive(d->tr, ep->name, cap, now);
+  d->receiving_ep = NULL;
+  if (n < 0) return NH_EFAIL;
+  *fetched += n;
+  return NH_OK;
+}
+
 static int fetch(nh_dispatch_t *d, int64_t now, int *fetched)
 {
   *fetched = 0;
   for (nh_endpoint_t *ep = d->endpoints; ep; ep = ep->next) {
-    int cap = ep->concurrency - ep->in_flight;
-    if (cap <= 0 || ep->retired) continue;
-    struct due_ctx c = { d, ep, now, 0, 0 };
-    /* in-flight sessions may still look due; ask for enough rows to see past them */
-    if (nh_store_sessions_due(d->store, ep->name, now, cap + ep->in_flight, &ep->due_cursor, on_due_session, &c) < 0 || c.failed)
-      return NH_EFAIL;
-    *fetched += c.taken;
-    cap = ep->concurrency - ep->in_flight;
-    if (cap <= 0) continue;
-    d->receiving_ep = ep;
-    int n = d->tr->vt->receive(d->tr, ep->name, cap, now);
-    d->receiving_ep = NULL;
-    if (n < 0) return NH_EFAIL;
-    *fetched += n;
+    if (ep->concurrency - ep->in_flight <= 0 || ep->retired) continue;
+    /* Replays come first (they were waiting longest), but when they took every free slot
+     * the queue goes first in the next pump: during the recovery of a large outage, new
+     * arrivals and operator requests still move instead of waiting for the whole drain. */
+    if (ep->queue_starved) {
+      ep->queue_starved = 0;
+      if (fetch_queue(d, ep, now, fetched) || fetch_due(d, ep, now, fetched)) return NH_EFAIL;
+      continue;
+    }
+    if (fetch_due(d, ep, now, fetched)) return NH_EFAIL;
+    if (ep->concurrency - ep->in_flight <= 0) ep->queue_starved = 1;
+    else if (fetch_queue(d, ep, now, fetched)) return NH_EFAIL;
   }
   if (d->requests) {   /* replies for this process's waiting requests */
     int n = d->tr->vt->receive(d->tr, d->reply_ep, 256, now);

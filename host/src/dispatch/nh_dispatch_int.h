@@ -20,6 +20,7 @@ typedef struct nh_endpoint {
   int ntypes;
   int in_flight;
   char *due_cursor;              /* where the next scan of draining sessions starts */
+  int queue_starved;             /* replays took every slot in the last pump: the queue goes first */
   int retired;                   /* dropped by a reload: no new work */
   struct nh_endpoint *next;
 } nh_endpoint_t;
