@@ -5,7 +5,9 @@
 
 #include "core/nh_log.h"
 #include "core/nh_util.h"
+#include "core/nh_failgroup.h"
 #include "store/nh_store.h"
+#include "store/nh_store_schema.h"
 
 #include <sqlite3.h>
 
@@ -820,6 +822,33 @@ TEST(close_with_open_transaction_rolls_back)
   s = open_store("nimbus.db");
   nh_audit_t a = {0};
   ASSERT_EQ_INT(nh_store_audit_get(s, "Ep", "e1", &a), 0);
+  nh_store_close(s);
+}
+
+/* A store of schema 1 (before failure groups): its Failed rows get their group when it is
+ * opened by this version, once. */
+TEST(migration_to_schema_2_backfills_failure_groups)
+{
+  const char *path = nh_test_path("v1.db");
+  sqlite3 *db;
+  ASSERT_EQ_INT(sqlite3_open(path, &db), SQLITE_OK);
+  ASSERT_EQ_INT(sqlite3_exec(db, "PRAGMA application_id = 1313370996;"
+                                 "CREATE TABLE nh_schema (component TEXT PRIMARY KEY, version INTEGER NOT NULL);"
+                                 "INSERT INTO nh_schema VALUES ('store', 1);", NULL, NULL, NULL), SQLITE_OK);
+  ASSERT_EQ_INT(sqlite3_exec(db, nh_store_migrations[0], NULL, NULL, NULL), SQLITE_OK);
+  ASSERT_EQ_INT(sqlite3_exec(db, "INSERT INTO audit(endpoint, event_id, session_id, status, error_text, error_type,"
+                                 " created_at, updated_at) VALUES ('Ep', 'e1', 's1', 'Failed', 'order 17 failed', 'E', 1, 1),"
+                                 " ('Ep', 'e2', 's2', 'Failed', 'order 942 failed', 'E', 1, 1),"
+                                 " ('Ep', 'e3', 's3', 'Completed', NULL, NULL, 1, 1)", NULL, NULL, NULL), SQLITE_OK);
+  sqlite3_close(db);
+  nh_store_t *s = open_store("v1.db");
+  sqlite3 *sdb = nh_store_db(s);
+  char want[13];
+  nh_failgroup_id("Ep", "E", "order 1 failed", want);
+  ASSERT_EQ_STR(q1(sdb, "SELECT fail_group FROM audit WHERE event_id = 'e1'"), want);
+  ASSERT_EQ_STR(q1(sdb, "SELECT fail_group FROM audit WHERE event_id = 'e2'"), want);
+  ASSERT_EQ_STR(q1(sdb, "SELECT coalesce(fail_group, 'none') FROM audit WHERE event_id = 'e3'"), "none");
+  ASSERT_EQ_INT(q1i(sdb, "SELECT version FROM nh_schema WHERE component = 'store'"), 2);
   nh_store_close(s);
 }
 

@@ -115,8 +115,20 @@ static int check_ours(sqlite3 *db, const char *path, nh_error_t *err)
   return NH_OK;
 }
 
+/* The store's schema version before migrating (0: a new file). */
+static int schema_version(sqlite3 *db)
+{
+  sqlite3_stmt *st = NULL;
+  int v = 0;
+  if (sqlite3_prepare_v2(db, "SELECT version FROM nh_schema WHERE component = 'store'", -1, &st, NULL) == SQLITE_OK &&
+      sqlite3_step(st) == SQLITE_ROW)
+    v = sqlite3_column_int(st, 0);
+  sqlite3_finalize(st);
+  return v;
+}
+
 /* Failed and DeadLettered rows written before failure groups existed (schema 1) get
- * theirs once; afterwards this finds nothing through the status index and returns. */
+ * theirs once, right after the migration to schema 2. */
 static int backfill_groups(nh_store_t *s)
 {
   static const char *const sel =
@@ -204,6 +216,7 @@ int nh_store_open(nh_store_t **out, const char *path, int flags, nh_error_t *err
     sqlite3_close(db);
     return NH_EFAIL;
   }
+  int was = schema_version(db);
   if (nh_sqlite_migrate(db, "store", nh_store_migrations,
                         (int)(sizeof nh_store_migrations / sizeof nh_store_migrations[0]), err)) {
     char tmp[sizeof err->msg];
@@ -222,7 +235,7 @@ int nh_store_open(nh_store_t **out, const char *path, int flags, nh_error_t *err
       return NH_EFAIL;
     }
   }
-  if (!(flags & NH_STORE_READONLY) && backfill_groups(s)) {
+  if (was < 2 && backfill_groups(s)) {
     nh_error_set(err, NH_EFAIL, "store %s: %s", path, sqlite3_errmsg(db));
     nh_store_close(s);
     return NH_EFAIL;
