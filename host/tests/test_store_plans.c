@@ -6,6 +6,7 @@
 #include "nh_test.h"
 
 #include "core/nh_log.h"
+#include "net/nh_http_client.h"
 #include "store/nh_store.h"
 #include "transport/nh_amqp.h"
 #include "transport/nh_embedded.h"
@@ -89,9 +90,13 @@ TEST(every_prepared_statement_is_bounded_by_an_index)
   /* store + embedded + amqp: the count guards against the loop silently seeing none */
   ASSERT_CMP_INT(checked, >=, 50);
   ASSERT_EQ_INT(bad_count, 0);
-  amqp->vt->close(amqp);
+  nh_amqp_shutdown(amqp, NULL, NULL);   /* closes the (never opened) connection's timers */
   uv_run(&loop, UV_RUN_DEFAULT);
-  uv_loop_close(&loop);
+  amqp->vt->close(amqp);
+  emb->vt->close(emb);
+  nh_http_client_close();   /* the AMQP transport's management API client */
+  uv_run(&loop, UV_RUN_DEFAULT);
+  ASSERT_EQ_INT(uv_loop_close(&loop), 0);
   nh_store_close(s);
 }
 
