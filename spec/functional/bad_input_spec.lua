@@ -235,5 +235,14 @@ end)
       assert.equal(2, r.code)
       assert.is_true(#r.err > 0)
     end)
+
+    it("runs a -l script with thousands of arguments (busted passes every spec file)", function()
+      local script = nh.write(sb:path("count.lua"), "print(#arg, arg[#arg])\n")
+      local args = { "-l", script }
+      for i = 1, 5000 do args[#args + 1] = tostring(i) end
+      local r = sb:cli(args, { store = false })
+      assert.equal(0, r.code, r.err)
+      assert.equal("5000\t5000", r.out:match("[^\n]+"))
+    end)
   end)
 end)

@@ -62,9 +62,12 @@ static int l_request(lua_State *L)
   if (lua_istable(L, 3)) {
     lua_pushnil(L);
     while (lua_next(L, 3)) {
-      luaL_checkstack(L, 3, "too many request headers");
+      if (!lua_checkstack(L, 3)) {   /* not luaL_checkstack: raising here would leak hdrs */
+        free(hdrs);
+        return luaL_error(L, "nimbus.http.request: too many request headers (%d)", nh);
+      }
       if (lua_type(L, -2) == LUA_TSTRING && (lua_type(L, -1) == LUA_TSTRING || lua_type(L, -1) == LUA_TNUMBER)) {
-        hdrs = realloc(hdrs, sizeof *hdrs * (size_t)(nh + 1));
+        hdrs = nh_xrealloc(hdrs, sizeof *hdrs * (size_t)(nh + 1));
         hdrs[nh++] = lua_pushfstring(L, "%s: %s", lua_tostring(L, -2), lua_tostring(L, -1));
         lua_insert(L, -3);   /* keep the string alive below the key for the rest of the call */
       }

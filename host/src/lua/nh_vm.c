@@ -282,26 +282,41 @@ int nh_vm_subscriptions(nh_vm_t *vm, nh_vm_sub_cb cb, void *data, nh_error_t *er
     lua_pop(L, 1);
     return NH_EFAIL;
   }
+  /* Outside a protected call: nothing here may raise (no metamethods, no luaL_check*),
+   * and anything that is not the shape nimbus._subscriptions builds is skipped. */
   lua_pushnil(L);
   while (lua_next(L, -2)) {
+    if (lua_type(L, -2) != LUA_TSTRING || lua_type(L, -1) != LUA_TTABLE) {
+      lua_pop(L, 1);
+      continue;
+    }
     const char *name = lua_tostring(L, -2);
-    int n = (int)luaL_len(L, -1);
+    int n = (int)lua_rawlen(L, -1);
+    int t = lua_gettop(L);
+    if (!lua_checkstack(L, n + 4)) {
+      lua_settop(L, 0);
+      return nh_error_set(err, NH_EFAIL, "endpoint %s handles too many event types (%d)", name, n);
+    }
     const char **types = nh_xcalloc((size_t)n + 1, sizeof *types);
     int *commands = nh_xcalloc((size_t)n + 1, sizeof *commands);
-    int t = lua_gettop(L);
-    lua_getfield(L, t, "commands");
-    int ct = lua_gettop(L);
-    luaL_checkstack(L, n + 2, "subscriptions");
+    lua_pushliteral(L, "commands");
+    lua_rawget(L, t);
+    int ct = lua_gettop(L), k = 0;
     for (int i = 0; i < n; i++) {
-      lua_rawgeti(L, t, i + 1);
-      types[i] = lua_tostring(L, -1);
+      if (lua_rawgeti(L, t, i + 1) != LUA_TSTRING) {
+        lua_pop(L, 1);
+        continue;
+      }
+      types[k] = lua_tostring(L, -1);   /* stays on the stack until the callback returns */
       if (lua_istable(L, ct)) {
-        lua_getfield(L, ct, types[i]);
-        commands[i] = lua_toboolean(L, -1);
+        lua_pushvalue(L, -1);
+        lua_rawget(L, ct);
+        commands[k] = lua_toboolean(L, -1);
         lua_pop(L, 1);
       }
+      k++;
     }
-    cb(data, name, types, commands, n);
+    cb(data, name, types, commands, k);
     lua_settop(L, t - 1);
     free(types);
     free(commands);
@@ -478,6 +493,10 @@ int nh_vm_run_script(uv_loop_t *loop, const char *script, int argc, char **argv,
   nh_error_t err = {0};
   if (luaL_loadfile(L, script) != LUA_OK) {
     fprintf(stderr, "nimbus-host: %s\n", lua_tostring(L, -1));
+    lua_pop(L, 1);
+    status = 2;
+  } else if (!lua_checkstack(L, argc + LUA_MINSTACK)) {   /* busted passes every spec file as an argument */
+    fprintf(stderr, "nimbus-host -l: too many arguments for a Lua call (%d)\n", argc);
     lua_pop(L, 1);
     status = 2;
   } else {
