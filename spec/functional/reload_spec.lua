@@ -162,6 +162,43 @@ describe("hot reload", function()
     assert.is_true(h:alive())
   end)
 
+  it("refuses a reload whose subscriptions the store would refuse; the old code keeps its subscriptions", function()
+    local function billing(v, with_command)
+      return ([[
+local nimbus = require("nimbus")
+local cjson = require("cjson")
+local ep = nimbus.endpoint("Billing", {})
+ep:on("Tick", function(ev, ctx)
+  local f = assert(io.open(%q, "a"))
+  f:write(cjson.encode({ v = %d, session = ctx.session_id, seq = ev.seq, phase = "done" }), "\n")
+  f:close()
+end)
+%s
+]]):format(sb.calls_path, v, with_command and 'ep:command("PlaceOrder", function() end)' or "")
+    end
+    local orders = sb:adapter("orders.lua", [[
+local nimbus = require("nimbus")
+nimbus.endpoint("Orders", {}):command("PlaceOrder", function() end)
+]])
+    local path = sb:adapter("billing.lua", billing(1, false))
+    local h = sb:spawn({ orders, path }, { args = { "--no-reload" } })
+    assert.are.equal(1, probe(sb, "s1", 1))
+    sb:adapter("billing.lua", billing(2, true))
+    h:signal("HUP")
+    h:wait_log("reload of " .. path .. " failed; the running version keeps serving:")
+    local log = h:log()
+    assert.is_truthy(log:find("PlaceOrder is a command and can have exactly one consuming endpoint, but Orders", 1,
+                              true), log)
+    assert.are.equal(0, count_plain(log, "reloaded " .. path), log)
+    -- the old Billing still runs and still gets Tick; PlaceOrder still goes to Orders alone
+    assert.are.equal(1, probe(sb, "s1", 2))
+    local mid = sb:publish("PlaceOrder", {}, { session = "o1" })
+    local row = sb:wait_message(mid, "Completed")
+    assert.are.equal("Orders", row.endpoint)
+    assert.are.equal(1, #sb:events({ session = "o1" }))
+    assert.is_true(h:alive())
+  end)
+
   it("with --no-reload ignores saves, and SIGHUP reloads", function()
     local path = save_in_place(sb, 1)
     local h = sb:spawn(path, { args = { "--no-reload" } })

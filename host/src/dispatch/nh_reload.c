@@ -76,6 +76,28 @@ static void retire(nh_dispatch_t *d, nh_vm_t *old)
   nh_vm_set_deadline(old, nh_time_now_ms() + NH_RETIRE_DEADLINE_MS);
 }
 
+static int check_subscriptions(nh_dispatch_t *d, nh_adapter_t *a, nh_error_t *err)
+{
+  if (!d->tr->vt->subscribe_check) return NH_OK;
+  int n = 0;
+  for (nh_endpoint_t *ep = d->endpoints; ep; ep = ep->next) n++;
+  for (nh_endpoint_t *ep = d->pending_eps; ep; ep = ep->next) n++;
+  const char **replacing = nh_xcalloc((size_t)n + 1, sizeof *replacing);
+  int k = 0;
+  for (nh_endpoint_t *ep = d->endpoints; ep; ep = ep->next)
+    if (ep->vm == a->vm) replacing[k++] = ep->name;
+  for (nh_endpoint_t *ep = d->pending_eps; ep; ep = ep->next) replacing[k++] = ep->name;
+  int rc = NH_OK;
+  for (nh_endpoint_t *ep = d->pending_eps; ep && rc == NH_OK; ep = ep->next) {
+    nh_error_t cerr = {0};
+    rc = d->tr->vt->subscribe_check(d->tr, ep->name, (const char *const *)ep->types, ep->commands, ep->ntypes,
+                                    replacing, k, &cerr);
+    if (rc) nh_error_set(err, NH_EUSAGE, "%s: endpoint %s: %s", a->path, ep->name, cerr.msg);
+  }
+  free(replacing);
+  return rc;
+}
+
 static int reload_one(nh_dispatch_t *d, nh_adapter_t *a, nh_error_t *err)
 {
   nh_vm_host_t host;
@@ -91,6 +113,18 @@ static int reload_one(nh_dispatch_t *d, nh_adapter_t *a, nh_error_t *err)
       nh_error_set(err, NH_EUSAGE, "%s defines no endpoint", a->path);
       nh_vm_close(vm);
     }
+    while (d->pending_eps) {
+      nh_endpoint_t *ep = d->pending_eps;
+      d->pending_eps = ep->next;
+      nh_endpoint_free(ep);
+    }
+    return NH_EFAIL;
+  }
+  /* Validate, then swap (Fluent Bit's rule): a subscription the store would refuse (a
+   * command another endpoint consumes) refuses the reload; the old generation keeps
+   * serving with its subscriptions untouched. */
+  if (check_subscriptions(d, a, err)) {
+    nh_vm_close(vm);
     while (d->pending_eps) {
       nh_endpoint_t *ep = d->pending_eps;
       d->pending_eps = ep->next;

@@ -201,6 +201,13 @@ void *nh_amqp_grow(void *p, int *cap, int need, size_t size)
 static int am_subscribe(nh_transport_t *t, const char *endpoint, const char *const *types, const int *commands, int n,
                         nh_error_t *err);
 
+static int am_subscribe_check(nh_transport_t *t, const char *endpoint, const char *const *types, const int *commands,
+                              int n, const char *const *replacing, int nreplacing, nh_error_t *err)
+{
+  amqp_t *a = (amqp_t *)t;   /* commands are checked on the store's table, as subscribe does */
+  return a->emb->vt->subscribe_check(a->emb, endpoint, types, commands, n, replacing, nreplacing, err);
+}
+
 static int am_lock_session(nh_transport_t *t, const char *endpoint, const char *session, int64_t now)
 {
   amqp_t *a = (amqp_t *)t;
@@ -743,6 +750,7 @@ static void am_close(nh_transport_t *t)
 static const nh_transport_vtbl_t amqp_vtbl = {
   .name = "amqp",
   .subscribe = am_subscribe,
+  .subscribe_check = am_subscribe_check,
   .receive = am_receive,
   .lock_session = am_lock_session,
   .session_next = NULL,   /* the broker's backlog is not ours to read ahead */

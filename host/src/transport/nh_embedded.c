@@ -41,9 +41,9 @@ enum {
 static const char *const q_sql[Q_COUNT] = {
   [Q_SUB_DEL] = "DELETE FROM subscriptions WHERE endpoint = ?1",
   [Q_SUB_ADD] = "INSERT OR REPLACE INTO subscriptions(event_type, endpoint, command) VALUES (?1, ?2, ?3)",
-  /* another endpoint consuming this type, when one of the two declares it a command */
+  /* other endpoints consuming this type, when one of the two declares it a command */
   [Q_SUB_CONFLICT] =
-    "SELECT endpoint FROM subscriptions WHERE event_type = ?1 AND endpoint <> ?2 AND (command = 1 OR ?3 = 1) LIMIT 1",
+    "SELECT endpoint FROM subscriptions WHERE event_type = ?1 AND endpoint <> ?2 AND (command = 1 OR ?3 = 1)",
   [Q_SUBSCRIBERS] = "SELECT endpoint FROM subscriptions WHERE event_type = ?1 ORDER BY endpoint",
   [Q_INSERT] =
     "INSERT INTO queue(endpoint, session_id, message_id, event_id, event_type, message_type, correlation_id,"
@@ -97,6 +97,45 @@ static int step(embedded_t *e, int id, const char *what)
   return nh_sqlite_step_done(e->db, e->q[id], what);
 }
 
+/* Another endpoint (not one of `skip`) consuming `type`, when one of the two declares
+ * it a command: NH_EUSAGE with both names, else NH_OK. */
+static int sub_conflict(embedded_t *e, const char *endpoint, const char *type, int cmd, const char *const *skip,
+                        int nskip, nh_error_t *err)
+{
+  sqlite3_stmt *c = e->q[Q_SUB_CONFLICT];
+  nh_sqlite_bind_text(c, 1, type);
+  nh_sqlite_bind_text(c, 2, endpoint);
+  sqlite3_bind_int(c, 3, cmd);
+  char *other = NULL;
+  while (!other && sqlite3_step(c) == SQLITE_ROW) {
+    const char *o = (const char *)sqlite3_column_text(c, 0);
+    int skipped = 0;
+    for (int k = 0; k < nskip; k++) skipped |= strcmp(o, skip[k]) == 0;
+    if (!skipped) other = nh_xstrdup(o);
+  }
+  sqlite3_reset(c);
+  sqlite3_clear_bindings(c);
+  if (!other) return NH_OK;
+  nh_error_set(err, NH_EUSAGE,
+               "%s is a command and can have exactly one consuming endpoint, but %s already consumes it; "
+               "remove one of the handlers (a stale registration of an endpoint that no longer exists is "
+               "cleared by starting it once without the handler)",
+               type, other);
+  free(other);
+  return NH_EUSAGE;
+}
+
+static int emb_subscribe_check(nh_transport_t *t, const char *endpoint, const char *const *types, const int *commands,
+                               int n, const char *const *replacing, int nreplacing, nh_error_t *err)
+{
+  embedded_t *e = (embedded_t *)t;
+  for (int i = 0; i < n; i++) {
+    int rc = sub_conflict(e, endpoint, types[i], commands && commands[i], replacing, nreplacing, err);
+    if (rc) return rc;
+  }
+  return NH_OK;
+}
+
 static int emb_subscribe(nh_transport_t *t, const char *endpoint, const char *const *types, const int *commands, int n,
                          nh_error_t *err)
 {
@@ -106,22 +145,8 @@ static int emb_subscribe(nh_transport_t *t, const char *endpoint, const char *co
     return nh_error_set(err, NH_EFAIL, "subscribing %s: %s", endpoint, sqlite3_errmsg(e->db));
   for (int i = 0; i < n; i++) {
     int cmd = commands && commands[i];
-    sqlite3_stmt *c = e->q[Q_SUB_CONFLICT];
-    nh_sqlite_bind_text(c, 1, types[i]);
-    nh_sqlite_bind_text(c, 2, endpoint);
-    sqlite3_bind_int(c, 3, cmd);
-    char *other = sqlite3_step(c) == SQLITE_ROW ? nh_sqlite_col_strdup(c, 0) : NULL;
-    sqlite3_reset(c);
-    sqlite3_clear_bindings(c);
-    if (other) {
-      nh_error_set(err, NH_EUSAGE,
-                   "%s is a command and can have exactly one consuming endpoint, but %s already consumes it; "
-                   "remove one of the handlers (a stale registration of an endpoint that no longer exists is "
-                   "cleared by starting it once without the handler)",
-                   types[i], other);
-      free(other);
-      return NH_EUSAGE;
-    }
+    int rc = sub_conflict(e, endpoint, types[i], cmd, NULL, 0, err);
+    if (rc) return rc;
     nh_sqlite_bind_text(e->q[Q_SUB_ADD], 1, types[i]);
     nh_sqlite_bind_text(e->q[Q_SUB_ADD], 2, endpoint);
     sqlite3_bind_int(e->q[Q_SUB_ADD], 3, cmd);
@@ -388,6 +413,7 @@ static int emb_session_next(nh_transport_t *t, const char *endpoint, const char 
 static const nh_transport_vtbl_t embedded_vtbl = {
   .name = "embedded",
   .subscribe = emb_subscribe,
+  .subscribe_check = emb_subscribe_check,
   .receive = emb_receive,
   .lock_session = emb_lock_session,
   .session_next = emb_session_next,

@@ -29,6 +29,11 @@ typedef struct nh_transport_vtbl {
   /* commands[i]: types[i] is a command; subscribing refuses a second consuming endpoint. */
   int (*subscribe)(nh_transport_t *t, const char *endpoint, const char *const *types, const int *commands, int n,
                    nh_error_t *err);
+  /* Would subscribe() accept these? Writes nothing (a reload checks before it swaps).
+   * Subscriptions of the endpoints in `replacing` (the generation being replaced) do not
+   * count as conflicts. */
+  int (*subscribe_check)(nh_transport_t *t, const char *endpoint, const char *const *types, const int *commands,
+                         int n, const char *const *replacing, int nreplacing, nh_error_t *err);
   /* Pull transports deliver up to `max` session heads through on_message; returns how many. */
   int (*receive)(nh_transport_t *t, const char *endpoint, int max, int64_t now);
   int (*lock_session)(nh_transport_t *t, const char *endpoint, const char *session, int64_t now);
