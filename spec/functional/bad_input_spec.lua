@@ -85,6 +85,36 @@ end)
       assert.matches("boom%.lua:3: config missing: ERP_URL", r.err)
     end)
 
+    it("a main chunk that never returns fails the load within its budget, naming file:line, on one line", function()
+      local path = sb:adapter("hang.lua", 'local nimbus = require("nimbus")\nnimbus.endpoint("Ep", {}):on("Ok", function() end)\n'
+        .. 'while true do pcall(function() while true do end end) end\n')
+      local r = nh.capture("NIMBUS_LOAD_TIMEOUT=1 " .. nh.q(nh.bin()) .. " " .. nh.q(path) .. " --store " .. nh.q(sb.store))
+      assert.equal(2, r.code)
+      assert.matches("cannot load adapter: [^\n]*hang%.lua:3: loading the adapter took longer than 1 s", r.err)
+    end)
+
+    it("a reload to a main chunk that never returns keeps the old code serving; SIGTERM still stops the host", function()
+      local path = sb:recorder{ types = { "Ok" } }
+      local h = sb:start(path, { args = { "--no-reload" }, env = { NIMBUS_LOAD_TIMEOUT = "1" } })
+      sb:wait_message(sb:publish("Ok", { tag = "before" }, { session = "s1" }), "Completed")
+      local src = nh.read(path)
+      nh.write(path, src .. "\nwhile true do end\n")
+      h:signal("HUP")
+      h:wait_log("failed; the running version keeps serving")
+      assert.matches("Ep%.lua:%d+: loading the adapter took longer than 1 s", h:log())
+      sb:wait_message(sb:publish("Ok", { tag = "after" }, { session = "s1" }), "Completed")
+      h:signal("TERM")
+      assert.equal(0, h:wait_exit(20))
+    end)
+
+    it("os.exit in a handler fails the event instead of stopping the host", function()
+      local h = sb:start(sb:recorder{ types = { "Ok" }, extra = 'ep:on("Quit", function() os.exit(3) end)' })
+      local row = sb:wait_message(sb:publish("Quit", {}, { session = "q" }), "Failed")
+      assert.matches("os%.exit is not available in an adapter", row.error_text)
+      assert.is_true(h:alive())
+      sb:wait_message(sb:publish("Ok", { tag = "still" }, { session = "s2" }), "Completed")
+    end)
+
     it("an unknown endpoint option makes the host exit 2 naming the option", function()
       local path = sb:recorder{ types = { "Ok" }, options = "retry = { max_retry = 3 }" }
       local r = sb:cli({ path })

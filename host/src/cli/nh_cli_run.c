@@ -164,7 +164,7 @@ int nh_cmd_run(int argc, char **argv, int first)
   int status = NH_EXIT_OK;
   for (int i = 0; i < a.npos && status == NH_EXIT_OK; i++) {
     if (nh_dispatch_load(h.d, a.pos[i], &err)) {
-      fprintf(stderr, "nimbus-host: cannot load adapter %s:\n  %s\n", a.pos[i], err.msg);
+      fprintf(stderr, "nimbus-host: cannot load adapter: %s\n", err.msg);   /* err: "file:line: message" */
       status = err.code == NH_EUSAGE ? NH_EXIT_USAGE : NH_EXIT_FAIL;
     }
   }

@@ -161,6 +161,43 @@ static void vm_warn(void *ud, const char *msg, int tocont)
   vm->warn_len = 0;
 }
 
+/* os.exit in an adapter would take every endpoint of the host down (and again at every
+ * restart, before the event gets an outcome): it fails the handler instead. */
+static int l_no_exit(lua_State *L)
+{
+  return luaL_error(L, "os.exit is not available in an adapter (it would stop the whole host): raise an error "
+                       "to fail the event, or return");
+}
+
+/* The main chunk of an adapter must return: loading runs on the loop thread, so one that
+ * waits for ever would freeze every endpoint and the signal handlers with it. */
+#define NH_LOAD_BUDGET_S 10.0
+#define NH_LOAD_HOOK_COUNT 10000
+
+static void load_hook(lua_State *L, lua_Debug *ar)
+{
+  void *ud = NULL;
+  lua_getallocf(L, &ud);
+  nh_vm_t *vm = ud;
+  if (!vm->load_deadline_ns || uv_hrtime() < vm->load_deadline_ns) return;
+  /* from now on every instruction raises, so a pcall inside a loop cannot outlast it */
+  lua_sethook(L, load_hook, LUA_MASKCOUNT, 1);
+  char secs[32];
+  snprintf(secs, sizeof secs, "%g", vm->load_budget_s);   /* lua_pushfstring has no %g */
+  lua_getinfo(L, "Sl", ar);   /* the interrupted function: where the load was stopped */
+  lua_pushfstring(L, "%s:%d: loading the adapter took longer than %s s and was stopped here: the main chunk must "
+                     "return (run long work in a status checker or nimbus.spawn; NIMBUS_LOAD_TIMEOUT sets the budget)",
+                  ar->short_src, ar->currentline, secs);
+  lua_error(L);
+}
+
+static double load_budget(void)
+{
+  const char *v = getenv("NIMBUS_LOAD_TIMEOUT");
+  double s = v ? atof(v) : 0;
+  return s > 0 ? s : NH_LOAD_BUDGET_S;
+}
+
 static nh_vm_t *vm_create(uv_loop_t *loop, const char *path, const char *lua_dir, const nh_vm_host_t *host)
 {
   nh_vm_t *vm = nh_xcalloc(1, sizeof *vm);
@@ -189,6 +226,12 @@ static nh_vm_t *vm_create(uv_loop_t *loop, const char *path, const char *lua_dir
   set_package_path(vm->L, lua_dir, adir);
   free(adir);
   lua_warning(vm->L, "@on", 0);   /* errors in __gc metamethods are reported as warnings */
+  if (path) {   /* an adapter, not a -l script */
+    lua_getglobal(vm->L, "os");
+    lua_pushcfunction(vm->L, l_no_exit);
+    lua_setfield(vm->L, -2, "exit");
+    lua_pop(vm->L, 1);
+  }
   nh_lapi_open(vm);
   uv_idle_init(loop, &vm->idle);
   vm->idle.data = vm;
@@ -232,7 +275,13 @@ nh_vm_t *nh_vm_new(uv_loop_t *loop, const char *adapter_path, const char *lua_di
     lua_pop(L, 1);
     goto fail;
   }
-  if (nh_vm_pcall(L, 0, 0, err)) {
+  vm->load_budget_s = load_budget();
+  vm->load_deadline_ns = uv_hrtime() + (uint64_t)(vm->load_budget_s * 1e9);
+  lua_sethook(L, load_hook, LUA_MASKCOUNT, NH_LOAD_HOOK_COUNT);
+  rc = nh_vm_pcall(L, 0, 0, err);
+  lua_sethook(L, NULL, 0, 0);
+  vm->load_deadline_ns = 0;
+  if (rc) {
     err->code = NH_EUSAGE;
     goto fail;
   }

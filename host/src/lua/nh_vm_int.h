@@ -30,6 +30,8 @@ struct nh_vm {
   uv_loop_t *loop;
   lua_State *L;
   char *path;
+  uint64_t load_deadline_ns;    /* while the adapter's main chunk runs (uv_hrtime) */
+  double load_budget_s;
   nh_vm_host_t host;
   int has_host;
   int run_ref, alive_ref;
