@@ -28,7 +28,7 @@ int main(int argc, char **argv)
    * statistics nobody reads (7 % of the host's time under load, make bench). */
   sqlite3_config(SQLITE_CONFIG_MEMSTATUS, 0);
   if (argc < 2) {
-    nh_cli_help();
+    nh_cli_help_to(stderr);   /* a usage error: stderr, exit 2 */
     return NH_EXIT_USAGE;
   }
   const char *cmd = argv[1];

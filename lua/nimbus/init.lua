@@ -99,7 +99,8 @@ function M.endpoint(name, opts)
   if opts ~= nil and type(opts) ~= "table" then error("nimbus.endpoint: options must be a table", 2) end
   local ep = setmetatable({ name = name, opts = opts or {}, handlers = {}, handler_opts = {},
                             middleware = {} }, Endpoint)
-  core.register_endpoint(name, ep.opts)   -- validates options; raises with the reason
+  local ok, err = core.register_endpoint(name, ep.opts)   -- validates the options
+  if ok == nil then error(err, 2) end
   endpoints[name] = ep
   return ep
 end

@@ -206,6 +206,11 @@ function App:_make_core()
   function core.now() return app.clock end
   function core.register_endpoint(name, opts)
     app._declared[#app._declared + 1] = name
+    return true
+  end
+  function core.set_retention(resolved, inbox)
+    app._retention = { resolved = resolved, inbox = inbox }   -- nothing to delete under test
+    return true
   end
   function core.publish(event_type, body, session, correlation_id, to)
     if type(event_type) ~= "string" then error("bad argument #1 to 'publish' (string expected)", 2) end

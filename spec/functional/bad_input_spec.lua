@@ -120,6 +120,8 @@ end)
       local r = sb:cli({ path })
       assert.equal(2, r.code)
       assert.matches("max_retry", r.err)
+      -- blames the adapter's own line, not the nimbus runtime's
+      assert.matches("cannot load adapter: [^\n]*Ep%.lua:%d+: nimbus%.endpoint%(Ep%)", r.err)
     end)
 
     it("an invalid retry strategy makes the host exit 2", function()
@@ -258,6 +260,13 @@ end)
         assert.is_true(#r.err > 0, "a reason is printed")
       end
       assert.is_false(nh.exists(sb.store), "no command created the store")
+    end)
+
+    it("prints the usage to stderr with exit 2 when given nothing", function()
+      local r = sb:cli({}, { store = false })
+      assert.equal(2, r.code)
+      assert.equal("", r.out)
+      assert.matches("^usage:", r.err)
     end)
 
     it("refuses an unknown subcommand with exit 2", function()

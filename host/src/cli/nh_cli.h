@@ -5,6 +5,7 @@
 #define NH_CLI_H
 
 #include <stddef.h>
+#include <stdio.h>
 
 #include "store/nh_store.h"
 
@@ -61,5 +62,6 @@ int nh_cmd_purge(int argc, char **argv);
 /* resubmit --all / skip --all (nh_cli_bulk.c); kind: NH_OP_RESUBMIT or NH_OP_SKIP */
 int nh_cli_bulk(int kind, const nh_args_t *a);
 void nh_cli_help(void);
+void nh_cli_help_to(FILE *out);
 
 #endif

@@ -2,7 +2,9 @@
 
 #include <stdio.h>
 
-void nh_cli_help(void)
+void nh_cli_help(void) { nh_cli_help_to(stdout); }
+
+void nh_cli_help_to(FILE *out)
 {
   fputs(
     "usage:\n"
@@ -35,5 +37,5 @@ void nh_cli_help(void)
     "         stopped when run again.\n"
     "every subcommand takes --store PATH anywhere on its command line.\n"
     "exit codes: 0 ok, 1 runtime failure, 2 usage error.\n",
-    stdout);
+    out);
 }

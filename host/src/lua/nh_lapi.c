@@ -37,11 +37,16 @@ static int l_register_endpoint(lua_State *L)
   nh_vm_t *vm = upvm(L);
   const char *name = luaL_checkstring(L, 1);
   luaL_checktype(L, 2, LUA_TTABLE);
-  if (!vm->has_host || !vm->host.register_endpoint) return 0;   /* interpreter mode: declare only */
+  lua_pushboolean(L, 1);
+  if (!vm->has_host || !vm->host.register_endpoint) return 1;   /* interpreter mode: declare only */
   nh_error_t err = {0};
-  if (vm->host.register_endpoint(vm->host.data, vm, L, name, 2, &err))
-    return luaL_error(L, "nimbus.endpoint(%s): %s", name, err.msg);
-  return 0;
+  if (vm->host.register_endpoint(vm->host.data, vm, L, name, 2, &err)) {
+    /* nil, message: nimbus.endpoint raises it at the adapter's own line */
+    lua_pushnil(L);
+    lua_pushfstring(L, "nimbus.endpoint(%s): %s", name, err.msg);
+    return 2;
+  }
+  return 1;
 }
 
 static const char *opt_str(lua_State *L, int idx)
