@@ -228,6 +228,27 @@ end)
       assert.same({ "after" }, sb:call_tags())
     end)
 
+    it("refuses at the door what the host would dead-letter: non-object payloads, empty types, non-UTF-8 sessions", function()
+      sb:start(sb:recorder{ types = { "Ok" } })
+      local f = sb:wait_message(sb:publish("Ok", { tag = "f", fail = true }, { session = "s1" }), "Failed")
+      for _, args in ipairs({
+        { { "publish", "Ok", "[1,2,3]", "--session", "s2" }, "must be a JSON object" },
+        { { "publish", "Ok", '"text"', "--session", "s2" }, "must be a JSON object" },
+        { { "publish", "", "{}" }, "event type is empty" },
+        { { "publish", "Ok", "{}", "--session", "\255\254" }, "UTF%-8" },
+        { { "resubmit", f.event_id, "--body", "[1,2]" }, "must be a JSON object" },
+      }) do
+        local r = sb:cli(args[1])
+        assert.equal(2, r.code, table.concat(args[1], " "))
+        assert.matches(args[2], r.err)
+      end
+      -- nothing was queued or changed: the blocker is still Failed with its payload
+      local shown = sb:show(f.event_id)
+      assert.equal("Failed", shown.status)
+      assert.matches('"tag":"f"', shown.payload)
+      assert.equal(1, #sb:call_tags())
+    end)
+
     it("refuses invalid JSON in resubmit --body and handoff --result with exit 2", function()
       sb:start(sb:recorder{ types = { "Ok" } })
       local f = sb:wait_message(sb:publish("Ok", { tag = "f", fail = true }, { session = "s1" }), "Failed")

@@ -38,6 +38,9 @@ int nh_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(
 /* Reads a JSON argument: inline text or @file; validates it. Returns NULL after
  * printing the reason. */
 char *nh_cli_json_arg(const char *cmd, const char *what, const char *arg);
+/* The same, and it must be a JSON object (event payloads). */
+char *nh_cli_json_object_arg(const char *cmd, const char *what, const char *arg);
+int nh_cli_valid_utf8(const char *s);
 
 /* Event filters (nh_cli_filter.c): the options --endpoint --status --type --session
  * --error --group --since --before, checked against the store (an unknown endpoint or

@@ -107,3 +107,33 @@ char *nh_cli_json_arg(const char *cmd, const char *what, const char *arg)
   json_decref(j);
   return text;
 }
+
+char *nh_cli_json_object_arg(const char *cmd, const char *what, const char *arg)
+{
+  char *text = nh_cli_json_arg(cmd, what, arg);
+  if (!text) return NULL;
+  json_t *j = json_loads(text, JSON_DECODE_ANY, NULL);
+  int object = json_is_object(j);
+  json_decref(j);
+  if (!object) {
+    /* the host would dead-letter it ("payload must be a JSON object"): refuse it here */
+    nh_usage_error(cmd, "%s must be a JSON object ({...}), as handlers receive it as a table of fields", what);
+    free(text);
+    return NULL;
+  }
+  return text;
+}
+
+/* Session ids travel in JSON and AMQP strings: they must be UTF-8. */
+int nh_cli_valid_utf8(const char *s)
+{
+  const unsigned char *p = (const unsigned char *)s;
+  while (*p) {
+    int n = *p < 0x80 ? 0 : (*p >> 5) == 6 ? 1 : (*p >> 4) == 14 ? 2 : (*p >> 3) == 30 ? 3 : -1;
+    if (n < 0) return 0;
+    p++;
+    for (int i = 0; i < n; i++, p++)
+      if ((*p & 0xC0) != 0x80) return 0;
+  }
+  return 1;
+}

@@ -201,6 +201,10 @@ int nh_cmd_publish(int argc, char **argv)
     return nh_usage_error("publish", "--transport %s: give embedded (the default) or amqp[s]://user:password@host:port[/vhost]",
                           transport);
   const char *type = a.pos[0];
+  if (!*type) return nh_usage_error("publish", "the event type is empty: nimbus-host publish TYPE [JSON|@file]");
+  const char *sess_arg = nh_args_get(&a, "--session");
+  if (sess_arg && (!*sess_arg || !nh_cli_valid_utf8(sess_arg)))
+    return nh_usage_error("publish", "--session must be a non-empty UTF-8 text");
   char *body;
   if (a.npos < 2) {
     body = nh_xstrdup("{}");
@@ -209,7 +213,7 @@ int nh_cmd_publish(int argc, char **argv)
     const char *err = NULL;
     body = a.pos[1][0] == '@' ? nh_file_read(a.pos[1] + 1, NULL, &err) : nh_xstrdup(a.pos[1]);
     if (!body) return nh_usage_error("publish", "cannot read %s: %s", a.pos[1] + 1, err);
-  } else if (!(body = nh_cli_json_arg("publish", "the payload", a.pos[1]))) {
+  } else if (!(body = nh_cli_json_object_arg("publish", "the payload", a.pos[1]))) {
     return NH_EXIT_USAGE;
   }
   char mid[37], sess[37], corr[37];
@@ -306,7 +310,7 @@ int nh_cmd_resubmit(int argc, char **argv)
   if (nh_args_has(&a, "--all")) return nh_cli_bulk(NH_OP_RESUBMIT, &a);
   if ((rc = single_or_bulk("resubmit", &a))) return rc;
   char *body = NULL;
-  if (nh_args_has(&a, "--body") && !(body = nh_cli_json_arg("resubmit", "--body", nh_args_get(&a, "--body"))))
+  if (nh_args_has(&a, "--body") && !(body = nh_cli_json_object_arg("resubmit", "--body", nh_args_get(&a, "--body"))))
     return NH_EXIT_USAGE;
   nh_op_req_t req = { .kind = NH_OP_RESUBMIT, .event_id = a.pos[0], .body = body, .actor = "cli" };
   rc = submit("resubmit", a.store, &req);
