@@ -245,8 +245,10 @@ int nh_cmd_publish(int argc, char **argv)
   rc = NH_EXIT_OK;
   if (nh_store_begin(c.store) || c.tr->vt->send(c.tr, &m, nh_args_get(&a, "--to"), &copies, &err) ||
       nh_store_commit(c.store)) {
+    nh_error_t why = {0};
+    nh_store_explain(c.store, "queueing the message", &why);   /* before the rollback clears the error */
     nh_store_rollback(c.store);
-    fprintf(stderr, "nimbus-host publish: %s\n", err.msg[0] ? err.msg : nh_store_errmsg(c.store));
+    fprintf(stderr, "nimbus-host publish: %s; nothing was queued\n", why.msg);
     rc = NH_EXIT_FAIL;
   } else if (copies == 0) {
     fprintf(stderr,

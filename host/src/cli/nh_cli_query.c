@@ -17,7 +17,7 @@
 static int open_store(nh_store_t **s, const char *cmd, const char *path)
 {
   nh_error_t err = {0};
-  if (nh_store_open(s, path, 0, &err)) {
+  if (nh_store_open(s, path, NH_STORE_READONLY, &err)) {   /* reading works on a read-only store too */
     fprintf(stderr, "nimbus-host %s: %s\n", cmd, err.msg);
     return err.code == NH_EFAIL ? NH_EXIT_FAIL : NH_EXIT_USAGE;
   }

@@ -84,16 +84,45 @@ static const char *const stmt_sql[NH_SQL_COUNT] = {
     " VALUES (?1,?2,?3,?4,?5,?6,?7)",
 };
 
+/* What went wrong with the store file, said so that the advice fits the cause: a full
+ * disk or a read-only mount must never be answered with "pass --store with another path"
+ * (that would send the operator to a new, empty store no host reads). */
+static int store_error(nh_error_t *err, sqlite3 *db, int code, const char *path, const char *doing)
+{
+  const char *why = db ? sqlite3_errmsg(db) : sqlite3_errstr(code);
+  switch (code & 0xff) {
+  case SQLITE_FULL:
+    return nh_error_set(err, NH_EFAIL, "store %s: the disk is full while %s (%s); free some space and run it again",
+                        path, doing, why);
+  case SQLITE_READONLY:
+    return nh_error_set(err, NH_EFAIL, "store %s is read-only (%s while %s): this command writes to it; check the "
+                        "file system's mount and the file's permissions", path, why, doing);
+  case SQLITE_IOERR:
+    return nh_error_set(err, NH_EFAIL, "store %s: disk I/O error while %s (%s); check the disk and its free space",
+                        path, doing, why);
+  case SQLITE_CANTOPEN:
+  case SQLITE_PERM:
+  case SQLITE_AUTH:
+    return nh_error_set(err, NH_EFAIL, "cannot open store %s while %s (%s): check the permissions of the file and "
+                        "of its directory, and whether the file system is mounted read-only", path, doing, why);
+  case SQLITE_CORRUPT:
+    return nh_error_set(err, NH_EFAIL, "store %s is damaged (%s); restore it from a backup", path, why);
+  case SQLITE_NOTADB:
+    return nh_error_set(err, NH_EUSAGE, "%s is not a nimbus-host store (%s); pass --store with another path", path,
+                        why);
+  default:
+    return nh_error_set(err, NH_EFAIL, "store %s: %s while %s", path, why, doing);
+  }
+}
+
 static int check_ours(sqlite3 *db, const char *path, nh_error_t *err)
 {
-  sqlite3_stmt *st;
-  if (sqlite3_prepare_v2(db, "PRAGMA application_id", -1, &st, NULL) != SQLITE_OK ||
-      sqlite3_step(st) != SQLITE_ROW) {
-    int rc = nh_error_set(err, NH_EUSAGE,
-                          "%s is not a nimbus-host store (%s); pass --store with another path",
-                          path, sqlite3_errmsg(db));
+  sqlite3_stmt *st = NULL;
+  int prc = sqlite3_prepare_v2(db, "PRAGMA application_id", -1, &st, NULL);
+  if (prc != SQLITE_OK || (prc = sqlite3_step(st)) != SQLITE_ROW) {
+    int code = sqlite3_extended_errcode(db);
     sqlite3_finalize(st);
-    return rc;
+    return store_error(err, db, code ? code : prc, path, "reading its header");
   }
   int app = sqlite3_column_int(st, 0);
   sqlite3_finalize(st);
@@ -111,7 +140,57 @@ static int check_ours(sqlite3 *db, const char *path, nh_error_t *err)
   char sql[64];
   snprintf(sql, sizeof sql, "PRAGMA application_id = %d", NH_APPLICATION_ID);
   if (sqlite3_exec(db, sql, NULL, NULL, NULL) != SQLITE_OK)
-    return nh_error_set(err, NH_EFAIL, "%s: %s", path, sqlite3_errmsg(db));
+    return store_error(err, db, sqlite3_extended_errcode(db), path, "creating it");
+  return NH_OK;
+}
+
+/* A WAL store on a read-only mount cannot be read the usual way (sqlite wants to create
+ * its -shm file): nobody can be writing it, so it is read as immutable. */
+static int read_immutable(sqlite3 **db, const char *path)
+{
+  char *uri = sqlite3_mprintf("file:%s?immutable=1", path);
+  sqlite3 *ro = NULL;
+  int rc = sqlite3_open_v2(uri, &ro, SQLITE_OPEN_READONLY | SQLITE_OPEN_URI | SQLITE_OPEN_NOMUTEX, NULL);
+  sqlite3_free(uri);
+  if (rc != SQLITE_OK) {
+    sqlite3_close(ro);
+    return 0;
+  }
+  sqlite3_close(*db);
+  *db = ro;
+  return 1;
+}
+
+static int schema_version(sqlite3 *db);
+
+/* Reading commands (events, show, sessions, failures) on a read-only connection: no
+ * pragmas that write, no migrations (a store that needs one is upgraded by a host). */
+static int open_readonly_rest(nh_store_t **out, sqlite3 *db, const char *path, nh_error_t *err)
+{
+  sqlite3_busy_timeout(db, 10000);
+  sqlite3_exec(db, "PRAGMA cache_size=-16384;", NULL, NULL, NULL);
+  int v = schema_version(db);
+  int want = (int)(sizeof nh_store_migrations / sizeof nh_store_migrations[0]);
+  if (v < want) {   /* an older store: upgrade it first, which needs a writable one */
+    sqlite3_close(db);
+    return nh_store_open(out, path, 0, err);
+  }
+  if (v > want) {
+    sqlite3_close(db);
+    return nh_error_set(err, NH_EFAIL, "store %s has schema %d, newer than this nimbus-host reads (%d): use the "
+                        "nimbus-host that wrote it", path, v, want);
+  }
+  nh_store_t *s = nh_xcalloc(1, sizeof *s);
+  s->db = db;
+  s->path = nh_xstrdup(path);
+  for (int i = 0; i < NH_SQL_COUNT; i++) {
+    if (sqlite3_prepare_v3(db, stmt_sql[i], -1, SQLITE_PREPARE_PERSISTENT, &s->stmt[i], NULL) != SQLITE_OK) {
+      store_error(err, db, sqlite3_extended_errcode(db), path, "reading it");
+      nh_store_close(s);
+      return NH_EFAIL;
+    }
+  }
+  *out = s;
   return NH_OK;
 }
 
@@ -188,10 +267,16 @@ int nh_store_open(nh_store_t **out, const char *path, int flags, nh_error_t *err
     return nh_error_set(err, NH_EUSAGE, "store path %s is a directory; pass a file path to --store", path);
   }
 
+  int readonly = (flags & NH_STORE_READONLY) != 0;
+  if (readonly && !exists)
+    return nh_error_set(err, NH_ENOTFOUND, "store %s does not exist: start the host first (nimbus-host ADAPTER.lua) "
+                        "or pass --store with the right path", path);
   sqlite3 *db = NULL;
-  int oflags = (flags & NH_STORE_READONLY) ? SQLITE_OPEN_READWRITE : SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE;
-  if (sqlite3_open_v2(path, &db, oflags | SQLITE_OPEN_NOMUTEX, NULL) != SQLITE_OK) {
-    nh_error_set(err, NH_EFAIL, "cannot open store %s: %s", path, db ? sqlite3_errmsg(db) : "out of memory");
+  int oflags = readonly ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE;
+  int orc = sqlite3_open_v2(path, &db, oflags | SQLITE_OPEN_NOMUTEX, NULL);
+  if (orc != SQLITE_OK) {
+    int code = db ? sqlite3_extended_errcode(db) : orc;
+    store_error(err, db, code, path, "opening it");
     sqlite3_close(db);
     return NH_EFAIL;
   }
@@ -201,10 +286,12 @@ int nh_store_open(nh_store_t **out, const char *path, int flags, nh_error_t *err
    * the mode can only be chosen before the first table exists. */
   if (!exists) sqlite3_exec(db, "PRAGMA auto_vacuum=INCREMENTAL", NULL, NULL, NULL);
   int rc = check_ours(db, path, err);
+  if (rc && readonly && read_immutable(&db, path)) rc = check_ours(db, path, err);
   if (rc) {
     sqlite3_close(db);
     return rc;
   }
+  if (readonly) return open_readonly_rest(out, db, path, err);
   /* WAL lets CLI readers run beside a writing host; NORMAL is durable across process
    * crashes (the guarantee SIGKILL tests need), only a power cut may lose the last commits. */
   /* temp_store=MEMORY: the per-job savepoints keep their sub-journals in memory instead
@@ -212,7 +299,7 @@ int nh_store_open(nh_store_t **out, const char *path, int flags, nh_error_t *err
   if (sqlite3_exec(db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA foreign_keys=OFF;"
                        " PRAGMA temp_store=MEMORY; PRAGMA cache_size=-16384;", NULL,
                    NULL, NULL) != SQLITE_OK) {
-    nh_error_set(err, NH_EFAIL, "store %s: %s", path, sqlite3_errmsg(db));
+    store_error(err, db, sqlite3_extended_errcode(db), path, "setting it up");
     sqlite3_close(db);
     return NH_EFAIL;
   }
@@ -257,6 +344,12 @@ void nh_store_close(nh_store_t *s)
 sqlite3 *nh_store_db(nh_store_t *s) { return s->db; }
 const char *nh_store_path(nh_store_t *s) { return s->path; }
 const char *nh_store_errmsg(nh_store_t *s) { return sqlite3_errmsg(s->db); }
+
+const char *nh_store_explain(nh_store_t *s, const char *doing, nh_error_t *err)
+{
+  store_error(err, s->db, sqlite3_extended_errcode(s->db), s->path, doing);
+  return err->msg;
+}
 
 int nh_store_begin(nh_store_t *s)
 {

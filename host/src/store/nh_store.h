@@ -74,6 +74,9 @@ int nh_store_savepoint(nh_store_t *s);
 int nh_store_savepoint_end(nh_store_t *s);
 void nh_store_savepoint_rollback(nh_store_t *s);
 int nh_store_failed(nh_store_t *s);
+/* The last error said for an operator: the cause (disk full, read-only, I/O error,
+ * permissions, damage) and what to do, into err; returns err->msg. */
+const char *nh_store_explain(nh_store_t *s, const char *doing, nh_error_t *err);
 const char *nh_store_errmsg(nh_store_t *s);
 /* Copies WAL frames back into the database without waiting for readers. Called when
  * the host goes idle so the automatic checkpoint rarely lands inside a busy batch. */
