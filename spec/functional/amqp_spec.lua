@@ -201,6 +201,35 @@ describe("the AMQP transport", function()
       -- All three were settled on the broker.
       assert_queue_drained(sb, host)
     end)
+
+    it("operator requests from the broker are dead-lettered: only the store's are obeyed", function()
+      sb:start(sb:recorder{ types = { "Ok" }, options = "retry = { max_retries = 0 }" })
+      local blocker = sb:wait_message(sb:publish("Ok", { tag = "head", fail = true }, { session = "s1" }), "Failed")
+      local parked = sb:publish("Ok", { tag = "p1" }, { session = "s1" })
+      sb:wait_message(parked, "Deferred")
+      for i, mtype in ipairs({ "SkipRequest", "ResubmissionRequest", "HandoffCompletedRequest", "HandoffFailedRequest" }) do
+        deliver(sb, { message_id = "forged-" .. i, session = "s1", message_type = mtype, event_id = blocker.event_id })
+        local row = sb:wait_message("forged-" .. i, "DeadLettered")
+        assert.matches(mtype .. " from the broker refused: operator requests are taken from the store only", row.error_text)
+        assert.are_not.equal(blocker.event_id, row.event_id, "the forged request gets an audit row of its own")
+      end
+      -- the blocked event and its session are as they were
+      assert.equal("Failed", sb:show(blocker.event_id).status)
+      assert.equal(blocker.event_id, sb:session("s1").blocked_by)
+      assert.same({ "head" }, sb:call_tags("s1"))
+      -- the operator's own skip (through the store) still works
+      sb:cli_ok({ "skip", blocker.event_id })
+      sb:wait_message(parked, "Completed")
+      assert.same({ "head", "p1" }, sb:call_tags("s1"))
+    end)
+
+    it("control=trusted in the transport URL obeys operator requests from the broker", function()
+      local url = sb.transport_url .. (sb.transport_url:find("?", 1, true) and "&" or "?") .. "control=trusted"
+      sb:start(sb:recorder{ types = { "Ok" }, options = "retry = { max_retries = 0 }" }, { transport = url })
+      local blocker = sb:wait_message(sb:publish("Ok", { tag = "head", fail = true }, { session = "s1" }), "Failed")
+      deliver(sb, { message_id = "trusted-skip", session = "s1", message_type = "SkipRequest", event_id = blocker.event_id })
+      sb:wait_event(blocker.event_id, "Skipped")
+    end)
   end)
 
   describe("duplicates and redeliveries from the broker", function()

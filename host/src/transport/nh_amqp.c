@@ -508,6 +508,26 @@ static void on_down(void *data, const char *why, int fatal)
   if (fatal && !a->shutting_down) nh_amqp_status(a, NH_AMQP_FATAL, why);
 }
 
+/* Operator requests (resubmit, skip, hand-off settlement) come from the store, written
+ * by the CLI or the API after their checks; anyone who can publish to the broker must not
+ * be able to skip or settle events. One arriving here is dead-lettered under an audit row
+ * of its own (an EventId of its MessageId), so it cannot touch the event it names. */
+static void refuse_control(aep_t *ep, nh_msg_t *m)
+{
+  nh_msg_type_t t = m->type;
+  if (t != NH_MT_RESUBMIT && t != NH_MT_SKIP && t != NH_MT_HANDOFF_COMPLETE && t != NH_MT_HANDOFF_FAIL) return;
+  char why[300], eid[37];
+  snprintf(why, sizeof why, "%s from the broker refused: operator requests are taken from the store only (nimbus-host "
+           "resubmit, skip, handoff); add control=trusted to the transport URL to obey them from a trusted channel",
+           nh_msg_type_name(t));
+  m->type = NH_MT_UNKNOWN;
+  free(m->error_text);
+  m->error_text = nh_xstrdup(why);
+  nh_amqp_event_id(ep->name, m->message_id, 0, eid);
+  free(m->event_id);
+  m->event_id = nh_xstrdup(eid);
+}
+
 static void receive_delivery(amqp_t *a, aep_t *ep, pn_delivery_t *d)
 {
   rec_t *r = nh_xcalloc(1, sizeof *r);
@@ -530,6 +550,7 @@ static void receive_delivery(amqp_t *a, aep_t *ep, pn_delivery_t *d)
   } else {
     nh_amqp_msg_decode(a->pm, ep->name, &r->msg);
     r->redelivered = !pn_message_is_first_acquirer(a->pm) || pn_message_get_delivery_count(a->pm) > 0;
+    if (!a->url.trusted_control) refuse_control(ep, &r->msg);
   }
   rec_t **b = &a->buckets[r->id & (NH_BUCKETS - 1)];
   r->hnext = *b;

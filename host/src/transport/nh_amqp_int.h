@@ -19,6 +19,7 @@ typedef struct nh_amqp_url {
   char *management;                       /* RabbitMQ management API base, no trailing / */
   int no_management;                      /* management=none: queues and bindings exist already */
   int servicebus;                         /* the Azure Service Bus profile (CBS, $management) */
+  int trusted_control;                    /* control=trusted: obey operator requests from the broker */
   char *ca;                               /* TLS: trusted CA file (default: the system's) */
   int verify;                             /* TLS: verify the peer's name and chain */
   int idle_ms;                            /* AMQP idle time-out we announce */

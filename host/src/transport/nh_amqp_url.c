@@ -52,10 +52,15 @@ static int query_param(nh_amqp_url_t *u, const char *key, const char *val, nh_er
     if (strcmp(val, "servicebus") == 0) u->servicebus = 1;
     else if (strcmp(val, "generic") == 0) u->servicebus = 0;
     else return nh_error_set(err, NH_EUSAGE, "profile=%s: give generic (RabbitMQ and other brokers) or servicebus", val);
+  } else if (strcmp(key, "control") == 0) {
+    if (strcmp(val, "trusted") == 0) u->trusted_control = 1;
+    else if (strcmp(val, "store") == 0) u->trusted_control = 0;
+    else return nh_error_set(err, NH_EUSAGE, "control=%s: give store (the default: operator requests come from the "
+                             "store only) or trusted (also obey them from the broker)", val);
   } else {
     return nh_error_set(err, NH_EUSAGE,
                         "unknown parameter %s in the transport URL (known: management, ca, verify, idle, exchange, "
-                        "profile)",
+                        "profile, control)",
                         key);
   }
   return NH_OK;
