@@ -21,6 +21,9 @@ TEST(masks_variable_parts)
   ASSERT_EQ_STR(mask("GET https://erp.example/api/orders?id=42&x=y failed: 503"),
                 "GET https://erp.example/api/orders?<q> failed: <n>");
   ASSERT_EQ_STR(mask("adapter.lua:17: boom"), "adapter.lua:<n>: boom");
+  /* where the adapter is installed does not split a group */
+  ASSERT_EQ_STR(mask("/srv/nimbus/adapters/erp.lua:17: ERP down"), "erp.lua:<n>: ERP down");
+  ASSERT_EQ_STR(mask("/tmp/nh-func.x1/adapters/erp.lua:17: ERP down"), "erp.lua:<n>: ERP down");
 }
 
 TEST(keeps_words_and_apostrophes)

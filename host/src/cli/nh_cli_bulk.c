@@ -83,16 +83,71 @@ static void progress(int tty, long long done, long long total)
 
 /* The statuses an action cannot apply to (as nh_operator_queue would refuse them), so a
  * dry run counts exactly what a real run queues. */
-static void eligible_only(int kind, nh_event_filter_t *f)
+static void eligible_only(int kind, int force, nh_event_filter_t *f)
 {
   if (kind == NH_OP_RESUBMIT) {
     f->not_status[0] = NH_ST_DEFERRED;   /* parked: replays in order by itself */
+    if (!force) {                        /* resolved: running them again repeats their side effects */
+      f->not_status[1] = NH_ST_COMPLETED;
+      f->not_status[2] = NH_ST_SKIPPED;
+    }
     f->need_payload = 1;
   } else {
     f->not_status[0] = NH_ST_COMPLETED;
     f->not_status[1] = NH_ST_SKIPPED;
   }
   f->without_request = 1;
+}
+
+typedef struct bulk {
+  nh_store_t *s;
+  nh_transport_t *tr;
+  const char *key;
+  nh_bulk_run_t *run;
+  nh_op_req_t req;
+  batch_t *b;
+  int tty, neps, batches;
+  long long total, queued, refused;
+  const char *kill_after;   /* the crash test's hook: die like a killed process after K batches */
+  ep_count_t eps[32];
+  char first_refusal[512];
+} bulk_t;
+
+/* Queues every event f matches, a batch per transaction. */
+static int queue_pass(bulk_t *B, nh_event_filter_t *f)
+{
+  batch_t *b = B->b;
+  for (;;) {
+    if (nh_store_begin(B->s)) return NH_EFAIL;
+    int64_t last_rowid = 0;
+    if (nh_store_events(B->s, f, take_row, b, &last_rowid) < 0) return NH_EFAIL;
+    if (b->n == 0) {
+      nh_store_rollback(B->s);
+      return NH_OK;
+    }
+    for (int i = 0; i < b->n; i++) {
+      nh_error_t qerr = {0};
+      B->req.event_id = b->rows[i].event_id;
+      int q = nh_operator_queue(B->s, B->tr, &B->req, &b->rows[i], &qerr);
+      if (q == NH_EFAIL) return NH_EFAIL;
+      if (q) {
+        if (!B->refused++) snprintf(B->first_refusal, sizeof B->first_refusal, "%s", qerr.msg);
+        continue;
+      }
+      B->queued++;
+      count_endpoint(B->eps, &B->neps, b->rows[i].endpoint);
+    }
+    /* keyset: the next batch starts after the last row of this one */
+    f->after_created = b->rows[b->n - 1].created_at;
+    f->after_rowid = last_rowid;
+    B->run->queued = B->queued;
+    if (nh_store_bulk_put(B->s, B->key, B->run) || nh_store_commit(B->s)) return NH_EFAIL;
+    int last = b->n < b->cap;
+    batch_clear(b);
+    if (B->kill_after && ++B->batches == atoi(B->kill_after)) raise(SIGKILL);
+    progress(B->tty, B->queued + B->refused, B->total);
+    if (last) return NH_OK;
+  }
 }
 
 static int dry_run(nh_store_t *s, const nh_event_filter_t *f, long long total, const char *verb)
@@ -132,7 +187,7 @@ int nh_cli_bulk(int kind, const nh_args_t *a)
     nh_store_close(s);
     return rc;
   }
-  eligible_only(kind, &f);
+  eligible_only(kind, nh_args_has(a, "--force"), &f);
 
   char filters[512], key[600];
   nh_cli_filter_describe(&f, a, filters, sizeof filters);
@@ -158,6 +213,9 @@ int nh_cli_bulk(int kind, const nh_args_t *a)
   if (total < 0) goto store_failed;
   int dry = nh_args_has(a, "--dry-run");
   if (dry) {
+    if (resumed)
+      printf("an interrupted run of this command (started %lld s ago) is resumed by the next real run: counted as it "
+             "would queue\n", (long long)((now - prev.started_ms) / 1000));
     rc = dry_run(s, &f, total, verb);
     nh_store_close(s);
     return rc;
@@ -165,8 +223,8 @@ int nh_cli_bulk(int kind, const nh_args_t *a)
   if (resumed) {
     char at[40];
     nh_time_iso8601(prev.started_ms, at, sizeof at);
-    printf("resuming the run started at %s that did not finish (%lld requests queued then)\n", at,
-           (long long)prev.queued);
+    printf("resuming the run started at %s that did not finish (%lld requests queued then); events that changed "
+           "since then are left out: run the command again afterwards for those\n", at, (long long)prev.queued);
   }
   if (total == 0) {
     printf("no events match %s (nothing to do)\n", filters);
@@ -186,49 +244,32 @@ int nh_cli_bulk(int kind, const nh_args_t *a)
   nh_bulk_run_t run = { .cutoff_ms = f.cutoff_ms, .started_ms = resumed ? prev.started_ms : now, .owner = owner };
   if (nh_store_begin(s) || nh_store_bulk_put(s, key, &run) || nh_store_commit(s)) goto store_failed_tr;
 
-  int tty = isatty(2);
-  long long queued = 0, refused = 0;
-  char first_refusal[sizeof err.msg] = "";
-  ep_count_t eps[32];
-  int neps = 0;
-  batch_t *b = batch_new();
-  /* the crash test's hook: die like a killed process right after this many batches */
-  const char *kill_after = getenv("NIMBUS_TEST_BULK_KILL_AFTER");
-  int batches = 0;
-  nh_op_req_t req = { .kind = (nh_op_kind_t)kind, .actor = "cli (bulk)", .no_oplog = 1 };
-  progress(tty, 0, total);
-  for (;;) {
-    if (nh_store_begin(s)) goto store_failed_batch;
-    int64_t last_rowid = 0;
-    int n = nh_store_events(s, &f, take_row, b, &last_rowid);
-    if (n < 0) goto store_failed_batch;
-    if (b->n == 0) {
-      nh_store_rollback(s);
-      break;
+  bulk_t B = { .s = s, .tr = tr, .key = key, .run = &run, .tty = isatty(2), .total = total, .b = batch_new(),
+               .kill_after = getenv("NIMBUS_TEST_BULK_KILL_AFTER"),
+               .req = { .kind = (nh_op_kind_t)kind, .actor = "cli (bulk)", .no_oplog = 1,
+                        .force = nh_args_has(a, "--force") } };
+  progress(B.tty, 0, total);
+  int qrc;
+  if (kind == NH_OP_SKIP && !f.status) {
+    /* Parked events first: skipped while their blocker still blocks, they are taken
+     * off the parked queue. Skipped after it, they would have replayed already. */
+    nh_event_filter_t parked = f;
+    parked.status = NH_ST_DEFERRED;
+    qrc = queue_pass(&B, &parked);
+    if (qrc == NH_OK) {
+      nh_event_filter_t rest = f;
+      rest.not_status[2] = NH_ST_DEFERRED;
+      qrc = queue_pass(&B, &rest);
     }
-    for (int i = 0; i < b->n; i++) {
-      nh_error_t qerr = {0};
-      req.event_id = b->rows[i].event_id;
-      int q = nh_operator_queue(s, tr, &req, &b->rows[i], &qerr);
-      if (q == NH_EFAIL) goto store_failed_batch;
-      if (q) {
-        if (!refused++) snprintf(first_refusal, sizeof first_refusal, "%s", qerr.msg);
-        continue;
-      }
-      queued++;
-      count_endpoint(eps, &neps, b->rows[i].endpoint);
-    }
-    /* keyset: the next batch starts after the last row of this one */
-    f.after_created = b->rows[b->n - 1].created_at;
-    f.after_rowid = last_rowid;
-    run.queued = queued;
-    if (nh_store_bulk_put(s, key, &run) || nh_store_commit(s)) goto store_failed_batch;
-    int last = b->n < b->cap;
-    batch_clear(b);
-    if (kill_after && ++batches == atoi(kill_after)) raise(SIGKILL);
-    progress(tty, queued + refused, total);
-    if (last) break;
+  } else {
+    qrc = queue_pass(&B, &f);
   }
+  batch_t *b = B.b;
+  if (qrc) goto store_failed_batch;
+  long long queued = B.queued, refused = B.refused;
+  ep_count_t *eps = B.eps;
+  int neps = B.neps, tty = B.tty;
+  const char *first_refusal = B.first_refusal;
   batch_free(b);
   if (tty) fputc('\n', stderr);
   char detail[700];

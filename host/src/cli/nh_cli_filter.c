@@ -2,6 +2,7 @@
  * (`resubmit --all`, `skip --all`): parsed and checked against the store once, here, so
  * every command refuses the same bad input the same way. */
 #include "nh_cli.h"
+#include "core/nh_failgroup.h"
 #include "core/nh_util.h"
 
 #include <stdio.h>
@@ -84,14 +85,20 @@ int nh_cli_filter_parse(const nh_args_t *a, const char *cmd, nh_store_t *s, nh_e
     }
   }
   if (f->group) {
+    size_t n = strspn(f->group, "0123456789abcdef");
+    if (n != NH_FAILGROUP_ID_LEN || f->group[n])
+      return nh_usage_error(cmd, "--group %s is not a failure group id: 12 hex digits, as nimbus-host failures lists "
+                                 "them", f->group);
     int g = nh_store_failgroup_exists(s, f->group);
     if (g < 0) {
       fprintf(stderr, "nimbus-host %s: store: %s\n", cmd, nh_store_errmsg(s));
       return NH_EXIT_FAIL;
     }
+    /* not an error: a group that was resolved a moment ago is empty, and a script that
+     * runs the same command again must not fail for it */
     if (g == 0)
-      return nh_usage_error(cmd, "unknown failure group %s: no unresolved event is in it (see nimbus-host failures)",
-                            f->group);
+      fprintf(stderr, "note: no unresolved event is in failure group %s (resolved already, or mistyped: see "
+                      "nimbus-host failures)\n", f->group);
   }
   return NH_EXIT_OK;
 }

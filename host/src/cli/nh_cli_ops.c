@@ -304,8 +304,8 @@ static int single_or_bulk(const char *cmd, const nh_args_t *a)
 
 int nh_cmd_resubmit(int argc, char **argv)
 {
-  static const nh_opt_spec_t specs[] = { { "--body", 1 }, { "--all", 0 }, { "--dry-run", 0 }, NH_CLI_FILTER_OPTS,
-                                         { NULL, 0 } };
+  static const nh_opt_spec_t specs[] = { { "--body", 1 }, { "--all", 0 }, { "--dry-run", 0 }, { "--force", 0 },
+                                         NH_CLI_FILTER_OPTS, { NULL, 0 } };
   nh_args_t a;
   int rc = nh_args_parse(&a, "resubmit", argc, argv, 2, specs);
   if (rc) return rc;
@@ -314,7 +314,8 @@ int nh_cmd_resubmit(int argc, char **argv)
   char *body = NULL;
   if (nh_args_has(&a, "--body") && !(body = nh_cli_json_object_arg("resubmit", "--body", nh_args_get(&a, "--body"))))
     return NH_EXIT_USAGE;
-  nh_op_req_t req = { .kind = NH_OP_RESUBMIT, .event_id = a.pos[0], .body = body, .actor = "cli" };
+  nh_op_req_t req = { .kind = NH_OP_RESUBMIT, .event_id = a.pos[0], .body = body, .actor = "cli",
+                      .force = nh_args_has(&a, "--force") };
   rc = submit("resubmit", a.store, &req);
   free(body);
   return rc;

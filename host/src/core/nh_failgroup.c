@@ -59,6 +59,15 @@ void nh_failgroup_mask(const char *text, char *out, size_t outlen)
   if (outlen) out[0] = '\0';
   if (!text) return;
   const char *s = text;
+  /* "dir/adapter.lua:17: ..." (a Lua error's position): the directory varies with where
+   * the adapter is installed, not with the failure; keep the file name */
+  size_t pos = strcspn(s, " :\n");
+  if (s[pos] == ':' && pos > 4) {
+    const char *slash = NULL;
+    for (const char *p = s; p < s + pos; p++)
+      if (*p == '/') slash = p;
+    if (slash && strncmp(s + pos - 4, ".lua", 4) == 0) s = slash + 1;
+  }
   while (*s && *s != '\n') {
     unsigned char c = (unsigned char)*s;
     int word_start = s == text || !is_word((unsigned char)s[-1]);

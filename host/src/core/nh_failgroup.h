@@ -11,7 +11,8 @@
 /* Writes `text` with its variable parts replaced by placeholders into out (always
  * NUL-terminated; cut at outlen - 1): UUIDs -> <uuid>, hex ids of 6+ characters with a
  * digit -> <id>, digit runs -> <n>, quoted strings -> "<s>" or '<s>', a query string
- * after '?' -> ?<q>. Only the first line counts (a traceback below it varies by design). */
+ * after '?' -> ?<q>; a leading Lua position "dir/file.lua:17:" keeps only "file.lua:<n>:".
+ * Only the first line counts (a traceback below it varies by design). */
 void nh_failgroup_mask(const char *text, char *out, size_t outlen);
 
 /* The group's stable id: 12 lower-case hex digits of a 64-bit FNV-1a hash of

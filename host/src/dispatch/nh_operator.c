@@ -25,6 +25,10 @@ static int check_state(nh_store_t *s, const nh_op_req_t *r, const nh_audit_t *ev
       nh_session_state_clear(&st);
       return NH_ESTATE;
     }
+    if (!r->force && (is_status(ev, NH_ST_COMPLETED) || is_status(ev, NH_ST_SKIPPED)))
+      return nh_error_set(err, NH_ESTATE,
+                          "event %s is %s: resubmitting runs its handler again and repeats its side effects; add "
+                          "--force if that is what you want", ev->event_id, ev->status);
     if (!r->body && !ev->payload)
       return nh_error_set(err, NH_ESTATE, "event %s has no stored payload; pass a new body", ev->event_id);
     return NH_OK;

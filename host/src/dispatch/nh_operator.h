@@ -22,6 +22,7 @@ typedef struct nh_op_req {
   const char *error_type;
   const char *actor;           /* "cli", "checker NAME", "script": for the operator log */
   int no_oplog;                /* a bulk run logs itself once instead of once per event */
+  int force;                   /* resubmit a Completed or Skipped event (runs its handler again) */
 } nh_op_req_t;
 
 /* Validates and queues the request in its own store transaction. NH_EUSAGE: unknown

@@ -133,7 +133,7 @@ char *nh_store_events_sql(const nh_event_filter_t *f, int count);
 
 typedef struct nh_failgroup_row {
   const char *group, *endpoint, *error_type, *sample_event_id, *sample_text;
-  int64_t count, first_ms, last_ms;
+  int64_t count, first_ms, last_ms;   /* first: the oldest event's creation; last: the latest failure */
 } nh_failgroup_row_t;
 typedef int (*nh_failgroup_cb)(void *data, const nh_failgroup_row_t *g);
 /* Failure groups of unresolved events (Failed, DeadLettered), largest first. */

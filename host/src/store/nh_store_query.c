@@ -282,7 +282,7 @@ int nh_store_failgroups(nh_store_t *s, const char *endpoint, nh_failgroup_cb cb,
   /* One pass over the partial group index (only unresolved failures are in it); the
    * sample is the newest event of the group. */
   sqlbuf_t b = { 0 };
-  add(&b, "SELECT fail_group, endpoint, count(*), min(updated_at), max(updated_at),"
+  add(&b, "SELECT fail_group, endpoint, count(*), min(created_at), max(updated_at),"
           " (SELECT a2.event_id FROM audit a2 WHERE a2.fail_group = g.fail_group AND a2.endpoint = g.endpoint"
           "  ORDER BY a2.updated_at DESC LIMIT 1) AS sample"
           " FROM audit g WHERE fail_group IS NOT NULL");
