@@ -249,6 +249,29 @@ end)
       assert.equal(1, #sb:call_tags())
     end)
 
+    -- embedded only: on a broker `publish --to` asks the broker whether the queue exists
+    -- (amqp_spec), and each consuming endpoint derives its own EventId from the MessageId
+    if nh.transport == "embedded" then
+    it("publish --to an endpoint the store does not know is refused, naming the known ones", function()
+      sb:start(sb:recorder{ types = { "Ok" } })
+      local r = sb:cli({ "publish", "Ok", "{}", "--to", "NoSuchEndpoint" }, { transport = false })
+      assert.equal(2, r.code)
+      assert.matches("%-%-to NoSuchEndpoint: no such endpoint in this store %(known: Ep%)", r.err)
+      local q = nh.capture(("sqlite3 %s 'select count(*) from queue'"):format(nh.q(sb.store)))
+      assert.equal("0", q.out:match("%d+"), "nothing was queued")
+    end)
+
+    it("publish names the EventId of each copy, which show takes", function()
+      sb:start(sb:recorder{ types = { "Ok" } })
+      local r = sb:cli({ "publish", "Ok", '{"tag":"x"}', "--session", "s9" }, { transport = false })
+      assert.equal(0, r.code, r.err)
+      local eid = r.err:match("queued as event (%S+) for Ep")
+      assert.truthy(eid, r.err)
+      sb:wait_event(eid, "Completed")
+      assert.equal(eid, sb:show(eid).event_id)
+    end)
+    end
+
     it("refuses invalid JSON in resubmit --body and handoff --result with exit 2", function()
       sb:start(sb:recorder{ types = { "Ok" } })
       local f = sb:wait_message(sb:publish("Ok", { tag = "f", fail = true }, { session = "s1" }), "Failed")

@@ -186,6 +186,23 @@ static int publish_amqp(const char *url, const char *store_path, nh_msg_t *m, co
   return rc;
 }
 
+struct sent_ctx {
+  char eid[8][37], ep[8][128];
+  int n, more;
+};
+
+static void on_sent(void *data, const char *endpoint, const char *event_id)
+{
+  struct sent_ctx *sc = data;
+  if (sc->n == 8) {
+    sc->more++;
+    return;
+  }
+  snprintf(sc->eid[sc->n], sizeof sc->eid[sc->n], "%s", event_id);
+  snprintf(sc->ep[sc->n], sizeof sc->ep[sc->n], "%s", endpoint);
+  sc->n++;
+}
+
 int nh_cmd_publish(int argc, char **argv)
 {
   static const nh_opt_spec_t specs[] = {
@@ -243,7 +260,20 @@ int nh_cmd_publish(int argc, char **argv)
   nh_error_t err = {0};
   int copies = 0;
   rc = NH_EXIT_OK;
-  if (nh_store_begin(c.store) || c.tr->vt->send(c.tr, &m, nh_args_get(&a, "--to"), &copies, &err) ||
+  const char *to = nh_args_get(&a, "--to");
+  if (to) {
+    char known[400];
+    int k = nh_embedded_endpoint_known(nh_store_db(c.store), to, known, sizeof known);
+    if (k == 0) {
+      close_ctx(&c);
+      free(body);
+      return nh_usage_error("publish", "--to %s: no such endpoint in this store (%s%s); start its host once first",
+                            to, known[0] ? "known: " : "none has started yet", known);
+    }
+  }
+  struct sent_ctx sc = { 0 };
+  nh_embedded_on_sent(c.tr, on_sent, &sc);
+  if (nh_store_begin(c.store) || c.tr->vt->send(c.tr, &m, to, &copies, &err) ||
       nh_store_commit(c.store)) {
     nh_error_t why = {0};
     nh_store_explain(c.store, "queueing the message", &why);   /* before the rollback clears the error */
@@ -258,6 +288,9 @@ int nh_cmd_publish(int argc, char **argv)
     rc = NH_EXIT_FAIL;
   } else {
     printf("%s\n", mid);
+    /* stdout stays the MessageId (scripts read it); `show` takes these */
+    for (int i = 0; i < sc.n; i++) fprintf(stderr, "queued as event %s for %s\n", sc.eid[i], sc.ep[i]);
+    if (sc.more) fprintf(stderr, "... and %d more copies\n", sc.more);
   }
   free(body);
   close_ctx(&c);

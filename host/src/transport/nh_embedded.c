@@ -89,6 +89,8 @@ typedef struct embedded {
   nh_transport_t base;
   sqlite3 *db;
   char *owner;
+  nh_embedded_sent_cb sent_cb;   /* told each copy a send queued (the CLI prints the EventIds) */
+  void *sent_data;
   sqlite3_stmt *q[Q_COUNT];
 } embedded_t;
 
@@ -333,6 +335,7 @@ static int emb_send(nh_transport_t *t, const nh_msg_t *m, const char *to_endpoin
     if (insert_copy(e, m, to_endpoint, eid))
       return nh_error_set(err, NH_EFAIL, "enqueue to %s: %s", to_endpoint, sqlite3_errmsg(e->db));
     *copies = 1;
+    if (e->sent_cb) e->sent_cb(e->sent_data, to_endpoint, eid);
     return NH_OK;
   }
   /* Fan-out: collect subscribers first, then insert (no writes during the scan). */
@@ -352,8 +355,10 @@ static int emb_send(nh_transport_t *t, const nh_msg_t *m, const char *to_endpoin
     nh_uuid_v7(eid);   /* each consuming endpoint's copy is its own audit event */
     if (rc == NH_OK && insert_copy(e, m, eps[i], eid))
       rc = nh_error_set(err, NH_EFAIL, "enqueue to %s: %s", eps[i], sqlite3_errmsg(e->db));
-    else if (rc == NH_OK)
+    else if (rc == NH_OK) {
       (*copies)++;
+      if (e->sent_cb) e->sent_cb(e->sent_data, eps[i], eid);
+    }
     free(eps[i]);
   }
   free(eps);
@@ -489,4 +494,30 @@ int nh_embedded_list(sqlite3 *db, const char *endpoint, const char *session, int
   }
   sqlite3_finalize(st);
   return rc == SQLITE_DONE ? n : NH_EFAIL;
+}
+
+void nh_embedded_on_sent(nh_transport_t *t, nh_embedded_sent_cb cb, void *data)
+{
+  embedded_t *e = (embedded_t *)t;
+  e->sent_cb = cb;
+  e->sent_data = data;
+}
+
+int nh_embedded_endpoint_known(sqlite3 *db, const char *endpoint, char *known, size_t len)
+{
+  /* endpoints that ever subscribed here (a host registers its handled types at start) */
+  sqlite3_stmt *st = NULL;
+  known[0] = '\0';
+  if (sqlite3_prepare_v2(db, "SELECT DISTINCT endpoint FROM subscriptions WHERE endpoint NOT LIKE '\\_reply.%' "
+                             "ESCAPE '\\' ORDER BY endpoint", -1, &st, NULL) != SQLITE_OK)
+    return NH_EFAIL;
+  int found = 0;
+  size_t n = 0;
+  while (sqlite3_step(st) == SQLITE_ROW) {
+    const char *ep = (const char *)sqlite3_column_text(st, 0);
+    if (strcmp(ep, endpoint) == 0) found = 1;
+    if (n + strlen(ep) + 3 < len) n += (size_t)snprintf(known + n, len - n, "%s%s", n ? ", " : "", ep);
+  }
+  sqlite3_finalize(st);
+  return found;
 }

@@ -10,6 +10,13 @@
  * names this process in session locks. */
 nh_transport_t *nh_embedded_new(sqlite3 *db, const char *owner, nh_error_t *err);
 
+/* Called for each copy a send queues: the endpoint and the EventId it got. */
+typedef void (*nh_embedded_sent_cb)(void *data, const char *endpoint, const char *event_id);
+void nh_embedded_on_sent(nh_transport_t *t, nh_embedded_sent_cb cb, void *data);
+/* 1 if `endpoint` has subscribed in this store, 0 if not (known gets the ones that have:
+ * "A, B"), NH_EFAIL. */
+int nh_embedded_endpoint_known(sqlite3 *db, const char *endpoint, char *known, size_t len);
+
 /* Work not finished yet, for `events --status queued|running`: the messages in the queue
  * table (on the AMQP transport only operator requests wait there; the broker holds the
  * rest). `running` is a session's head while a live owner holds the session's lock;
