@@ -395,14 +395,13 @@ typedef struct {
   char rows[16][128];
 } hist_t;
 
-static int collect_history(void *data, int64_t at, const char *mid, const char *mtype, const char *status,
-                           const char *detail)
+static int collect_history(void *data, const nh_history_row_t *r)
 {
   hist_t *h = data;
-  if (at <= 0) FAIL("history row without a timestamp");
+  if (r->at <= 0) FAIL("history row without a timestamp");
   if (h->n < 16)
-    snprintf(h->rows[h->n], sizeof h->rows[0], "%s|%s|%s|%s", NH_TEST_STR(mid), NH_TEST_STR(mtype),
-             NH_TEST_STR(status), NH_TEST_STR(detail));
+    snprintf(h->rows[h->n], sizeof h->rows[0], "%s|%s|%s|%s", NH_TEST_STR(r->message_id), NH_TEST_STR(r->message_type),
+             NH_TEST_STR(r->status), NH_TEST_STR(r->detail));
   h->n++;
   return 0;
 }

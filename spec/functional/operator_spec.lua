@@ -88,6 +88,30 @@ describe("operator commands", function()
       assert.same({ "dl", "head", "dl" }, sb:call_tags("s1"))
     end)
 
+    it("keeps every attempt: each failure's error and every body the event ran with, in show's history", function()
+      sb:start(sb:recorder{ types = { "Ok" }, options = "retry = { max_retries = 0 }" })
+      local first = { tag = "r", fail = true, message = "first error: ERP 503" }
+      local row = sb:wait_message(sb:publish("Ok", first, { session = "s1" }), "Failed")
+      local second = nh.encode({ tag = "r", fail = true, message = "second error: bad postal code" })
+      sb:cli_ok({ "resubmit", row.event_id, "--body", second })
+      nh.eventually(function() return sb:call_count("r") == 2 and sb:row(row.event_id).status == "Failed" end, nil,
+                    "the second attempt failed")
+      sb:cli_ok({ "resubmit", row.event_id, "--body", nh.encode({ tag = "r" }) })
+      sb:wait_event(row.event_id, "Completed")
+      local shown = sb:show(row.event_id)
+      local errors, replaced = {}, {}
+      for _, h in ipairs(shown.history) do
+        if h.error_text then errors[#errors + 1] = h.error_text:match("(%a+ error: .*)$") end
+        if h.previous_payload then replaced[#replaced + 1] = nh.decode(h.previous_payload).message end
+      end
+      assert.same({ "first error: ERP 503", "second error: bad postal code" }, errors)
+      assert.same({ "first error: ERP 503", "second error: bad postal code" }, replaced, "the original and the edit")
+      assert.is_nil(shown.error_text, "the audit row shows the latest outcome")
+      local text = sb:cli_ok({ "show", row.event_id })
+      assert.matches("error: [^\n]*first error: ERP 503", text)
+      assert.matches("replaced payload: [^\n]*first error", text)
+    end)
+
     it("of a Completed event needs --force, then runs the handler again and records Completed", function()
       sb:start(sb:recorder{ types = { "Ok" } })
       local m1 = sb:publish("Ok", { tag = "c" }, { session = "s1" })

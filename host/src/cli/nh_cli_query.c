@@ -371,22 +371,32 @@ struct hist_ctx {
   json_t *arr;
 };
 
-static int print_history(void *data, int64_t at, const char *mid, const char *type, const char *status,
-                         const char *detail)
+static int print_history(void *data, const nh_history_row_t *r)
 {
   struct hist_ctx *c = data;
   char ts[40];
-  nh_time_iso8601(at, ts, sizeof ts);
+  nh_time_iso8601(r->at, ts, sizeof ts);
   if (c->json) {
     json_t *o = json_object();
     json_object_set_new(o, "at", json_string(ts));
-    json_object_set_new(o, "message_id", jstr(mid));
-    json_object_set_new(o, "message_type", jstr(type));
-    json_object_set_new(o, "status", jstr(status));
-    json_object_set_new(o, "detail", jstr(detail));
+    json_object_set_new(o, "message_id", jstr(r->message_id));
+    json_object_set_new(o, "message_type", jstr(r->message_type));
+    json_object_set_new(o, "status", jstr(r->status));
+    json_object_set_new(o, "detail", jstr(r->detail));
+    if (r->error_text) json_object_set_new(o, "error_text", jstr(r->error_text));
+    if (r->error_type) json_object_set_new(o, "error_type", jstr(r->error_type));
+    if (r->error_stack) json_object_set_new(o, "error_stack", jstr(r->error_stack));
+    if (r->previous_payload) json_object_set_new(o, "previous_payload", jstr(r->previous_payload));
     json_array_append_new(c->arr, o);
   } else {
-    printf("  %s  %-24s  %-13s  %s\n", ts, type ? type : "-", status ? status : "-", detail ? detail : "");
+    printf("  %s  %-24s  %-13s  %s\n", ts, r->message_type ? r->message_type : "-", r->status ? r->status : "-",
+           r->detail ? r->detail : "");
+    if (r->error_text) {
+      size_t n = strcspn(r->error_text, "\n");
+      printf("  %24s  error: %s%s%.*s\n", "", r->error_type ? r->error_type : "", r->error_type ? ": " : "", (int)n,
+             r->error_text);
+    }
+    if (r->previous_payload) printf("  %24s  replaced payload: %s\n", "", r->previous_payload);
   }
   return 0;
 }

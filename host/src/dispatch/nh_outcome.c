@@ -35,7 +35,13 @@ static void audit_load(nh_dispatch_t *d, nh_job_t *job, nh_audit_t *a)
     if (m->correlation_id) set(&a->correlation_id, m->correlation_id);
     if (m->originating_message_id) set(&a->originating_message_id, m->originating_message_id);
     if (m->body) {
-      free(a->payload);
+      /* a resubmit with a new body: the history keeps the one it replaces */
+      if (a->payload && (strlen(a->payload) != m->body_len || memcmp(a->payload, m->body, m->body_len) != 0)) {
+        free(a->replaced_payload);
+        a->replaced_payload = a->payload;
+      } else {
+        free(a->payload);
+      }
       a->payload = nh_xstrndup(m->body, m->body_len);
     }
   }
@@ -54,10 +60,14 @@ static void audit_status(nh_audit_t *a, const char *status, const char *text, co
 static int audit_write(nh_dispatch_t *d, nh_job_t *job, nh_audit_t *a, const char *detail)
 {
   int rc = nh_store_audit_put(d->store, a);
+  /* each attempt keeps its own error (the audit row shows only the latest) */
+  int failed = nh_audit_unresolved_failure(a->status);
+  nh_history_extra_t x = { failed ? a->error_text : NULL, failed ? a->error_type : NULL,
+                           failed ? a->error_stack : NULL, a->replaced_payload };
   if (!rc)
-    rc = nh_store_history_add(d->store, job->ep->name, a->event_id, job->msg.message_id,
-                              job->src == NH_JOB_RETRY ? "RetryRequest" : nh_msg_type_name(job->msg.type), a->status,
-                              detail);
+    rc = nh_store_history_add_ex(d->store, job->ep->name, a->event_id, job->msg.message_id,
+                                 job->src == NH_JOB_RETRY ? "RetryRequest" : nh_msg_type_name(job->msg.type),
+                                 a->status, detail, &x);
   nh_audit_clear(a);
   return rc;
 }

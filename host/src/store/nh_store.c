@@ -37,11 +37,11 @@ static const char *const stmt_sql[NH_SQL_COUNT] = {
   [NH_SQL_AUDIT_RETEXT] =
     "UPDATE audit SET error_text = ?3 WHERE endpoint = ?1 AND session_id = ?2 AND status = 'Deferred'",
   [NH_SQL_HISTORY_ADD] =
-    "INSERT INTO history(endpoint, event_id, message_id, message_type, status, detail, at)"
-    " VALUES (?1,?2,?3,?4,?5,?6,?7)",
+    "INSERT INTO history(endpoint, event_id, message_id, message_type, status, detail, at, error_text, error_type,"
+    " error_stack, previous_payload) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11)",
   [NH_SQL_HISTORY_LIST] =
-    "SELECT at, message_id, message_type, status, detail FROM history WHERE endpoint = ?1 AND event_id = ?2"
-    " ORDER BY id",
+    "SELECT at, message_id, message_type, status, detail, error_text, error_type, error_stack, previous_payload"
+    " FROM history WHERE endpoint = ?1 AND event_id = ?2 ORDER BY id",
   [NH_SQL_SESSION_GET] =
     "SELECT blocked_by, draining, retry_due, next_park_seq FROM sessions WHERE endpoint = ?1 AND session_id = ?2",
   [NH_SQL_SESSION_PUT] =

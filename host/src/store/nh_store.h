@@ -34,6 +34,7 @@ typedef struct nh_audit {
   char *result;                   /* hand-off result JSON */
   char *error_stack;              /* Lua traceback of a failure */
   int64_t created_at, updated_at;
+  char *replaced_payload;         /* not stored in audit: the payload a new body replaced (history keeps it) */
 } nh_audit_t;
 
 typedef struct nh_session_state {
@@ -181,8 +182,20 @@ int nh_store_bulk_done(nh_store_t *s, const char *key);
 int nh_store_history_add(nh_store_t *s, const char *endpoint, const char *event_id,
                          const char *message_id, const char *message_type, const char *status,
                          const char *detail);
-typedef int (*nh_history_cb)(void *data, int64_t at, const char *message_id, const char *message_type,
-                             const char *status, const char *detail);
+/* What an attempt leaves besides its status: the error of a failed one, and the payload
+ * a resubmit with a new body replaced (so every body the event ran with is kept). */
+typedef struct nh_history_extra {
+  const char *error_text, *error_type, *error_stack, *previous_payload;
+} nh_history_extra_t;
+int nh_store_history_add_ex(nh_store_t *s, const char *endpoint, const char *event_id, const char *message_id,
+                            const char *message_type, const char *status, const char *detail,
+                            const nh_history_extra_t *x);
+typedef struct nh_history_row {
+  int64_t at;
+  const char *message_id, *message_type, *status, *detail;
+  const char *error_text, *error_type, *error_stack, *previous_payload;
+} nh_history_row_t;
+typedef int (*nh_history_cb)(void *data, const nh_history_row_t *row);
 int nh_store_history_list(nh_store_t *s, const char *endpoint, const char *event_id, nh_history_cb cb,
                           void *data);
 

@@ -53,6 +53,7 @@ void nh_audit_clear(nh_audit_t *a)
   free(a->status); free(a->sub_status); free(a->error_text); free(a->error_type);
   free(a->handoff_reason); free(a->external_job_id); free(a->message_id);
   free(a->correlation_id); free(a->originating_message_id); free(a->payload); free(a->result); free(a->error_stack);
+  free(a->replaced_payload);
   memset(a, 0, sizeof *a);
 }
 
@@ -80,6 +81,7 @@ int nh_store_audit_put(nh_store_t *s, const nh_audit_t *a)
 
 void nh_store_audit_read(sqlite3_stmt *st, nh_audit_t *a)
 {
+  memset(a, 0, sizeof *a);   /* callers pass uninitialised structs; fields not stored must be NULL */
   a->endpoint = nh_sqlite_col_strdup(st, 0);
   a->event_id = nh_sqlite_col_strdup(st, 1);
   a->session_id = nh_sqlite_col_strdup(st, 2);
@@ -159,14 +161,24 @@ int nh_store_audit_retext_deferred(nh_store_t *s, const char *endpoint, const ch
 
 /* ---- history ---- */
 
-int nh_store_history_add(nh_store_t *s, const char *endpoint, const char *event_id, const char *message_id,
-                         const char *message_type, const char *status, const char *detail)
+int nh_store_history_add_ex(nh_store_t *s, const char *endpoint, const char *event_id, const char *message_id,
+                            const char *message_type, const char *status, const char *detail,
+                            const nh_history_extra_t *x)
 {
   sqlite3_stmt *st = stmt(s, NH_SQL_HISTORY_ADD);
   T(st, 1, endpoint); T(st, 2, event_id); T(st, 3, message_id); T(st, 4, message_type);
   T(st, 5, status); T(st, 6, detail);
   sqlite3_bind_int64(st, 7, nh_time_now_ms());
+  if (x) {
+    T(st, 8, x->error_text); T(st, 9, x->error_type); T(st, 10, x->error_stack); T(st, 11, x->previous_payload);
+  }
   return done(s, st, "history add");
+}
+
+int nh_store_history_add(nh_store_t *s, const char *endpoint, const char *event_id, const char *message_id,
+                         const char *message_type, const char *status, const char *detail)
+{
+  return nh_store_history_add_ex(s, endpoint, event_id, message_id, message_type, status, detail, NULL);
 }
 
 int nh_store_history_list(nh_store_t *s, const char *endpoint, const char *event_id, nh_history_cb cb,
@@ -177,10 +189,18 @@ int nh_store_history_list(nh_store_t *s, const char *endpoint, const char *event
   int n = 0;
   while (sstep(s, st) == SQLITE_ROW) {
     n++;
-    if (cb(data, sqlite3_column_int64(st, 0), (const char *)sqlite3_column_text(st, 1),
-           (const char *)sqlite3_column_text(st, 2), (const char *)sqlite3_column_text(st, 3),
-           (const char *)sqlite3_column_text(st, 4)))
-      break;
+    nh_history_row_t r = {
+      .at = sqlite3_column_int64(st, 0),
+      .message_id = (const char *)sqlite3_column_text(st, 1),
+      .message_type = (const char *)sqlite3_column_text(st, 2),
+      .status = (const char *)sqlite3_column_text(st, 3),
+      .detail = (const char *)sqlite3_column_text(st, 4),
+      .error_text = (const char *)sqlite3_column_text(st, 5),
+      .error_type = (const char *)sqlite3_column_text(st, 6),
+      .error_stack = (const char *)sqlite3_column_text(st, 7),
+      .previous_payload = (const char *)sqlite3_column_text(st, 8),
+    };
+    if (cb(data, &r)) break;
   }
   finish(st);
   return n;

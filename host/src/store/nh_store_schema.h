@@ -59,6 +59,10 @@ static const char *const nh_store_migrations[] = {
   "CREATE INDEX audit_status ON audit(status, endpoint, updated_at);"
   "CREATE INDEX audit_session ON audit(endpoint, session_id, status);"
   "CREATE INDEX audit_group ON audit(fail_group, endpoint) WHERE fail_group IS NOT NULL;"
+  "ALTER TABLE history ADD COLUMN error_text TEXT;"   /* every failed attempt keeps its error */
+  "ALTER TABLE history ADD COLUMN error_type TEXT;"
+  "ALTER TABLE history ADD COLUMN error_stack TEXT;"
+  "ALTER TABLE history ADD COLUMN previous_payload TEXT;"   /* the body a resubmit replaced */
   "CREATE INDEX inbox_at ON inbox(at);"           /* retention deletes by age */
   "CREATE INDEX processed_at ON processed(at);"
   "CREATE TABLE hosts ("                            /* running hosts and their endpoints */
