@@ -100,7 +100,7 @@ end)
 ]]):format(sb.calls_path))
     sb:spawn(path)
     local row = sb:wait_message(sb:publish("ErpCustomerCreated", { AccountId = "A1" }, { session = "A1" }), "Completed")
-    sb:cli_ok({ "resubmit", row.event_id })
+    sb:cli_ok({ "resubmit", row.event_id, "--force" })   -- a Completed event: only when asked to
     local skipped = sb:wait_event(row.event_id, "Skipped")
     assert.are.equal("DuplicateDetected", skipped.error_text)
     assert.are.equal("called\n", nh.read(sb.calls_path))
