@@ -76,6 +76,16 @@ static void retire(nh_dispatch_t *d, nh_vm_t *old)
   nh_vm_set_deadline(old, nh_time_now_ms() + NH_RETIRE_DEADLINE_MS);
 }
 
+/* The endpoints a refused generation registered. */
+static void drop_pending(nh_dispatch_t *d)
+{
+  while (d->pending_eps) {
+    nh_endpoint_t *ep = d->pending_eps;
+    d->pending_eps = ep->next;
+    nh_endpoint_free(ep);
+  }
+}
+
 static int check_subscriptions(nh_dispatch_t *d, nh_adapter_t *a, nh_error_t *err)
 {
   if (!d->tr->vt->subscribe_check) return NH_OK;
@@ -113,11 +123,7 @@ static int reload_one(nh_dispatch_t *d, nh_adapter_t *a, nh_error_t *err)
       nh_error_set(err, NH_EUSAGE, "%s defines no endpoint", a->path);
       nh_vm_close(vm);
     }
-    while (d->pending_eps) {
-      nh_endpoint_t *ep = d->pending_eps;
-      d->pending_eps = ep->next;
-      nh_endpoint_free(ep);
-    }
+    drop_pending(d);
     return NH_EFAIL;
   }
   /* Validate, then swap (Fluent Bit's rule): a subscription the store would refuse (a
@@ -125,11 +131,7 @@ static int reload_one(nh_dispatch_t *d, nh_adapter_t *a, nh_error_t *err)
    * serving with its subscriptions untouched. */
   if (check_subscriptions(d, a, err)) {
     nh_vm_close(vm);
-    while (d->pending_eps) {
-      nh_endpoint_t *ep = d->pending_eps;
-      d->pending_eps = ep->next;
-      nh_endpoint_free(ep);
-    }
+    drop_pending(d);
     return NH_EFAIL;
   }
   /* swap: endpoints of the old generation not defined any more stop taking work */
