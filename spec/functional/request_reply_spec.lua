@@ -105,4 +105,23 @@ end)
     assert.are.equal("DuplicateDetected", skipped.error_text)
     assert.are.equal("called\n", nh.read(sb.calls_path))
   end)
+
+  it("runs a forced resubmit with a new body on an inbox endpoint (a new intent, not a duplicate) and records it", function()
+    local path = sb:adapter("a.lua", ([[
+local nimbus = require("nimbus")
+nimbus.endpoint("Crm", { inbox = true }):on("ErpCustomerCreated", function(e)
+  local f = assert(io.open(%q, "a")) f:write("called ", e.AccountId, "\n") f:close()
+end)
+]]):format(sb.calls_path))
+    sb:spawn(path)
+    local row = sb:wait_message(sb:publish("ErpCustomerCreated", { AccountId = "A1" }, { session = "A1" }), "Completed")
+    sb:cli_ok({ "resubmit", row.event_id, "--force", "--body", '{"AccountId":"A1-fixed"}' })
+    nh.eventually(function() return nh.read(sb.calls_path) == "called A1\ncalled A1-fixed\n" end, nil,
+                  "the handler to run with the new body")
+    local shown = sb:wait_event(row.event_id, "Completed") and sb:show(row.event_id)
+    assert.are.equal('{"AccountId":"A1-fixed"}', shown.payload)
+    local replaced
+    for _, h in ipairs(shown.history) do replaced = replaced or h.previous_payload end
+    assert.are.equal('{"AccountId":"A1"}', replaced)
+  end)
 end)

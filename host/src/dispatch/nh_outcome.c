@@ -326,14 +326,18 @@ int nh_dispatch_route(nh_dispatch_t *d, nh_job_t *job)
     /* A parked event replays in order; running it now as well would run it twice. */
     nh_audit_t a;
     memset(&a, 0, sizeof a);
-    int parked = nh_store_audit_get(d->store, ep->name, m->event_id, &a) == 1 && a.status &&
-                 strcmp(a.status, NH_ST_DEFERRED) == 0;
+    int found = nh_store_audit_get(d->store, ep->name, m->event_id, &a) == 1;
+    int parked = found && a.status && strcmp(a.status, NH_ST_DEFERRED) == 0;
+    /* a new body is a new intent, not a duplicate of the message the inbox holds */
+    int new_body = found && m->body &&
+                   (!a.payload || strlen(a.payload) != m->body_len || memcmp(a.payload, m->body, m->body_len) != 0);
     nh_audit_clear(&a);
     if (parked) {
       rc = nh_store_history_add(d->store, ep->name, m->event_id, m->message_id, "ResubmissionRequest", "Rejected",
                                 "resubmit rejected: the event is parked and will replay in order");
       if (!rc) rc = settle(d, job, NH_SETTLE_COMPLETE, 0, NULL);
-    } else if (ep->inbox && m->parent_message_id && nh_store_inbox_has(d->store, ep->name, m->parent_message_id)) {
+    } else if (ep->inbox && !new_body && m->parent_message_id &&
+               nh_store_inbox_has(d->store, ep->name, m->parent_message_id)) {
       /* the inbox already holds the message this resubmits: its effects happened once */
       nh_audit_t dup;
       audit_load(d, job, &dup);
