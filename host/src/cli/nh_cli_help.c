@@ -16,6 +16,7 @@ void nh_cli_help_to(FILE *out)
     "      --retention AGE       delete resolved events older than AGE (7d) in the background\n"
     "  nimbus-host publish TYPE [JSON|@file] [--session S] [--correlation-id C] [--to ENDPOINT] [--raw]\n"
     "      [--transport URL]     send over AMQP; returns once the broker accepted it\n"
+    "      [--message-id ID]     idempotent: the same ID within 24 h is stored once\n"
     "  nimbus-host events [FILTERS] [--limit N] [--count] [--follow] [--json]\n"
     "      --status queued|running   work not finished yet (the embedded queue), oldest first\n"
     "  nimbus-host show EVENT_ID [--json]     history and current state of one event\n"

@@ -57,9 +57,24 @@ typedef struct amqp_pub {
   uv_timer_t poll;
   int polling;
   int64_t deadline;
-  int done, failed, sent;
+  int done, failed, sent, dedup, duplicate;
   char why[1024];
 } amqp_pub_t;
+
+/* publish --message-id: the MessageId is claimed in the store (in the caller's open
+ * transaction); 0 when it was published within the dedup window, after saying so. */
+static int claim_message_id(nh_store_t *s, const char *message_id)
+{
+  int64_t now = nh_time_now_ms(), at = 0;
+  int c = nh_store_published_claim(s, message_id, now, now - NH_DEDUP_WINDOW_MS, &at);
+  if (c == 0) {
+    char when[40];
+    nh_time_iso8601(at, when, sizeof when);
+    fprintf(stderr, "nimbus-host publish: MessageId %s was already published at %s (within the dedup window of "
+                    "24 h): not stored again\n", message_id, when);
+  }
+  return c;
+}
 
 static void pub_finish(amqp_pub_t *p)
 {
@@ -123,7 +138,23 @@ static void pub_probed(void *data, int found, const char *why)
   }
   nh_error_t err = {0};
   int copies = 0;
-  if (nh_store_begin(p->store) || p->tr->vt->send(p->tr, p->m, p->to, &copies, &err) || nh_store_commit(p->store)) {
+  if (nh_store_begin(p->store) == NH_OK && p->dedup) {
+    int c = claim_message_id(p->store, p->m->message_id);
+    if (c <= 0) {
+      nh_store_rollback(p->store);
+      if (c == 0) {
+        p->duplicate = 1;
+        pub_finish(p);
+      } else {
+        pub_fail(p, nh_store_errmsg(p->store));
+      }
+      return;
+    }
+  } else if (!nh_store_in_tx(p->store)) {
+    pub_fail(p, nh_store_errmsg(p->store));
+    return;
+  }
+  if (p->tr->vt->send(p->tr, p->m, p->to, &copies, &err) || nh_store_commit(p->store)) {
     nh_store_rollback(p->store);
     pub_fail(p, err.msg[0] ? err.msg : nh_store_errmsg(p->store));
     return;
@@ -135,7 +166,7 @@ static void pub_probed(void *data, int found, const char *why)
 
 /* `publish --transport amqp://...`: the message goes through the store's outbox like
  * every other send, and the command returns once the broker accepted it. */
-static int publish_amqp(const char *url, const char *store_path, nh_msg_t *m, const char *to)
+static int publish_amqp(const char *url, const char *store_path, nh_msg_t *m, const char *to, int dedup)
 {
   nh_error_t err = {0};
   nh_store_t *store = NULL;
@@ -150,6 +181,7 @@ static int publish_amqp(const char *url, const char *store_path, nh_msg_t *m, co
   p.store = store;
   p.m = m;
   p.to = to;
+  p.dedup = dedup;
   char owner[200], hostn[128] = "localhost";
   gethostname(hostn, sizeof hostn - 1);
   snprintf(owner, sizeof owner, "%s:%ld:publish", hostn, (long)getpid());
@@ -178,7 +210,7 @@ static int publish_amqp(const char *url, const char *store_path, nh_msg_t *m, co
       fprintf(stderr, "nimbus-host publish: %s\n", p.why);
       rc = NH_EXIT_FAIL;
     } else {
-      printf("%s\n", m->message_id);
+      printf("%s\n", m->message_id);   /* a duplicate too: the caller's id, already published */
     }
   }
   nh_store_close(store);
@@ -206,7 +238,8 @@ static void on_sent(void *data, const char *endpoint, const char *event_id)
 int nh_cmd_publish(int argc, char **argv)
 {
   static const nh_opt_spec_t specs[] = {
-    { "--session", 1 }, { "--correlation-id", 1 }, { "--to", 1 }, { "--raw", 0 }, { "--transport", 1 }, { NULL, 0 },
+    { "--session", 1 }, { "--correlation-id", 1 }, { "--to", 1 }, { "--raw", 0 }, { "--transport", 1 },
+    { "--message-id", 1 }, { NULL, 0 },
   };
   nh_args_t a;
   int rc = nh_args_parse(&a, "publish", argc, argv, 2, specs);
@@ -240,7 +273,12 @@ int nh_cmd_publish(int argc, char **argv)
   nh_msg_t m;
   memset(&m, 0, sizeof m);
   m.session_id = (char *)(nh_args_get(&a, "--session") ? nh_args_get(&a, "--session") : sess);
-  m.message_id = mid;
+  const char *given_id = nh_args_get(&a, "--message-id");
+  if (given_id && (!*given_id || strlen(given_id) > 200 || !nh_cli_valid_utf8(given_id))) {
+    free(body);
+    return nh_usage_error("publish", "--message-id must be a UTF-8 text of 1 to 200 characters");
+  }
+  m.message_id = given_id ? (char *)given_id : mid;
   m.event_type = (char *)type;
   m.type = NH_MT_EVENT;
   m.correlation_id = (char *)(nh_args_get(&a, "--correlation-id") ? nh_args_get(&a, "--correlation-id") : corr);
@@ -248,7 +286,7 @@ int nh_cmd_publish(int argc, char **argv)
   m.body_len = strlen(body);
   m.enqueued_at = nh_time_now_ms();
   if (nh_amqp_is_url(transport)) {
-    rc = publish_amqp(transport, a.store, &m, nh_args_get(&a, "--to"));
+    rc = publish_amqp(transport, a.store, &m, nh_args_get(&a, "--to"), given_id != NULL);
     free(body);
     return rc;
   }
@@ -273,21 +311,28 @@ int nh_cmd_publish(int argc, char **argv)
   }
   struct sent_ctx sc = { 0 };
   nh_embedded_on_sent(c.tr, on_sent, &sc);
-  if (nh_store_begin(c.store) || c.tr->vt->send(c.tr, &m, to, &copies, &err) ||
-      nh_store_commit(c.store)) {
-    nh_error_t why = {0};
-    nh_store_explain(c.store, "queueing the message", &why);   /* before the rollback clears the error */
-    nh_store_rollback(c.store);
-    fprintf(stderr, "nimbus-host publish: %s; nothing was queued\n", why.msg);
-    rc = NH_EXIT_FAIL;
-  } else if (copies == 0) {
+  /* one transaction: the MessageId claim (with --message-id), the copies, or nothing */
+  int claimed = 1, failed = nh_store_begin(c.store) != NH_OK;
+  if (!failed && given_id) failed = (claimed = claim_message_id(c.store, given_id)) < 0;
+  if (!failed && claimed == 1) failed = c.tr->vt->send(c.tr, &m, to, &copies, &err) != NH_OK;
+  if (!failed && claimed == 0) {
+    nh_store_rollback(c.store);   /* published before: stdout still names it */
+    printf("%s\n", m.message_id);
+  } else if (!failed && copies == 0) {
+    nh_store_rollback(c.store);   /* nothing queued: the MessageId stays free for a retry */
     fprintf(stderr,
             "nimbus-host publish: no endpoint subscribes to %s, so nothing was queued; start a host whose adapter "
             "handles it (ep:on(\"%s\", ...)) first, or address an endpoint with --to\n",
             type, type);
     rc = NH_EXIT_FAIL;
+  } else if (failed || nh_store_commit(c.store)) {
+    nh_error_t why = {0};
+    nh_store_explain(c.store, "queueing the message", &why);   /* before the rollback clears the error */
+    nh_store_rollback(c.store);
+    fprintf(stderr, "nimbus-host publish: %s; nothing was queued\n", err.msg[0] ? err.msg : why.msg);
+    rc = NH_EXIT_FAIL;
   } else {
-    printf("%s\n", mid);
+    printf("%s\n", m.message_id);
     /* stdout stays the MessageId (scripts read it); `show` takes these */
     for (int i = 0; i < sc.n; i++) fprintf(stderr, "queued as event %s for %s\n", sc.eid[i], sc.ep[i]);
     if (sc.more) fprintf(stderr, "... and %d more copies\n", sc.more);

@@ -370,6 +370,7 @@ void nh_store_set_txn_hook(nh_store_t *s, nh_store_txn_cb cb, void *data)
 }
 
 int nh_store_failed(nh_store_t *s) { return s->failed || s->outer_failed; }
+int nh_store_in_tx(nh_store_t *s) { return s->in_tx; }
 
 int nh_store_savepoint(nh_store_t *s)
 {

@@ -75,6 +75,7 @@ int nh_store_savepoint(nh_store_t *s);
 int nh_store_savepoint_end(nh_store_t *s);
 void nh_store_savepoint_rollback(nh_store_t *s);
 int nh_store_failed(nh_store_t *s);
+int nh_store_in_tx(nh_store_t *s);
 /* The last error said for an operator: the cause (disk full, read-only, I/O error,
  * permissions, damage) and what to do, into err; returns err->msg. */
 const char *nh_store_explain(nh_store_t *s, const char *doing, nh_error_t *err);
@@ -158,6 +159,13 @@ int nh_store_purge_count(nh_store_t *s, int64_t resolved_before, int64_t inbox_b
 /* Gives freed pages back to the file system (stores created with incremental vacuum),
  * at most `pages` per call; a no-op on older stores, whose freed pages are reused. */
 void nh_store_vacuum_step(nh_store_t *s, int pages);
+
+/* Idempotent publishing: a publish whose caller chose the MessageId (publish
+ * --message-id, nimbus.publish{message_id = ...}) claims it in the open transaction.
+ * 1: first time (publish it), 0: already published since `since` (*at gets when; do not
+ * publish again), NH_EFAIL. Older claims are replaced (the window has passed). */
+#define NH_DEDUP_WINDOW_MS (24LL * 3600 * 1000)
+int nh_store_published_claim(nh_store_t *s, const char *message_id, int64_t now, int64_t since, int64_t *at);
 
 /* Running hosts (`hosts`): each host writes its row at start with its endpoints as
  * ",A,B,", refreshes seen_at while it runs and deletes it at stop, so an operator

@@ -341,6 +341,33 @@ int nh_store_failgroup_exists(nh_store_t *s, const char *group)
   return rc == SQLITE_ROW;
 }
 
+/* ---- idempotent publishing ---- */
+
+int nh_store_published_claim(nh_store_t *s, const char *message_id, int64_t now, int64_t since, int64_t *at)
+{
+  sqlite3_stmt *st = NULL;
+  if (sqlite3_prepare_v2(s->db, "SELECT at FROM published WHERE message_id = ?1", -1, &st, NULL) != SQLITE_OK)
+    return NH_EFAIL;
+  nh_sqlite_bind_text(st, 1, message_id);
+  int rc = sqlite3_step(st);
+  int64_t prev = rc == SQLITE_ROW ? sqlite3_column_int64(st, 0) : 0;
+  sqlite3_finalize(st);
+  if (rc != SQLITE_ROW && rc != SQLITE_DONE) return NH_EFAIL;
+  if (rc == SQLITE_ROW && prev >= since) {
+    if (at) *at = prev;
+    return 0;
+  }
+  if (sqlite3_prepare_v2(s->db, "INSERT OR REPLACE INTO published(message_id, at) VALUES (?1, ?2)", -1, &st, NULL) !=
+      SQLITE_OK)
+    return NH_EFAIL;
+  nh_sqlite_bind_text(st, 1, message_id);
+  sqlite3_bind_int64(st, 2, now);
+  rc = nh_sqlite_step_done(s->db, st, "published claim");
+  sqlite3_finalize(st);
+  if (rc) s->failed = 1;
+  return rc ? NH_EFAIL : 1;
+}
+
 /* ---- running hosts ---- */
 
 int nh_store_host_put(nh_store_t *s, const char *owner, const char *endpoints_csv, int64_t started_at, int64_t now)
@@ -550,6 +577,12 @@ int nh_store_purge(nh_store_t *s, int64_t resolved_before, int64_t inbox_before,
       exec_count(s, "DELETE FROM processed WHERE (endpoint, message_id, event_id) IN"
                     " (SELECT endpoint, message_id, event_id FROM processed WHERE at < ?1 LIMIT 1000)",
                  resolved_before, &processed))
+    rc = NH_EFAIL;
+  int64_t dedup = 0;   /* claims past the dedup window guard nothing any more */
+  if (rc == NH_OK &&
+      exec_count(s, "DELETE FROM published WHERE message_id IN"
+                    " (SELECT message_id FROM published WHERE at < ?1 LIMIT 1000)",
+                 nh_time_now_ms() - NH_DEDUP_WINDOW_MS, &dedup))
     rc = NH_EFAIL;
   if (rc == NH_OK && inbox_before > 0 &&
       exec_count(s, "DELETE FROM inbox WHERE (endpoint, message_id) IN"

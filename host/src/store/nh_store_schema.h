@@ -68,6 +68,9 @@ static const char *const nh_store_migrations[] = {
   "CREATE TABLE hosts ("                            /* running hosts and their endpoints */
   "  owner TEXT PRIMARY KEY, endpoints TEXT NOT NULL, started_at INTEGER NOT NULL, seen_at INTEGER NOT NULL)"
   "  WITHOUT ROWID;"
+  "CREATE TABLE published ("                        /* publishes with a MessageId the caller chose */
+  "  message_id TEXT PRIMARY KEY, at INTEGER NOT NULL) WITHOUT ROWID;"
+  "CREATE INDEX published_at ON published(at);"
   "CREATE TABLE bulk_runs ("
   "  key TEXT PRIMARY KEY, cutoff INTEGER NOT NULL, started_at INTEGER NOT NULL, owner TEXT,"
   "  queued INTEGER NOT NULL DEFAULT 0) WITHOUT ROWID;",
