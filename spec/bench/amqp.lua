@@ -138,24 +138,7 @@ end
 ---------------------------------------------------------------------------- processes
 local procs = {}
 
-local function proc_kb(pid, key)
-  local st = read_file("/proc/" .. pid .. "/status") or ""
-  local kb = st:match("\n" .. key .. ":%s+(%d+) kB")
-  return kb and tonumber(kb)
-end
-
-local CLK_TCK = tonumber((sh("getconf CLK_TCK 2>/dev/null"))) or 100
-
--- utime + stime of a live process, in seconds
-local function proc_cpu(pid)
-  local st = read_file("/proc/" .. pid .. "/stat")
-  if not st then return nil end
-  local rest = st:match("^.*%)%s+(.*)$")   -- after "pid (comm)"; comm may hold spaces or ')'
-  local f = {}
-  for w in rest:gmatch("%S+") do f[#f + 1] = w end
-  -- fields from 3 (state) on: utime is field 14, stime 15
-  return (tonumber(f[12]) + tonumber(f[13])) / CLK_TCK
-end
+local proc_kb, proc_cpu = B.proc_field, B.proc_cpu
 
 -- Runs `cmd` in the background under a `sh` wrapper that records its pid ($!) and, when it
 -- ends, its exit status; stdin from `stdin` (/dev/null), stdout to h.out, stderr to h.log.

@@ -18,12 +18,8 @@
 --   consume    consumer only: drains the pre-loaded queue
 local nimbus = require("nimbus")
 local core = require("nimbus.core")
-local cjson = require("cjson")
-
-local function env_int(name, default)
-  local v = tonumber(os.getenv(name) or "")
-  return v and math.tointeger(v) or default
-end
+local B = require("benchlib")   -- spec/bench/benchlib.lua (the adapter's directory is on package.path)
+local env_int = B.env_int
 
 local MODE = os.getenv("BENCH_MODE") or "e2e"
 local N = env_int("BENCH_N", 50000)
@@ -38,13 +34,7 @@ if not RESULT then error("BENCH_RESULT (the result file) is not set; run spec/be
 
 local now = core.now   -- seconds since the epoch, ms resolution
 
-local function write_result(t)
-  local tmp = RESULT .. ".tmp"
-  local f = assert(io.open(tmp, "w"))
-  f:write(cjson.encode(t), "\n")
-  f:close()
-  assert(os.rename(tmp, RESULT))   -- the runner never sees a half-written file
-end
+local function write_result(t) B.write_json(RESULT, t) end
 
 local published, consumed = 0, 0
 local start_pending = false         -- a BenchStart is queued or running

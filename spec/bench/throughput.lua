@@ -22,14 +22,9 @@
 local system = require("system")
 local cjson = require("cjson")
 local B = dofile((arg[0]:match("^(.*)/[^/]*$") or ".") .. "/benchlib.lua")
-local env_int, sh_quote, sh, read_file, write_file, die, alive, mb =
-  B.env_int, B.sh_quote, B.sh, B.read_file, B.write_file, B.die, B.alive, B.mb
+local env_int, sh_quote, sh, read_file, die, alive, mb = B.env_int, B.sh_quote, B.sh, B.read_file, B.die, B.alive, B.mb
 
-local HOST = arg[1] or os.getenv("NIMBUS_HOST")
-if not HOST then
-  io.stderr:write("usage: nimbus-host -l spec/bench/throughput.lua NIMBUS_HOST_BINARY\n")
-  os.exit(2)
-end
+local HOST = B.host_binary("throughput.lua")
 
 local N = env_int("BENCH_N", 50000)
 local SESSIONS = env_int("BENCH_SESSIONS", 1000)
@@ -41,53 +36,17 @@ local STRICT = os.getenv("BENCH_STRICT") == "1"
 local DEADLINE_S = env_int("BENCH_DEADLINE", 110)   -- whole bench; each phase gets what is left
 local t_bench0 = system.monotime()
 
-if not os.execute("test -x " .. ("'" .. HOST:gsub("'", "'\\''") .. "'")) then
-  io.stderr:write("bench: " .. HOST .. " is not an executable nimbus-host binary (build it: make build)\n")
-  os.exit(2)
-end
-
-local here = (arg[0]:match("^(.*)/[^/]*$") or ".")
-local ADAPTER = here .. "/bench_adapter.lua"
+local ADAPTER = B.dir .. "/bench_adapter.lua"
 
 ---------------------------------------------------------------------------- processes
-local TMP = (sh("mktemp -d -t nimbus-bench.XXXXXX")):gsub("%s+$", "")
-assert(TMP ~= "" and TMP:match("nimbus%-bench"), "mktemp failed")
-
-local hosts = {}          -- every host started, for cleanup
-
-local function proc_field(pid, key)
-  local st = read_file("/proc/" .. pid .. "/status") or ""
-  local kb = st:match("\n" .. key .. ":%s+(%d+) kB")
-  return kb and tonumber(kb)
-end
-
--- Starts a host in the background; returns a handle with pid, log and rc paths.
--- A `sh` wrapper waits for it so its exit status is recorded.
--- Runs `cmd` in the background under a `sh` wrapper that records its pid ($!) and,
--- when it ends, its exit status; stderr goes to h.log.
-local function spawn(h, cmd)
-  h.log, h.rcfile, h.pidfile = TMP .. "/" .. h.name .. ".log", TMP .. "/" .. h.name .. ".rc",
-                               TMP .. "/" .. h.name .. ".pid"
-  local inner = cmd .. " </dev/null 2>" .. sh_quote(h.log) .. " >&2 & echo $! > " .. sh_quote(h.pidfile) ..
-                "; wait $!; echo $? > " .. sh_quote(h.rcfile)
-  local ok = os.execute("sh -c " .. sh_quote(inner) .. " >/dev/null 2>&1 &")
-  if not ok then die("cannot start " .. h.name) end
-  local t0 = system.monotime()
-  while not h.pid do
-    local s = read_file(h.pidfile)
-    if s and s:match("%d+\n") then h.pid = tonumber(s:match("%d+")) end
-    if system.monotime() - t0 > 10 then die(h.name .. ": no pid after 10 s") end
-    if not h.pid then system.sleep(0.005) end
-  end
-  hosts[#hosts + 1] = h
-  return h
-end
+local TMP = B.tmpdir("nimbus-bench")
+local hosts = B.hosts(TMP)   -- every host started, for the clean-up
 
 -- Starts a host on the bench adapter in the given mode.
 local function start_host(name, mode, store, extra_env)
-  local h = { name = name, result = TMP .. "/" .. name .. ".json" }
+  local result = TMP .. "/" .. name .. ".json"
   local env = {
-    "BENCH_MODE=" .. mode, "BENCH_RESULT=" .. sh_quote(h.result), "BENCH_N=" .. N,
+    "BENCH_MODE=" .. mode, "BENCH_RESULT=" .. sh_quote(result), "BENCH_N=" .. N,
     "BENCH_SESSIONS=" .. SESSIONS, "BENCH_CHUNK=" .. CHUNK, "BENCH_CONCURRENCY=" .. CONC,
     "BENCH_WINDOW=" .. WINDOW,
   }
@@ -95,62 +54,12 @@ local function start_host(name, mode, store, extra_env)
   for _, e in ipairs(extra_env or {}) do env[#env + 1] = e end
   local cmd = table.concat(env, " ") .. " " .. sh_quote(HOST) .. " " .. sh_quote(ADAPTER) .. " --store " ..
               sh_quote(store) .. " --no-reload"
-  return spawn(h, cmd)
+  local h = hosts:spawn(name, cmd)
+  h.result = result
+  return h
 end
 
-local function host_log(h) return read_file(h.log) or "" end
-
--- The host logs `ready:` (info) once its endpoints are subscribed and dispatching.
-local function wait_ready(h, timeout)
-  local t0 = system.monotime()
-  while true do
-    local log = host_log(h)
-    if log:match("ready:") then return end
-    if not alive(h.pid) then die(h.name .. ": host exited during start-up:\n" .. log) end
-    if system.monotime() - t0 > timeout then die(h.name .. ": no `ready:` line after " .. timeout .. " s:\n" .. log) end
-    system.sleep(0.005)
-  end
-end
-
-local function stop_host(h, timeout)
-  if h.stopped then return h.rc end
-  if alive(h.pid) then os.execute("kill -TERM " .. h.pid .. " 2>/dev/null") end
-  local t0 = system.monotime()
-  while alive(h.pid) do
-    if system.monotime() - t0 > (timeout or 15) then
-      os.execute("kill -KILL " .. h.pid .. " 2>/dev/null")
-      system.sleep(0.1)
-      break
-    end
-    system.sleep(0.01)
-  end
-  -- the wrapper shell writes the status right after the host exits
-  local t1 = system.monotime()
-  local rc
-  repeat
-    rc = tonumber((read_file(h.rcfile) or ""):match("%d+"))
-    if not rc then system.sleep(0.01) end
-  until rc or system.monotime() - t1 > 2
-  h.stopped, h.rc = true, rc
-  return rc
-end
-
-local function cleanup()
-  for _, h in ipairs(hosts) do
-    if not h.stopped and h.pid and alive(h.pid) then os.execute("kill -KILL " .. h.pid .. " 2>/dev/null") end
-  end
-  -- wait for them (and their wrapper shells, which write the .rc files) to be gone
-  for _, h in ipairs(hosts) do
-    local t0 = system.monotime()
-    while h.pid and (alive(h.pid) or not read_file(h.rcfile)) and system.monotime() - t0 < 5 do system.sleep(0.01) end
-    h.stopped = true
-  end
-  if os.getenv("BENCH_KEEP") == "1" then
-    io.stderr:write("bench: kept " .. TMP .. "\n")
-  else
-    os.execute("rm -rf " .. sh_quote(TMP))
-  end
-end
+local function cleanup() hosts:cleanup(os.getenv("BENCH_KEEP") == "1") end
 
 local function remaining()
   return DEADLINE_S - (system.monotime() - t_bench0)
@@ -169,15 +78,15 @@ local function wait_result(h, budget)
   while true do
     local s = read_file(h.result)
     if s then
-      h.hwm_kb = proc_field(h.pid, "VmHWM")
+      h.hwm_kb = B.proc_field(h.pid, "VmHWM")
       local io_ = read_file("/proc/" .. h.pid .. "/io") or ""
       h.wchar = tonumber(io_:match("wchar:%s*(%d+)"))
       h.rchar = tonumber(io_:match("rchar:%s*(%d+)"))
       return cjson.decode(s)
     end
-    if not alive(h.pid) then die(h.name .. ": host exited before finishing:\n" .. host_log(h)) end
+    if not alive(h.pid) then hosts:died(h) end
     local el = system.monotime() - t0
-    if el > budget then die(("%s: not finished after %.0f s:\n%s"):format(h.name, el, host_log(h):sub(-2000))) end
+    if el > budget then die(("%s: not finished after %.0f s:\n%s"):format(h.name, el, hosts:log_tail(h))) end
     system.sleep(0.02)
   end
 end
@@ -195,26 +104,21 @@ local function audit_counts(store, endpoint)
   return counts, total
 end
 
-local function check_stop(h)
-  local rc = stop_host(h)
-  if rc ~= 0 then die(("%s: host exit status %s after SIGTERM (expected 0):\n%s"):format(h.name, tostring(rc), host_log(h))) end
-end
-
 ---------------------------------------------------------------------------- runs
 local function run_e2e()
   local store = TMP .. "/e2e.db"
   local h = start_host("e2e", "e2e", store)
-  wait_ready(h, 20)
+  hosts:wait_ready(h, 20)
   local perf
   if os.getenv("BENCH_PERF") then
-    perf = spawn({ name = "perf" }, "perf record -F 999 -g -p " .. h.pid .. " -o " .. sh_quote(os.getenv("BENCH_PERF")))
+    perf = hosts:spawn("perf", "perf record -F 999 -g -p " .. h.pid .. " -o " .. sh_quote(os.getenv("BENCH_PERF")))
     system.sleep(0.5)   -- let perf attach
   end
   local t_kick = system.gettime()
   publish(store, "BenchStart", "{}", "bench-producer")
   local r = wait_result(h, math.max(5, remaining() - 30))
-  check_stop(h)
-  if perf then stop_host(perf, 30) end   -- perf ends with its target; SIGTERM if not
+  hosts:check_stop(h)
+  if perf then hosts:stop(perf, 30) end   -- perf ends with its target; SIGTERM if not
   local counts, total = audit_counts(store, "BenchConsumer")
   r.audit_completed = counts and counts.Completed or -1
   r.audit_total = total or -1
@@ -227,21 +131,21 @@ local function run_consume()
   local store = TMP .. "/consume.db"
   -- 1. record the consumer's subscription (the store keeps it across restarts)
   local s = start_host("subscribe", "subscribe", store)
-  wait_ready(s, 20)
-  check_stop(s)
+  hosts:wait_ready(s, 20)
+  hosts:check_stop(s)
   -- 2. pre-load N events with a producer-only host
   local p = start_host("preload", "preload", store)
-  wait_ready(p, 20)
+  hosts:wait_ready(p, 20)
   publish(store, "BenchStart", "{}", "bench-producer")
   local pr = wait_result(p, math.max(5, (remaining() - 10) / 2))
-  check_stop(p)
+  hosts:check_stop(p)
   -- 3. drain them with a consumer-only host
   local c = start_host("consume", "consume", store)
   local t_start = system.gettime()
-  wait_ready(c, 20)
+  hosts:wait_ready(c, 20)
   local t_ready = system.gettime()
   local r = wait_result(c, math.max(5, remaining() - 5))
-  check_stop(c)
+  hosts:check_stop(c)
   r.hwm_kb, r.wchar, r.rchar = c.hwm_kb, c.wchar, c.rchar
   r.preload = pr
   r.t_start, r.t_ready = t_start, t_ready
