@@ -13,7 +13,7 @@
 # which RabbitMQ only accepts from localhost. The Erlang node name is $NH_RMQ_NODE (default nimbus@localhost):
 # a second broker beside the first needs its own name, state dir and ports (epmd on 4369 is shared).
 #
-# Why it looks like this (see /work/shared/reference/env-probe.md section 4b):
+# Why it looks like this (what was found on the Debian machines the project runs on):
 # - There is no systemd and policy-rc.d forbids apt from starting services, so we run the server ourselves.
 # - We call /usr/lib/rabbitmq/bin/*, not /usr/sbin/rabbitmqctl: the /usr/sbin wrappers su to user rabbitmq,
 #   which reads a different .erlang.cookie and is then rejected by our node ("Invalid challenge reply").

@@ -1,5 +1,5 @@
 /* End-to-end tests of dispatch/ with a real Lua VM, the embedded transport and the
- * store (DESIGN.md section 6). Each test writes a small adapter into its temp dir,
+ * store (docs/design.md section 6). Each test writes a small adapter into its temp dir,
  * enqueues messages through transport->vt->send inside a store transaction and runs
  * the uv loop until a condition on the store holds (with a deadline, no fixed sleeps).
  * Handlers append a line to a log file per call, so tests count handler runs. */

@@ -1,5 +1,5 @@
 -- nimbus.http.serve: an HTTP server whose routes are Lua functions, each request in its
--- own task (DESIGN.md section 4). The C side (nimbus.httpd.core, host/src/lua/nh_lhttpd.c
+-- own task (docs/design.md section 4). The C side (nimbus.httpd.core, host/src/lua/nh_lhttpd.c
 -- over host/src/net/nh_httpd.c) owns sockets and parsing; this file parses the route
 -- table, matches paths, builds `req` and shapes what a route returns.
 --

@@ -13,7 +13,7 @@ local task_ctx = setmetatable({}, { __mode = "k" })   -- coroutine -> ctx of the
 M.permanent = errors.permanent
 M.transient = errors.transient
 
--- Waiting calls yield the running task to the loop; see DESIGN.md section 3.
+-- Waiting calls yield the running task to the loop; see docs/design.md section 3.
 M.sleep = core.sleep     -- nimbus.sleep(seconds)
 M.spawn = core.spawn     -- nimbus.spawn(fn, ...): a detached task
 M.run = core.run         -- nimbus.run(fn, ...): drive the loop until fn ends (-l scripts, tests)

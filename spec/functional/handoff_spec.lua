@@ -1,4 +1,4 @@
--- DESIGN.md section 6, rows 11-13: settling a pending hand-off (complete / fail), and a
+-- docs/design.md section 6, rows 11-13: settling a pending hand-off (complete / fail), and a
 -- settlement for an event that is not Pending+Handoff.
 local nh = require("nh")
 

@@ -1,4 +1,4 @@
--- DESIGN.md section 6, rows 9-10: operator resubmit and skip, with the running host and
+-- docs/design.md section 6, rows 9-10: operator resubmit and skip, with the running host and
 -- with a stopped one (commands are queued and applied at the next start).
 local nh = require("nh")
 

@@ -1,4 +1,4 @@
--- DESIGN.md section 6, rows 1-5: an event arriving in a free session.
+-- docs/design.md section 6, rows 1-5: an event arriving in a free session.
 local nh = require("nh")
 
 describe("an event in a free session", function()

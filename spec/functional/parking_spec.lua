@@ -1,4 +1,4 @@
--- DESIGN.md section 6, rows 6-7 (an event in a blocked session; a redelivered blocker)
+-- docs/design.md section 6, rows 6-7 (an event in a blocked session; a redelivered blocker)
 -- and the replay rules: parked messages run in park order before newer arrivals.
 local nh = require("nh")
 

@@ -1,4 +1,4 @@
--- DESIGN.md section 6, row 8 (a scheduled retry of the session's blocker), the retry
+-- docs/design.md section 6, row 8 (a scheduled retry of the session's blocker), the retry
 -- policy selection (default, per type, rules) and transient failures.
 local nh = require("nh")
 

@@ -1,5 +1,5 @@
 /* Command-line interface: argument parsing shared by every subcommand, and the
- * subcommands themselves (DESIGN.md section 5). Exit codes: 0 ok, 1 runtime failure,
+ * subcommands themselves (docs/design.md section 5). Exit codes: 0 ok, 1 runtime failure,
  * 2 usage error with a one-line reason. */
 #ifndef NH_CLI_H
 #define NH_CLI_H

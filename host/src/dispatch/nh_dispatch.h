@@ -1,6 +1,6 @@
 /* The dispatcher: the only module that sees both the transport and Lua. It pulls
  * session heads, consults session state, runs handlers as Lua tasks, maps results to
- * outcomes (DESIGN.md section 6) and writes every effect, settlement included, in
+ * outcomes (docs/design.md section 6) and writes every effect, settlement included, in
  * one store transaction per batch. */
 #ifndef NH_DISPATCH_H
 #define NH_DISPATCH_H

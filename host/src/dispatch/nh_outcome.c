@@ -1,4 +1,4 @@
-/* The outcome state machine (DESIGN.md section 6). Every function here runs inside
+/* The outcome state machine (docs/design.md section 6). Every function here runs inside
  * the dispatcher's open store transaction while this process holds the session lock,
  * so the session state it reads cannot change underneath it. */
 #include "nh_dispatch_int.h"
