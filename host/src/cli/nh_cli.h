@@ -50,7 +50,6 @@ int nh_cli_valid_utf8(const char *s);
   { "--group", 1 }, { "--since", 1 }, { "--before", 1 }
 int nh_cli_filter_parse(const nh_args_t *a, const char *cmd, nh_store_t *s, nh_event_filter_t *f);
 void nh_cli_filter_describe(const nh_event_filter_t *f, const nh_args_t *a, char *out, size_t len);
-const char *nh_cli_status_canon(const char *s);
 
 int nh_cmd_run(int argc, char **argv, int first);
 int nh_cmd_publish(int argc, char **argv);

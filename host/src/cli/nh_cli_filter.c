@@ -10,18 +10,6 @@
 #include <string.h>
 #include <strings.h>
 
-static const char *const statuses[] = {
-  NH_ST_COMPLETED, NH_ST_FAILED, NH_ST_PENDING, NH_ST_DEFERRED, NH_ST_DEADLETTERED, NH_ST_UNSUPPORTED, NH_ST_SKIPPED,
-  NULL,
-};
-
-const char *nh_cli_status_canon(const char *s)
-{
-  for (int i = 0; s && statuses[i]; i++)
-    if (strcasecmp(s, statuses[i]) == 0) return statuses[i];
-  return NULL;
-}
-
 struct known {
   const char *want;
   int found, n;
@@ -58,7 +46,7 @@ int nh_cli_filter_parse(const nh_args_t *a, const char *cmd, nh_store_t *s, nh_e
   f->error = nh_args_get(a, "--error");
   f->group = nh_args_get(a, "--group");
   const char *status = nh_args_get(a, "--status");
-  if (status && !(f->status = nh_cli_status_canon(status)))
+  if (status && !(f->status = nh_store_status_canon(status)))
     return nh_usage_error(cmd, "unknown --status %s (one of completed, failed, pending, deferred, deadlettered, "
                                "unsupported, skipped%s)", status,
                           strcmp(cmd, "events") == 0 ? "; queued and running list unfinished work" : "");

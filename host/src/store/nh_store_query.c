@@ -150,14 +150,20 @@ int64_t nh_store_events_count(nh_store_t *s, const nh_event_filter_t *f)
   return n;
 }
 
-int nh_store_audit_list(nh_store_t *s, const char *endpoint, const char *status, const char *session,
-                        nh_audit_cb cb, void *data)
+const char *nh_store_status_canon(const char *status)
 {
   static const char *const known[] = { NH_ST_COMPLETED, NH_ST_FAILED, NH_ST_PENDING, NH_ST_DEFERRED,
                                        NH_ST_DEADLETTERED, NH_ST_UNSUPPORTED, NH_ST_SKIPPED, NULL };
-  nh_event_filter_t f = { .endpoint = endpoint, .session = session, .status = status };
   for (int i = 0; status && known[i]; i++)
-    if (strcasecmp(status, known[i]) == 0) f.status = known[i];
+    if (strcasecmp(status, known[i]) == 0) return known[i];
+  return NULL;
+}
+
+int nh_store_audit_list(nh_store_t *s, const char *endpoint, const char *status, const char *session,
+                        nh_audit_cb cb, void *data)
+{
+  nh_event_filter_t f = { .endpoint = endpoint, .session = session, .status = status };
+  if (nh_store_status_canon(status)) f.status = nh_store_status_canon(status);
   return nh_store_events(s, &f, cb, data, NULL);
 }
 
