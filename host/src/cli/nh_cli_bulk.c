@@ -26,11 +26,12 @@ typedef struct batch {
   int n, cap;
 } batch_t;
 
-static batch_t *batch_new(void)
+/* cap 0: a bulk batch (NIMBUS_BULK_BATCH or the default) */
+static batch_t *batch_new(int cap)
 {
   batch_t *b = nh_xcalloc(1, sizeof *b);
   const char *env = getenv("NIMBUS_BULK_BATCH");
-  b->cap = env && atoi(env) > 0 ? atoi(env) : NH_BULK_BATCH;
+  b->cap = cap > 0 ? cap : env && atoi(env) > 0 ? atoi(env) : NH_BULK_BATCH;
   b->rows = nh_xcalloc((size_t)b->cap, sizeof *b->rows);
   return b;
 }
@@ -153,10 +154,10 @@ static int queue_pass(bulk_t *B, nh_event_filter_t *f)
 static int dry_run(nh_store_t *s, const nh_event_filter_t *f, long long total, const char *verb)
 {
   printf("%lld event%s would be %s (dry run: nothing was queued)\n", total, total == 1 ? "" : "s", verb);
-  batch_t *b = batch_new();
+  batch_t *b = batch_new(NH_BULK_SHOW);   /* only what is listed is read */
   nh_event_filter_t first = *f;
   int rc = nh_store_events(s, &first, take_row, b, NULL);
-  for (int i = 0; i < b->n && i < NH_BULK_SHOW; i++) {
+  for (int i = 0; i < b->n; i++) {
     const nh_audit_t *a = &b->rows[i];
     printf("  %s  %s  %s  %s  %s\n", a->event_id, a->endpoint, a->session_id, a->event_type ? a->event_type : "-",
            a->status);
@@ -244,7 +245,7 @@ int nh_cli_bulk(int kind, const nh_args_t *a)
   nh_bulk_run_t run = { .cutoff_ms = f.cutoff_ms, .started_ms = resumed ? prev.started_ms : now, .owner = owner };
   if (nh_store_begin(s) || nh_store_bulk_put(s, key, &run) || nh_store_commit(s)) goto store_failed_tr;
 
-  bulk_t B = { .s = s, .tr = tr, .key = key, .run = &run, .tty = isatty(2), .total = total, .b = batch_new(),
+  bulk_t B = { .s = s, .tr = tr, .key = key, .run = &run, .tty = isatty(2), .total = total, .b = batch_new(0),
                .kill_after = getenv("NIMBUS_TEST_BULK_KILL_AFTER"),
                .req = { .kind = (nh_op_kind_t)kind, .actor = "cli (bulk)", .no_oplog = 1,
                         .force = nh_args_has(a, "--force") } };
