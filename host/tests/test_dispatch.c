@@ -41,6 +41,16 @@ static const char *const prelude =
 
 static void on_stopped(void *data) { ((env_t *)data)->stopped = 1; }
 
+/* Runs the loop until its last handle is closed and its last piece of worker-thread work
+ * (a WAL checkpoint) is back, with a deadline so a leaked handle fails the test instead
+ * of hanging it (uv_loop_close then says EBUSY). */
+static void loop_finish(uv_loop_t *loop)
+{
+  int64_t deadline = nh_test_mono_ms() + 10000;
+  while (uv_run(loop, UV_RUN_ONCE) && nh_test_mono_ms() < deadline) {
+  }
+}
+
 /* Stops and frees everything; returns uv_loop_close's result. Never asserts: it also
  * runs as the cleanup of a failed test, with tasks possibly still suspended. */
 static int env_teardown(env_t *e)
@@ -54,10 +64,7 @@ static int env_teardown(env_t *e)
     nh_dispatch_free(e->d);
     e->d = NULL;
   }
-  if (e->loop_ok) {
-    for (int i = 0; i < 1000 && uv_run(&e->loop, UV_RUN_NOWAIT); i++) {
-    }
-  }
+  if (e->loop_ok) loop_finish(&e->loop);
   if (e->tr) e->tr->vt->close(e->tr);
   e->tr = NULL;
   nh_store_close(e->store);
@@ -869,24 +876,57 @@ TEST(publish_in_a_handoff_is_sent)
   env_stop(e);
 }
 
-TEST(transient_failure_records_nothing_and_redelivers)
+TEST(transient_failure_is_pending_retrying_and_blocks_the_session_until_its_next_attempt)
 {
   env_t *e = env_start(
-            "local ep = nimbus.endpoint('Ep', {})\n"
+            "local ep = nimbus.endpoint('Ep', { transient = { base = 0.2 } })\n"
             "local attempts = 0\n"
             "ep:on('Thing', function(event, ctx)\n"
             "  attempts = attempts + 1\n"
-            "  record(ctx.event_id .. ':' .. attempts .. ':' .. ctx.delivery_count)\n"
-            "  if attempts == 1 then error(nimbus.transient('ERP busy')) end\n"
+            "  record(ctx.event_id .. ':' .. attempts .. ':' .. ctx.retry_count)\n"
+            "  if ctx.event_id == 'ev1' and attempts == 1 then error(nimbus.transient('ERP busy')) end\n"
             "end)\n");
   send_event(e, "s1", "ev1", "{}");
-  WAIT_FOR(e, calls(e, "ev1:1") == 1);
-  spin(e, 5);
-  ASSERT_EQ_STR(status_of(e, "Ep", "ev1"), "");   /* no outcome recorded */
-  ASSERT_EQ_INT(queued(e), 1);
-  WAIT_FOR(e, is_status(e, "ev1", NH_ST_COMPLETED));
-  /* a transient release is not a failed delivery: the count is not used up */
-  ASSERT_EQ_STR(nh_test_read_file(e->log), "ev1:1:1\nev1:2:1\n");
+  send_event(e, "s1", "ev2", "{}");
+  WAIT_FOR(e, is_status(e, "ev1", NH_ST_PENDING));
+  ASSERT_EQ_STR(q1s(e, "SELECT sub_status FROM audit WHERE event_id = 'ev1'"), NH_SUB_RETRYING);
+  ASSERT_EQ_INT(q1i(e, "SELECT attempts FROM audit WHERE event_id = 'ev1'"), 1);
+  ASSERT_CONTAINS(q1s(e, "SELECT error_text FROM audit WHERE event_id = 'ev1'"), "ERP busy");
+  ASSERT_EQ_STR(q1s(e, "SELECT blocked_by FROM sessions WHERE session_id = 's1'"), "ev1");
+  ASSERT_CMP_INT(q1i(e, "SELECT retry_due FROM sessions WHERE session_id = 's1'"), >, 0);
+  WAIT_FOR(e, is_status(e, "ev2", NH_ST_DEFERRED));   /* the sibling waits its turn */
+  WAIT_FOR(e, is_status(e, "ev2", NH_ST_COMPLETED));
+  ASSERT_EQ_STR(status_of(e, "Ep", "ev1"), NH_ST_COMPLETED);
+  /* the second attempt is not a retry of a failure: retry_count stays 0 */
+  ASSERT_EQ_STR(nh_test_read_file(e->log), "ev1:1:0\nev1:2:0\nev2:3:0\n");
+  ASSERT_CONTAINS(q1s(e, "SELECT detail FROM history WHERE event_id = 'ev1' AND status = 'Pending'"),
+                  "transient failure (attempt 1 of 20); next attempt in");
+  ASSERT_CONTAINS(q1s(e, "SELECT error_text FROM history WHERE event_id = 'ev1' AND status = 'Pending'"), "ERP busy");
+  env_stop(e);
+}
+
+TEST(transient_failures_end_failed_with_the_last_error_when_the_attempts_are_used_up)
+{
+  env_t *e = env_start(
+            "local ep = nimbus.endpoint('Ep', { transient = { max_attempts = 3, base = 0.01 } })\n"
+            "local attempts = 0\n"
+            "ep:on('Thing', function(event, ctx)\n"
+            "  attempts = attempts + 1\n"
+            "  record('call')\n"
+            "  error(nimbus.transient('ERP busy ' .. attempts))\n"
+            "end)\n");
+  send_event(e, "s1", "ev1", "{}");
+  WAIT_FOR(e, is_status(e, "ev1", NH_ST_FAILED));
+  ASSERT_EQ_INT(calls(e, "call"), 3);
+  ASSERT_EQ_INT(q1i(e, "SELECT attempts FROM audit WHERE event_id = 'ev1'"), 3);
+  ASSERT_CONTAINS(q1s(e, "SELECT error_text FROM audit WHERE event_id = 'ev1'"), "ERP busy 3");
+  ASSERT_EQ_STR(q1s(e, "SELECT blocked_by FROM sessions WHERE session_id = 's1'"), "ev1");
+  ASSERT_EQ_INT(q1i(e, "SELECT retry_due IS NULL FROM sessions WHERE session_id = 's1'"), 1);
+  ASSERT_CONTAINS(q1s(e, "SELECT detail FROM history WHERE event_id = 'ev1' AND status = 'Failed'"),
+                  "attempt 3 of 3): attempts used up");
+  ASSERT_EQ_INT(q1i(e, "SELECT count(*) FROM history WHERE event_id = 'ev1' AND error_text LIKE 'ERP busy %%'"), 3);
+  spin(e, 20);
+  ASSERT_EQ_INT(calls(e, "call"), 3);   /* no further attempt */
   env_stop(e);
 }
 
@@ -924,9 +964,15 @@ TEST(load_rejects_bad_adapters)
     "nimbus.endpoint('Ep', { retries = 3 })\n",
     "local x = = 1\n",
     "local y = 1\n",
+    "nimbus.endpoint('Ep', { transient = 5 })\n",
+    "nimbus.endpoint('Ep', { transient = { max_attempts = 0 } })\n",
+    "nimbus.endpoint('Ep', { transient = { tries = 3 } })\n",
+    "nimbus.endpoint('Ep', { transient = { base = -1 } })\n",
   };
-  static const char *const expect[] = { "retries", "adapter.lua:", "defines no endpoint" };
-  for (int i = 0; i < 3; i++) {
+  static const char *const expect[] = { "retries", "adapter.lua:", "defines no endpoint", "transient must be a table",
+                                        "max_attempts must be an integer from 1", "unknown option transient.tries",
+                                        "base must be a number of seconds" };
+  for (int i = 0; i < 7; i++) {
     uv_loop_t loop;
     ASSERT_EQ_INT(uv_loop_init(&loop), 0);
     nh_store_t *s = NULL;
@@ -943,8 +989,7 @@ TEST(load_rejects_bad_adapters)
     ASSERT_CONTAINS(err.msg, expect[i]);
     ASSERT_EQ_INT(nh_dispatch_endpoint_count(d), 0);
     nh_dispatch_free(d);
-    for (int k = 0; k < 100 && uv_run(&loop, UV_RUN_NOWAIT); k++) {
-    }
+    loop_finish(&loop);
     tr->vt->close(tr);
     nh_store_close(s);
     ASSERT_EQ_INT(uv_loop_close(&loop), 0);

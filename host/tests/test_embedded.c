@@ -128,6 +128,21 @@ static int send_event(proc_t *p, const char *to, const char *session, const char
   return send_msg(p, to, NH_MT_EVENT, "Thing", session, event_id, mid, body);
 }
 
+/* One event to "Ep" inside the caller's transaction, enqueued (visible) at `at`. */
+static void send_in_tx(proc_t *p, const char *session, const char *event_id, int64_t at)
+{
+  nh_msg_t m;
+  memset(&m, 0, sizeof m);
+  m.session_id = (char *)session;
+  m.message_id = (char *)event_id;
+  m.event_id = (char *)event_id;
+  m.event_type = "Thing";
+  m.enqueued_at = at;
+  int copies;
+  nh_error_t err = {0};
+  if (p->tr->vt->send(p->tr, &m, "Ep", &copies, &err)) FAIL("send: %s", err.msg);
+}
+
 static long long q1i(proc_t *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static long long q1i(proc_t *p, const char *fmt, ...)
 {
@@ -169,11 +184,11 @@ TEST(new_transport_has_capabilities_and_schema)
   ASSERT_TRUE(a->tr->caps & NH_CAP_DEAD_LETTER);
   ASSERT_TRUE(a->tr->caps & NH_CAP_SCHEDULED_SEND);
   ASSERT_CMP_INT(a->tr->lock_ms, >, 0);
-  ASSERT_EQ_INT(q1i(a, "SELECT version FROM nh_schema WHERE component = 'embedded'"), 2);
+  ASSERT_EQ_INT(q1i(a, "SELECT version FROM nh_schema WHERE component = 'embedded'"), 3);
   proc_close(a);
   /* reopening migrates nothing twice */
   a = proc_open("owner-a");
-  ASSERT_EQ_INT(q1i(a, "SELECT version FROM nh_schema WHERE component = 'embedded'"), 2);
+  ASSERT_EQ_INT(q1i(a, "SELECT version FROM nh_schema WHERE component = 'embedded'"), 3);
   proc_close(a);
 }
 
@@ -326,18 +341,9 @@ TEST(many_messages_in_one_session_do_not_hide_other_sessions)
   int64_t now = nh_time_now_ms();
   ASSERT_EQ_INT(nh_store_begin(a->store), NH_OK);
   for (int i = 0; i < 300; i++) {
-    nh_msg_t m;
-    memset(&m, 0, sizeof m);
     char eid[16];
     snprintf(eid, sizeof eid, "big-%03d", i);
-    m.session_id = "big";
-    m.message_id = eid;
-    m.event_id = eid;
-    m.event_type = "Thing";
-    m.enqueued_at = now;
-    int copies;
-    nh_error_t err = {0};
-    ASSERT_EQ_INT(a->tr->vt->send(a->tr, &m, "Ep", &copies, &err), NH_OK);
+    send_in_tx(a, "big", eid, now);
   }
   ASSERT_EQ_INT(nh_store_commit(a->store), NH_OK);
   send_event(a, "Ep", "small", "small-1", "{}");
@@ -594,6 +600,113 @@ TEST(a_command_accepts_exactly_one_consuming_endpoint)
   /* events may have many consumers */
   const char *evt[] = { "Evt" };
   ASSERT_EQ_INT(a->tr->vt->subscribe(a->tr, "Crm", evt, plain, 1, &err), NH_OK);
+  proc_close(a);
+}
+
+/* session_next: the rest of a session, as its head scan saw it (docs/architecture.md). */
+static int next_of(proc_t *p, const char *session, int64_t after, int64_t now, nh_msg_t *out, int max)
+{
+  return p->tr->vt->session_next(p->tr, "Ep", session, after, max, out, now);
+}
+
+static void clear_msgs(nh_msg_t *m, int n)
+{
+  for (int i = 0; i < n; i++) nh_msg_clear(&m[i]);
+}
+
+TEST(session_next_hands_over_the_rest_of_a_session_in_order)
+{
+  proc_t *a = proc_open("owner-a");
+  send_event(a, "Ep", "s1", "a1", "{}");
+  send_event(a, "Ep", "s1", "a2", "{\"n\":2}");
+  send_event(a, "Ep", "s2", "b1", "{}");
+  send_event(a, "Ep", "s1", "a3", "{}");
+  send_event(a, "Ep", "s2", "b2", "{}");
+  send_event(a, "Ep", "s1", "a4", "{}");
+  int64_t now = nh_time_now_ms();
+  ASSERT_EQ_INT(receive(a, "Ep", 10, now), 2);
+  ASSERT_EQ_STR(a->got[0]->event_id, "a1");
+  int64_t a1 = a->got[0]->seq;
+  nh_msg_t out[8];
+  int n = next_of(a, "s1", a1, now, out, 8);
+  ASSERT_EQ_INT(n, 3);
+  ASSERT_EQ_STR(out[0].event_id, "a2");
+  ASSERT_EQ_STR(out[0].body, "{\"n\":2}");
+  ASSERT_EQ_STR(out[0].session_id, "s1");
+  ASSERT_EQ_STR(out[1].event_id, "a3");
+  ASSERT_EQ_STR(out[2].event_id, "a4");
+  int64_t a2 = out[0].seq, a3 = out[1].seq;
+  clear_msgs(out, n);
+  /* up to max, and after any seq of the session */
+  n = next_of(a, "s1", a1, now, out, 2);
+  ASSERT_EQ_INT(n, 2);
+  ASSERT_EQ_STR(out[1].event_id, "a3");
+  clear_msgs(out, n);
+  n = next_of(a, "s1", a3, now, out, 8);
+  ASSERT_EQ_INT(n, 1);
+  ASSERT_EQ_STR(out[0].event_id, "a4");
+  clear_msgs(out, n);
+  /* the other session's rows are its own; an unknown endpoint or session has none */
+  n = next_of(a, "s2", a1, now, out, 8);
+  ASSERT_EQ_INT(n, 1);
+  ASSERT_EQ_STR(out[0].event_id, "b2");
+  clear_msgs(out, n);
+  ASSERT_EQ_INT(next_of(a, "s9", 0, now, out, 8), 0);
+  ASSERT_EQ_INT(a->tr->vt->session_next(a->tr, "Other", "s1", 0, 8, out, now), 0);
+  /* a row settled since the scan ends the batch there: nothing after it is handed over
+   * out of order */
+  nh_msg_t gone;
+  memset(&gone, 0, sizeof gone);
+  gone.seq = a2;
+  ASSERT_EQ_INT(a->tr->vt->settle(a->tr, &gone, NH_SETTLE_COMPLETE, 0, NULL), NH_OK);
+  ASSERT_EQ_INT(next_of(a, "s1", a1, now, out, 8), 0);
+  proc_close(a);
+}
+
+TEST(session_next_gives_nothing_the_scan_could_not_see_whole)
+{
+  proc_t *a = proc_open("owner-a");
+  send_event(a, "Ep", "s1", "a1", "{}");
+  send_event(a, "Ep", "s1", "a2", "{}");
+  int64_t now = nh_time_now_ms();
+  ASSERT_EQ_INT(receive(a, "Ep", 10, now), 1);
+  int64_t a1 = a->got[0]->seq;
+  send_event(a, "Ep", "s1", "a3", "{}");   /* after the scan */
+  send_event(a, "Ep", "s2", "b1", "{}");
+  now = nh_time_now_ms();
+  nh_msg_t out[8];
+  int n = next_of(a, "s1", a1, now, out, 8);
+  ASSERT_EQ_INT(n, 1);   /* a2 only: a3 came after the scan */
+  ASSERT_EQ_STR(out[0].event_id, "a2");
+  clear_msgs(out, n);
+  /* a later scan skips s1 (locked by us): it knows none of s1's rows, so it hands over none */
+  ASSERT_EQ_INT(receive(a, "Ep", 10, now), 1);
+  ASSERT_EQ_STR(a->got[0]->event_id, "b1");
+  ASSERT_EQ_INT(next_of(a, "s1", a1, now, out, 8), 0);
+  proc_close(a);
+}
+
+TEST(session_next_stops_at_a_row_not_visible_yet_and_works_with_max_1)
+{
+  proc_t *a = proc_open("owner-a");
+  int64_t now = nh_time_now_ms();
+  ASSERT_EQ_INT(nh_store_begin(a->store), NH_OK);
+  for (int i = 0; i < 6; i++) {
+    char eid[16];
+    snprintf(eid, sizeof eid, "e%d", i);
+    send_in_tx(a, "s1", eid, i == 4 ? now + 60000 : now);   /* e4 is not visible for a minute */
+  }
+  ASSERT_EQ_INT(nh_store_commit(a->store), NH_OK);
+  send_event(a, "Ep", "s2", "b1", "{}");
+  /* one head asked for: the scan still reads on through s1's backlog (not into s2) */
+  ASSERT_EQ_INT(receive(a, "Ep", 1, now), 1);
+  ASSERT_EQ_STR(a->got[0]->event_id, "e0");
+  nh_msg_t out[8];
+  int n = next_of(a, "s1", a->got[0]->seq, now, out, 8);
+  ASSERT_EQ_INT(n, 3);
+  ASSERT_EQ_STR(out[0].event_id, "e1");
+  ASSERT_EQ_STR(out[2].event_id, "e3");   /* e4 waits, and e5 behind it */
+  clear_msgs(out, n);
   proc_close(a);
 }
 

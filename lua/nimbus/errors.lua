@@ -1,6 +1,7 @@
 -- Error values adapters raise to choose an outcome: nimbus.permanent(...) dead-letters
--- the message without blocking its session; nimbus.transient(...) records nothing and
--- has the message redelivered later, in order. Anything else is a failure.
+-- the message without blocking its session; nimbus.transient(...) makes the event
+-- Pending+Retrying under the endpoint's `transient` policy (its session waits, order kept)
+-- and Failed once the attempts are used up. Anything else is a failure.
 local M = {}
 
 local Err = {}

@@ -286,7 +286,12 @@ function M.publish(event_type, payload, opts)
   if not body then error("nimbus.publish: payload cannot be encoded as JSON: " .. tostring(err), 2) end
   local session = opts.session
   if session ~= nil then session = tostring(session) end
-  return core.publish(event_type, body, session, opts.correlation_id, opts.to)
+  local mid = opts.message_id
+  if mid ~= nil and (type(mid) ~= "string" or #mid == 0 or #mid > 200 or not utf8.len(mid)) then
+    error("nimbus.publish: message_id must be a UTF-8 string of 1 to 200 bytes (the same id is published once "
+          .. "within 24 h)", 2)
+  end
+  return core.publish(event_type, body, session, opts.correlation_id, opts.to, mid)
 end
 
 ---------------------------------------------------------------------------- dispatch

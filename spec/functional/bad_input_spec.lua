@@ -288,6 +288,43 @@ end)
       assert.equal(2, bad.code)
     end)
 
+    it("nimbus.publish{message_id=} is idempotent: in handlers, across a failed attempt, outside handlers", function()
+      -- outside handlers: a checker publishes the same MessageId on every tick, in this
+      -- host and in the next one
+      local extra = [[ep:checker("boot", { every = 0.05 }, function()
+  nimbus.publish("Ok", { tag = "boot" }, { session = "s0", message_id = "boot-1" })
+end)]]
+      local h = sb:start(sb:recorder{ types = { "Ok", "Go" }, extra = extra, options = "retry = { max_retries = 1, base = 0 }" })
+      sb:wait_message("boot-1", "Completed")
+      h:wait_log("MessageId boot-1 was already published at")
+      -- in handlers: two events publish the same MessageId; the first attempt of a third
+      -- fails (its publish is never sent) and its retry publishes once
+      local pub = function(tag, id) return { { type = "Ok", session = "s1", message_id = id, payload = { tag = tag } } } end
+      sb:wait_message(sb:publish("Go", { tag = "a", publish = pub("a-out", "order-7") }, { session = "g" }), "Completed")
+      sb:wait_message(sb:publish("Go", { tag = "b", publish = pub("b-out", "order-7") }, { session = "g" }), "Completed")
+      sb:wait_message(sb:publish("Go", { tag = "c", fail_times = 1, publish = pub("c-out", "order-8") },
+                                 { session = "g" }), "Completed")
+      local last = sb:publish("Ok", { tag = "last" }, { session = "s1" })
+      sb:wait_message(last, "Completed")
+      assert.same({ "a-out", "c-out", "last" }, sb:call_tags("s1"), "each MessageId stored and handled once")
+      assert.equal("order-7", sb:wait_message("order-7", "Completed").message_id)
+      local said = nh.json_lines(nh.read(sb:path("published.jsonl")))
+      assert.same({ by = "a", id = "order-7", duplicate = false }, said[1])
+      assert.same({ by = "b", id = "order-7", duplicate = true }, said[2], "the second call is told")
+      assert.matches("MessageId order%-7 was already published at [^\n]+: not published again", h:log())
+      h:stop()
+      h = sb:start(sb:recorder{ types = { "Ok", "Go" }, extra = extra, options = "retry = { max_retries = 1, base = 0 }" })
+      h:wait_log("MessageId boot-1 was already published at")
+      sb:wait_message(sb:publish("Ok", { tag = "after" }, { session = "s0" }), "Completed")
+      assert.same({ "boot", "after" }, sb:call_tags("s0"), "the checker's publishes were stored once")
+      h:stop()
+      -- a bad id is refused where the adapter calls it
+      h = sb:spawn(sb:recorder{ types = { "Ok" }, name = "bad.lua",
+                               extra = 'nimbus.publish("Ok", {}, { message_id = 42 })' }, { wait = false })
+      h:wait_exit(nh.DEADLINE)
+      assert.matches("bad%.lua:%d+: nimbus%.publish: message_id must be a UTF%-8 string of 1 to 200 bytes", h:log())
+    end)
+
     it("refuses invalid JSON in resubmit --body and handoff --result with exit 2", function()
       sb:start(sb:recorder{ types = { "Ok" } })
       local f = sb:wait_message(sb:publish("Ok", { tag = "f", fail = true }, { session = "s1" }), "Failed")

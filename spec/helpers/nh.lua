@@ -640,7 +640,12 @@ local function make_handler(endpoint)
     end
     if event.publish then
       for _, p in ipairs(event.publish) do
-        nimbus.publish(p.type, p.payload or {}, { session = p.session })
+        local id, dup = nimbus.publish(p.type, p.payload or {}, { session = p.session, message_id = p.message_id })
+        if p.message_id then   -- what the call said, for specs of idempotent publishing
+          local f = assert(io.open(DIR .. "/published.jsonl", "a"))
+          f:write(cjson.encode({ by = event.tag, id = id, duplicate = dup }), "\n")
+          f:close()
+        end
       end
     end
     if event.fail then error(msg) end

@@ -50,6 +50,7 @@ static json_t *audit_json(const nh_audit_t *a)
   json_object_set_new(o, "expected_by", jtime(a->expected_by));
   json_object_set_new(o, "message_id", jstr(a->message_id));
   json_object_set_new(o, "retry_count", json_integer(a->retry_count));
+  json_object_set_new(o, "attempts", json_integer(a->attempts));
   json_object_set_new(o, "updated_at", jtime(a->updated_at));
   return o;
 }
@@ -86,6 +87,11 @@ static void row_make(row_t *r, const nh_audit_t *a)
   char status[40];
   snprintf(status, sizeof status, "%s%s%s", a->status, a->sub_status ? "+" : "", a->sub_status ? a->sub_status : "");
   const char *detail = a->error_text ? a->error_text : a->handoff_reason ? a->handoff_reason : "";
+  char retrying[200];
+  if (nh_audit_retrying(a)) {   /* Pending+Retrying: which attempt failed, and why */
+    snprintf(retrying, sizeof retrying, "attempt %d: %.*s", a->attempts, (int)strcspn(detail, "\n"), detail);
+    detail = retrying;
+  }
   size_t dl = strcspn(detail, "\n");
   if (dl > 160) dl = 160;
   r->col[C_ID] = nh_xstrdup(a->event_id);
@@ -419,8 +425,18 @@ int nh_cmd_show(int argc, char **argv)
     return NH_EXIT_USAGE;
   }
   struct hist_ctx c = { nh_args_has(&a, "--json"), NULL };
+  /* a transient failure's next attempt is the session's retry time while it blocks it */
+  int64_t next_attempt = 0;
+  if (nh_audit_retrying(&ev)) {
+    nh_session_state_t st;
+    if (nh_store_session_get(s, ev.endpoint, ev.session_id, &st) == NH_OK && st.blocked_by &&
+        strcmp(st.blocked_by, ev.event_id) == 0)
+      next_attempt = st.retry_due;
+    nh_session_state_clear(&st);
+  }
   if (c.json) {
     json_t *o = audit_json(&ev);
+    json_object_set_new(o, "next_attempt_at", jtime(next_attempt));
     json_object_set_new(o, "correlation_id", jstr(ev.correlation_id));
     json_object_set_new(o, "error_stack", jstr(ev.error_stack));
     json_object_set_new(o, "payload", jstr(ev.payload));
@@ -437,6 +453,11 @@ int nh_cmd_show(int argc, char **argv)
            ev.session_id, ev.event_type ? ev.event_type : "-", ev.status, ev.sub_status ? "+" : "",
            ev.sub_status ? ev.sub_status : "");
     printf("message    %s\nretries    %d\n", ev.message_id ? ev.message_id : "-", ev.retry_count);
+    if (ev.attempts) {
+      char next[40] = "";
+      if (next_attempt) nh_time_iso8601(next_attempt, next, sizeof next);
+      printf("attempts   %d (transient failures)%s%s\n", ev.attempts, next_attempt ? ", next attempt at " : "", next);
+    }
     if (ev.error_text)
       printf("error      %s%s%s\n", ev.error_type ? ev.error_type : "", ev.error_type ? ": " : "", ev.error_text);
     if (ev.handoff_reason) printf("hand-off   %s (job %s, expected by %s)\n", ev.handoff_reason,

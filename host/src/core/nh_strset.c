@@ -1,11 +1,10 @@
 #include "nh_strset.h"
 #include "nh_util.h"
 
-#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-static uint64_t hash_str(const char *s)
+uint64_t nh_strset_hash(const char *s)
 {
   uint64_t h = 1469598103934665603ull;   /* FNV-1a */
   while (*s) h = (h ^ (unsigned char)*s++) * 1099511628211ull;
@@ -18,17 +17,48 @@ void nh_strset_init(nh_strset_t *set, size_t max_keys)
   while (cap < max_keys * 2) cap <<= 1;
   set->keys = nh_xcalloc(cap, sizeof(char *));
   set->cap = cap;
+  set->count = 0;
+}
+
+static void place(char **keys, size_t cap, char *key)
+{
+  size_t i = nh_strset_hash(key) & (cap - 1);
+  while (keys[i]) i = (i + 1) & (cap - 1);
+  keys[i] = key;
+}
+
+/* Doubles the table, moving the keys (not copying them). */
+static void grow(nh_strset_t *set)
+{
+  size_t cap = set->cap * 2;
+  char **keys = nh_xcalloc(cap, sizeof(char *));
+  for (size_t i = 0; i < set->cap; i++)
+    if (set->keys[i]) place(keys, cap, set->keys[i]);
+  free(set->keys);
+  set->keys = keys;
+  set->cap = cap;
 }
 
 int nh_strset_add(nh_strset_t *set, const char *key)
 {
-  size_t i = hash_str(key) & (set->cap - 1);
+  size_t i = nh_strset_hash(key) & (set->cap - 1);
   while (set->keys[i]) {
     if (strcmp(set->keys[i], key) == 0) return 0;
     i = (i + 1) & (set->cap - 1);
   }
   set->keys[i] = nh_xstrdup(key);
+  if (++set->count * 2 > set->cap) grow(set);
   return 1;
+}
+
+int nh_strset_has(const nh_strset_t *set, const char *key)
+{
+  size_t i = nh_strset_hash(key) & (set->cap - 1);
+  while (set->keys[i]) {
+    if (strcmp(set->keys[i], key) == 0) return 1;
+    i = (i + 1) & (set->cap - 1);
+  }
+  return 0;
 }
 
 void nh_strset_free(nh_strset_t *set)
@@ -37,4 +67,5 @@ void nh_strset_free(nh_strset_t *set)
   free(set->keys);
   set->keys = NULL;
   set->cap = 0;
+  set->count = 0;
 }

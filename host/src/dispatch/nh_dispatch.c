@@ -4,6 +4,7 @@
  * effects of every finished task, then fetches new work, then starts handlers. */
 #include "nh_bridge.h"
 #include "nh_dispatch_int.h"
+#include "nh_checkpointer.h"
 #include "core/nh_log.h"
 #include "core/nh_util.h"
 
@@ -82,14 +83,37 @@ static int host_register_endpoint(void *data, nh_vm_t *vm, lua_State *L, const c
   return NH_OK;
 }
 
+/* A MessageId the publisher chose: 1 if it was published within the dedup window
+ * (said in the log), 0 if not, NH_EFAIL. claim: record it in the open transaction. */
+int nh_dispatch_pub_dedup(nh_dispatch_t *d, const char *who, const char *message_id, int claim)
+{
+  int64_t now = nh_time_now_ms(), at = 0;
+  int rc = claim ? nh_store_published_claim(d->store, message_id, now, now - NH_DEDUP_WINDOW_MS, &at)
+                 : nh_store_published_seen(d->store, message_id, now - NH_DEDUP_WINDOW_MS, &at);
+  if (rc < 0) return NH_EFAIL;
+  int seen = claim ? rc == 0 : rc == 1;
+  if (seen) {
+    char when[40];
+    nh_time_iso8601(at, when, sizeof when);
+    nh_log_info("dispatch", "%s: MessageId %s was already published at %s (within the dedup window of 24 h): "
+                "not published again", who, message_id, when);
+  }
+  return seen;
+}
+
 static int host_publish(void *data, void *task_data, const char *type, const char *body, size_t body_len,
-                        const char *session, const char *correlation_id, const char *to, char message_id[37],
-                        nh_error_t *err)
+                        const char *session, const char *correlation_id, const char *to, const char *given_id,
+                        char message_id[37], int *duplicate, nh_error_t *err)
 {
   nh_dispatch_t *d = data;
   nh_uuid_v7(message_id);
   nh_job_t *job = task_data;
   if (job) {
+    /* The claim is made when the outcome commits (a failed handler claims nothing);
+     * what the caller is told now is whether the id is already taken. */
+    if (given_id && (*duplicate = nh_dispatch_pub_dedup(d, job->ep->name, given_id, 0)) < 0)
+      return nh_error_set(err, NH_EFAIL, "store: %s", nh_store_errmsg(d->store));
+    if (given_id && *duplicate) return NH_OK;
     /* Sent only when the handler's outcome commits: a failed handler publishes nothing. */
     nh_pub_t *p = nh_xcalloc(1, sizeof *p);
     p->type = nh_xstrdup(type);
@@ -98,6 +122,7 @@ static int host_publish(void *data, void *task_data, const char *type, const cha
     p->session = nh_xstrdup(session);
     p->correlation_id = nh_xstrdup(correlation_id);
     p->to = nh_xstrdup(to);
+    p->given_id = nh_xstrdup(given_id);
     memcpy(p->message_id, message_id, 37);
     *job->pubs_tail = p;
     job->pubs_tail = &p->next;
@@ -109,7 +134,7 @@ static int host_publish(void *data, void *task_data, const char *type, const cha
   nh_uuid_v7(sess);
   nh_uuid_v7(corr);
   m.session_id = (char *)(session ? session : sess);
-  m.message_id = message_id;
+  m.message_id = (char *)(given_id ? given_id : message_id);
   m.event_type = (char *)type;
   m.type = NH_MT_EVENT;
   m.correlation_id = (char *)(correlation_id ? correlation_id : corr);
@@ -117,6 +142,11 @@ static int host_publish(void *data, void *task_data, const char *type, const cha
   m.body_len = body_len;
   m.enqueued_at = nh_time_now_ms();
   if (nh_store_begin(d->store)) return nh_error_set(err, NH_EFAIL, "store busy: %s", nh_store_errmsg(d->store));
+  if (given_id && (*duplicate = nh_dispatch_pub_dedup(d, "publish", given_id, 1)) != 0) {
+    nh_store_rollback(d->store);
+    if (*duplicate < 0) return nh_error_set(err, NH_EFAIL, "store: %s", nh_store_errmsg(d->store));
+    return NH_OK;
+  }
   int copies = 0;
   if (d->tr->vt->send(d->tr, &m, to, &copies, err)) {
     nh_store_rollback(d->store);
@@ -272,7 +302,7 @@ static int on_due_session(void *data, const char *endpoint, const char *session,
     m->body = a.payload, a.payload = NULL;
     m->body_len = m->body ? strlen(m->body) : 0;
     m->type = NH_MT_EVENT;
-    m->retry_count = a.retry_count + 1;
+    m->retry_count = a.retry_count + (nh_audit_retrying(&a) ? 0 : 1);   /* a transient attempt is not a retry */
     m->enqueued_at = a.created_at;
     nh_audit_clear(&a);
   } else {
@@ -513,7 +543,7 @@ static void pump(nh_dispatch_t *d)
     kick(d);
     uv_timer_stop(&d->timer);
   } else {
-    if (d->poll_ms == NH_POLL_MIN_MS) nh_store_checkpoint(d->store);   /* just went idle */
+    if (d->poll_ms == NH_POLL_MIN_MS) nh_checkpointer_kick(d->ckpt);   /* just went idle */
     d->poll_ms = d->poll_ms * 2 > NH_POLL_MAX_MS ? NH_POLL_MAX_MS : d->poll_ms * 2;
     uv_timer_start(&d->timer, timer_cb, (uint64_t)d->poll_ms, 0);
   }
@@ -529,6 +559,8 @@ static const char *keep_reason(nh_dispatch_t *d, nh_job_t *job, int64_t now)
   int alive = nh_vm_task_alive(job->vm, job->msg.event_id, &err);   /* its generation, not the endpoint's */
   if (alive < 0) {
     nh_log_warn("dispatch", "%s %s: is_alive raised: %s", ep->name, job->msg.event_id, err.msg);
+    free(job->cancel_detail);
+    job->cancel_detail = nh_xstrdup(err.msg);   /* into the failure the cancellation becomes */
     return "is_alive raised";
   }
   return alive ? NULL : "is_alive returned false";
@@ -536,9 +568,10 @@ static const char *keep_reason(nh_dispatch_t *d, nh_job_t *job, int64_t now)
 
 /* Session locks are renewed on their own timer, independent of what the handlers do
  * (the CPU budget gives the loop back), so they stay ours however long the handlers
- * take and also while the host drains at shutdown. A handler past its renewal cap, not
- * alive any more, or whose lock is gone is cancelled: nothing is recorded or settled,
- * and the message is delivered again. */
+ * take and also while the host drains at shutdown. A handler past its renewal cap or
+ * not alive any more is cancelled and recorded as a failure (the endpoint's retry policy
+ * decides what follows); one whose lock is gone is cancelled with nothing recorded or
+ * settled (another owner may have the message), and it is delivered again. */
 void nh_dispatch_renew_cb(uv_timer_t *h)
 {
   nh_dispatch_t *d = h->data;
@@ -564,7 +597,7 @@ void nh_dispatch_renew_cb(uv_timer_t *h)
                      jobs[i]->msg.session_id);
       } else if (held == 0) {
         d->renew_failures++;
-        why[i] = "lock lost";
+        why[i] = NH_CANCEL_LOCK_LOST;
       }
     }
     if (nh_store_commit(d->store)) nh_store_rollback(d->store);
@@ -572,9 +605,11 @@ void nh_dispatch_renew_cb(uv_timer_t *h)
   for (i = 0; i < n; i++) {
     if (!why[i] || !jobs[i]->task) continue;
     d->cancellations++;
-    nh_log_warn("dispatch", "%s %s (session %s): %s after %.1f s; cancelling the handler, the message is released "
-                "unsettled for redelivery", jobs[i]->ep->name, jobs[i]->msg.event_id, jobs[i]->msg.session_id, why[i],
-                (double)(now - jobs[i]->started_ms) / 1000.0);
+    int lost = strcmp(why[i], NH_CANCEL_LOCK_LOST) == 0;
+    nh_log_warn("dispatch", "%s %s (session %s): %s after %.1f s; cancelling the handler, %s", jobs[i]->ep->name,
+                jobs[i]->msg.event_id, jobs[i]->msg.session_id, why[i], (double)(now - jobs[i]->started_ms) / 1000.0,
+                lost ? "the message is released unsettled for redelivery"
+                     : "recorded as a failure under the endpoint's retry policy");
     jobs[i]->cancel_reason = why[i];
     nh_vm_task_cancel(jobs[i]->task);   /* task_done: the job moves to `done` as cancelled */
   }
@@ -598,6 +633,7 @@ nh_dispatch_t *nh_dispatch_new(uv_loop_t *loop, nh_store_t *store, nh_transport_
   nh_dispatch_t *d = nh_xcalloc(1, sizeof *d);
   d->loop = loop;
   d->store = store;
+  d->ckpt = nh_checkpointer_start(loop, store);
   d->tr = transport;
   d->lua_dir = nh_xstrdup(lua_dir);
   d->fresh_tail = &d->fresh;
@@ -777,6 +813,8 @@ void nh_dispatch_free(nh_dispatch_t *d)
   d->lua_dir = NULL;
   free(d->owner);
   d->owner = NULL;
+  nh_checkpointer_stop(d->ckpt);
+  d->ckpt = NULL;
   d->closing = 7;
   uv_close((uv_handle_t *)&d->presence_timer, on_handle_closed);
   uv_close((uv_handle_t *)&d->retention_timer, on_handle_closed);

@@ -15,6 +15,7 @@ typedef struct nh_endpoint {
   int64_t lock_ms, renew_max_ms;
   double timeout_s, cpu_budget_s;  /* per handler task: wall-clock deadline, CPU between yields */
   nh_retry_config_t retry;
+  nh_retry_policy_t transient;   /* nimbus.transient(...) errors: max_retries = max_attempts - 1 */
   char **types;                  /* handled event types (subscriptions) */
   int *commands;                 /* per type: a command (exactly one consuming endpoint) */
   int ntypes;
@@ -34,6 +35,7 @@ typedef struct nh_adapter {
 
 typedef struct nh_pub {
   char *type, *body, *session, *correlation_id, *to;
+  char *given_id;                /* the handler's MessageId (nimbus.publish{message_id=}), else message_id */
   size_t body_len;
   char message_id[37];
   struct nh_pub *next;
@@ -53,6 +55,7 @@ typedef struct nh_job {
   nh_vm_t *vm;                   /* the generation it runs in */
   int64_t started_ms;
   const char *cancel_reason;     /* why the host ended it (renewal cap, is_alive, lock lost) */
+  char *cancel_detail;           /* the error an is_alive raised */
   struct nh_job *run_next, *run_prev;
   nh_pub_t *pubs, **pubs_tail;   /* publishes buffered until the outcome commits */
   struct nh_job *next;
@@ -61,6 +64,7 @@ typedef struct nh_job {
 struct nh_dispatch {
   uv_loop_t *loop;
   nh_store_t *store;
+  struct nh_checkpointer *ckpt;   /* WAL checkpoints off the loop thread */
   nh_transport_t *tr;
   char *lua_dir;
   nh_endpoint_t *endpoints;
@@ -105,6 +109,8 @@ struct nh_dispatch {
 int nh_dispatch_route(nh_dispatch_t *d, nh_job_t *job);    /* 1: needs a handler, 0: settled here */
 int nh_dispatch_apply(nh_dispatch_t *d, nh_job_t *job);    /* writes a finished job's effects */
 int nh_dispatch_flush_pubs(nh_dispatch_t *d, nh_job_t *job);
+#define NH_CANCEL_LOCK_LOST "lock lost"
+int nh_dispatch_pub_dedup(nh_dispatch_t *d, const char *who, const char *message_id, int claim);
 void nh_job_free(nh_job_t *job);
 
 /* nh_request.c */

@@ -164,15 +164,41 @@ static int parse_retry(nh_endpoint_t *ep, lua_State *L, int t, nh_error_t *err)
   return NH_OK;
 }
 
+/* transient = { max_attempts = 20, base = 1, max_delay = 60 }: exponential with bounded
+ * jitter; attempts counts the first run too. */
+static int parse_transient(nh_endpoint_t *ep, lua_State *L, int opts, nh_error_t *err)
+{
+  static const char *const keys[] = { "max_attempts", "base", "max_delay", NULL };
+  nh_retry_policy_t *p = &ep->transient;
+  nh_retry_policy_init(p);
+  p->strategy = NH_RETRY_EXPONENTIAL;
+  p->jitter = NH_JITTER_BOUNDED;
+  p->max_delay_ms = 60000;
+  int attempts = 20;
+  lua_getfield(L, opts, "transient");
+  int rc = NH_OK, t = lua_gettop(L);
+  if (!lua_isnil(L, t)) {
+    if (!lua_istable(L, t))
+      rc = nh_error_set(err, NH_EUSAGE, "transient must be a table { max_attempts, base, max_delay }");
+    else if (check_keys(L, t, "transient", keys, err) || get_int(L, t, "max_attempts", &attempts, 1, 100000, err) ||
+             get_seconds(L, t, "base", &p->base_ms, 0, err) || get_seconds(L, t, "max_delay", &p->max_delay_ms, 0, err))
+      rc = NH_EUSAGE;
+  }
+  p->max_retries = attempts - 1;
+  lua_pop(L, 1);
+  return rc;
+}
+
 int nh_endpoint_parse(nh_endpoint_t *ep, lua_State *L, int opts, nh_error_t *err)
 {
-  static const char *const keys[] = { "concurrency", "lock", "retry", "inbox", "timeout", "cpu_budget", NULL };
+  static const char *const keys[] = { "concurrency", "lock", "retry", "transient", "inbox", "timeout", "cpu_budget",
+                                      NULL };
   static const char *const lock_keys[] = { "duration", "renew_max", NULL };
   opts = lua_absindex(L, opts);
   ep->concurrency = 100;
   ep->lock_ms = 30000;
   ep->renew_max_ms = 300000;
-  if (check_keys(L, opts, "", keys, err)) return NH_EUSAGE;
+  if (check_keys(L, opts, "", keys, err) || parse_transient(ep, L, opts, err)) return NH_EUSAGE;
   if (get_int(L, opts, "concurrency", &ep->concurrency, 1, 100000, err)) return NH_EUSAGE;
   int64_t timeout_ms = 60000, cpu_ms = 1000;
   if (get_seconds(L, opts, "timeout", &timeout_ms, 0.001, err) || get_seconds(L, opts, "cpu_budget", &cpu_ms, 0.001, err))

@@ -61,7 +61,7 @@ static int audit_write(nh_dispatch_t *d, nh_job_t *job, nh_audit_t *a, const cha
 {
   int rc = nh_store_audit_put(d->store, a);
   /* each attempt keeps its own error (the audit row shows only the latest) */
-  int failed = nh_audit_unresolved_failure(a->status);
+  int failed = nh_audit_unresolved_failure(a->status) || nh_audit_retrying(a);
   nh_history_extra_t x = { failed ? a->error_text : NULL, failed ? a->error_type : NULL,
                            failed ? a->error_stack : NULL, a->replaced_payload };
   if (!rc)
@@ -389,8 +389,13 @@ int nh_dispatch_flush_pubs(nh_dispatch_t *d, nh_job_t *job)
     memset(&m, 0, sizeof m);
     char session[37];
     if (!p->session) nh_uuid_v7(session);
+    if (p->given_id) {
+      int dup = nh_dispatch_pub_dedup(d, job->ep->name, p->given_id, 1);   /* in the outcome's transaction */
+      if (dup < 0) return NH_EFAIL;
+      if (dup) continue;
+    }
     m.session_id = p->session ? p->session : session;
-    m.message_id = p->message_id;
+    m.message_id = p->given_id ? p->given_id : p->message_id;
     m.event_type = p->type;
     m.type = NH_MT_EVENT;
     m.correlation_id = p->correlation_id ? p->correlation_id : job->msg.correlation_id;
@@ -417,11 +422,31 @@ int nh_dispatch_apply(nh_dispatch_t *d, nh_job_t *job)
   nh_msg_t *m = &job->msg;
   nh_endpoint_t *ep = job->ep;
   nh_outcome_t *o = &job->out;
+  if (o->kind == NH_OUT_CANCELLED && job->cancel_reason && strcmp(job->cancel_reason, NH_CANCEL_LOCK_LOST) != 0) {
+    /* The host ended it (renewal cap, is_alive): a failure like any other, under the
+     * endpoint's retry policy, so it neither loops nor ends dead-lettered behind the
+     * session's later events. */
+    char text[1024];
+    snprintf(text, sizeof text, "handler cancelled: %s%s%s", job->cancel_reason, job->cancel_detail ? ": " : "",
+             job->cancel_detail ? job->cancel_detail : "");
+    nh_outcome_clear(o);
+    o->kind = NH_OUT_FAILED;
+    o->error_text = nh_xstrdup(text);
+    o->error_type = nh_xstrdup("HandlerCancelled");
+  }
   if (o->kind == NH_OUT_CANCELLED) {
-    /* Nothing recorded, nothing settled: the message is delivered again. */
+    /* The host is stopping, or the lock is gone (another owner may have the message now):
+     * nothing recorded, nothing settled, the message is delivered again. The history
+     * says why. */
+    if (job->cancel_reason && m->event_id &&
+        nh_store_history_add(d->store, ep->name, m->event_id, m->message_id, nh_msg_type_name(m->type), "Cancelled",
+                             "handler cancelled: lock lost; not settled here, delivered again"))
+      return NH_EFAIL;
     return job->src == NH_JOB_QUEUE ? settle(d, job, NH_SETTLE_RELEASE, 0, NULL) : unlock(d, job);
   }
-  if (o->kind == NH_OUT_TRANSIENT) {
+  if (o->kind == NH_OUT_TRANSIENT && m->reply_to && *m->reply_to) {
+    /* A request: its reply address is on the message, not in the audit a retry runs
+     * from, so it is redelivered (the requester's timeout bounds it). */
     int64_t delay = transient_delay(m->release_count + 1);
     nh_log_info("dispatch", "%s %s: transient failure, redelivering in %lld ms: %s", ep->name, m->event_id,
                 (long long)delay, o->error_text ? o->error_text : "");
@@ -442,7 +467,7 @@ int nh_dispatch_apply(nh_dispatch_t *d, nh_job_t *job)
   a.retry_count = m->retry_count;
   int blocker = is_blocker(&st, m->event_id);
   const char *detail = NULL;
-  char buf[256];
+  char buf[512];
   int rc = NH_OK;
 
   if (o->kind != NH_OUT_HANDOFF && o->kind != NH_OUT_COMPLETED) {
@@ -461,6 +486,29 @@ int nh_dispatch_apply(nh_dispatch_t *d, nh_job_t *job)
     if (!rc) rc = nh_dispatch_flush_pubs(d, job);
     detail = "handler completed";
     break;
+  case NH_OUT_TRANSIENT: {
+    /* Pending+Retrying under the endpoint's transient policy, blocking the session (its
+     * later events park, order kept); then Failed when the attempts are used up. */
+    int attempt = (nh_audit_retrying(&a) ? a.attempts : 0) + 1, max = ep->transient.max_retries + 1;
+    a.attempts = attempt;
+    if (!st.blocked_by) set(&st.blocked_by, m->event_id);
+    int own = strcmp(st.blocked_by, m->event_id) == 0;
+    if (attempt < max && own) {
+      audit_status(&a, NH_ST_PENDING, o->error_text, o->error_type, o->error_stack);
+      set(&a.sub_status, NH_SUB_RETRYING);
+      int64_t delay = nh_retry_delay_ms(&ep->transient, attempt - 1, nh_random_unit());
+      st.retry_due = nh_time_now_ms() + delay;
+      snprintf(buf, sizeof buf, "transient failure (attempt %d of %d); next attempt in %lld ms", attempt, max,
+               (long long)delay);
+    } else {
+      audit_status(&a, NH_ST_FAILED, o->error_text, o->error_type, o->error_stack);
+      if (own) st.retry_due = 0;
+      snprintf(buf, sizeof buf, "transient failure (attempt %d of %d): attempts used up; session %s blocked until "
+               "resubmit or skip", attempt, max, m->session_id);
+    }
+    detail = buf;
+    break;
+  }
   case NH_OUT_FAILED: {
     audit_status(&a, NH_ST_FAILED, o->error_text, o->error_type, o->error_stack);
     if (m->type == NH_MT_RESUBMIT) {
@@ -538,10 +586,11 @@ void nh_job_free(nh_job_t *job)
   nh_session_state_clear(&job->st);
   nh_msg_clear(&job->msg);
   nh_outcome_clear(&job->out);
+  free(job->cancel_detail);
   nh_pub_t *p = job->pubs;
   while (p) {
     nh_pub_t *n = p->next;
-    free(p->type); free(p->body); free(p->session); free(p->correlation_id); free(p->to);
+    free(p->type); free(p->body); free(p->session); free(p->correlation_id); free(p->to); free(p->given_id);
     free(p);
     p = n;
   }

@@ -75,7 +75,7 @@ static int l_publish(lua_State *L)
   const char *type = luaL_checkstring(L, 1);
   size_t len;
   const char *body = luaL_checklstring(L, 2, &len);
-  const char *session = opt_str(L, 3), *corr = opt_str(L, 4), *to = opt_str(L, 5);
+  const char *session = opt_str(L, 3), *corr = opt_str(L, 4), *to = opt_str(L, 5), *given = opt_str(L, 6);
   if (!vm->has_host || !vm->host.publish)
     return luaL_error(L, "nimbus.publish works inside a running host (nimbus-host ADAPTER.lua), "
                          "not in interpreter mode");
@@ -84,15 +84,18 @@ static int l_publish(lua_State *L)
   nh_task_t *t = nh_task_running();
   if (t && strcmp(nh_task_kind(t), "handler") != 0) t = NULL;
   char mid[37];
+  int duplicate = 0;
   nh_error_t err = {0};
-  if (vm->host.publish(vm->host.data, t ? nh_task_data(t) : NULL, type, body, len, session, corr, to, mid, &err)) {
+  if (vm->host.publish(vm->host.data, t ? nh_task_data(t) : NULL, type, body, len, session, corr, to, given, mid,
+                       &duplicate, &err)) {
     lua_pushnil(L);
     lua_pushstring(L, err.msg);
     lua_pushstring(L, err.code == NH_EUSAGE ? "EINVAL" : "EIO");
     return 3;
   }
-  lua_pushstring(L, mid);
-  return 1;
+  lua_pushstring(L, given ? given : mid);
+  lua_pushboolean(L, duplicate);
+  return 2;
 }
 
 static int l_pending_handoffs(lua_State *L)

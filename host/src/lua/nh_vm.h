@@ -48,10 +48,12 @@ typedef struct nh_vm_host {
   /* Validates endpoint options at the top of the stack index `opts`; on error returns
    * non-zero with the reason in err (raised to the adapter as a Lua error). */
   int (*register_endpoint)(void *data, nh_vm_t *vm, lua_State *L, const char *name, int opts, nh_error_t *err);
-  /* task_data is the publishing task's nh_task_args_t.data, NULL outside a task. */
+  /* task_data is the publishing task's nh_task_args_t.data, NULL outside a task.
+   * given_id: the caller's MessageId (NULL: a fresh one into message_id); published
+   * once within the dedup window: *duplicate is set when it was already. */
   int (*publish)(void *data, void *task_data, const char *type, const char *body, size_t body_len,
-                 const char *session, const char *correlation_id, const char *to, char message_id[37],
-                 nh_error_t *err);
+                 const char *session, const char *correlation_id, const char *to, const char *given_id,
+                 char message_id[37], int *duplicate, nh_error_t *err);
   /* A task finished; the outcome is moved to the callee. */
   void (*task_done)(void *data, void *task_data, nh_outcome_t *o);
   /* Pushes the endpoint's Pending+Handoff events as a Lua array; returns 0, or non-zero

@@ -5,6 +5,7 @@
 #include "core/nh_failgroup.h"
 #include "core/nh_log.h"
 #include "core/nh_sqlite.h"
+#include "core/nh_sqlprof.h"
 #include "core/nh_util.h"
 
 #include <errno.h>
@@ -20,8 +21,8 @@ static const char *const stmt_sql[NH_SQL_COUNT] = {
   [NH_SQL_AUDIT_PUT] =
     "INSERT INTO audit(endpoint, event_id, session_id, event_type, status, sub_status, error_text, error_type,"
     " handoff_reason, external_job_id, expected_by, message_id, correlation_id, originating_message_id,"
-    " retry_count, payload, result, created_at, updated_at, error_stack, fail_group)"
-    " VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?18,?19,?20)"
+    " retry_count, payload, result, created_at, updated_at, error_stack, fail_group, attempts)"
+    " VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?18,?19,?20,?21)"
     " ON CONFLICT(event_id, endpoint) DO UPDATE SET session_id=excluded.session_id,"
     " event_type=excluded.event_type, status=excluded.status, sub_status=excluded.sub_status,"
     " error_text=excluded.error_text, error_type=excluded.error_type, handoff_reason=excluded.handoff_reason,"
@@ -29,7 +30,7 @@ static const char *const stmt_sql[NH_SQL_COUNT] = {
     " message_id=excluded.message_id, correlation_id=excluded.correlation_id,"
     " originating_message_id=excluded.originating_message_id, retry_count=excluded.retry_count,"
     " payload=excluded.payload, result=excluded.result, updated_at=excluded.updated_at,"
-    " error_stack=excluded.error_stack, fail_group=excluded.fail_group",
+    " error_stack=excluded.error_stack, fail_group=excluded.fail_group, attempts=excluded.attempts",
   [NH_SQL_AUDIT_GET] = "SELECT " NH_AUDIT_COLS " FROM audit WHERE endpoint = ?1 AND event_id = ?2",
   [NH_SQL_AUDIT_FIND] = "SELECT " NH_AUDIT_COLS " FROM audit WHERE event_id = ?1",
   [NH_SQL_AUDIT_FIND_PREFIX] =
@@ -168,7 +169,6 @@ static int schema_version(sqlite3 *db);
 static int open_readonly_rest(nh_store_t **out, sqlite3 *db, const char *path, nh_error_t *err)
 {
   sqlite3_busy_timeout(db, 10000);
-  sqlite3_exec(db, "PRAGMA cache_size=-16384;", NULL, NULL, NULL);
   int v = schema_version(db);
   int want = (int)(sizeof nh_store_migrations / sizeof nh_store_migrations[0]);
   if (v < want) {   /* an older store: upgrade it first, which needs a writable one */
@@ -280,6 +280,7 @@ int nh_store_open(nh_store_t **out, const char *path, int flags, nh_error_t *err
     sqlite3_close(db);
     return NH_EFAIL;
   }
+  nh_sqlprof_attach(db);
   /* A peer host holding the write lock for one batch is normal; wait for it. */
   sqlite3_busy_timeout(db, 10000);
   /* New stores free pages incrementally (retention gives them back, nh_store_vacuum_step);
@@ -297,12 +298,16 @@ int nh_store_open(nh_store_t **out, const char *path, int flags, nh_error_t *err
   /* temp_store=MEMORY: the per-job savepoints keep their sub-journals in memory instead
    * of writing every touched page to a temporary file (13x the I/O per event otherwise). */
   if (sqlite3_exec(db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA foreign_keys=OFF;"
-                       " PRAGMA temp_store=MEMORY; PRAGMA cache_size=-16384;", NULL,
+                       " PRAGMA temp_store=MEMORY;", NULL,
                    NULL, NULL) != SQLITE_OK) {
     store_error(err, db, sqlite3_extended_errcode(db), path, "setting it up");
     sqlite3_close(db);
     return NH_EFAIL;
   }
+  /* A host checkpoints on a thread of its own once the WAL reaches 4,000 pages
+   * (dispatch/nh_checkpointer.c); a CLI command writing beside it would otherwise copy
+   * the host's WAL back in each of its own commits (sqlite's default: past 1,000 pages). */
+  sqlite3_wal_autocheckpoint(db, NH_STORE_WAL_AUTOCHECKPOINT);
   int was = schema_version(db);
   if (nh_sqlite_migrate(db, "store", nh_store_migrations,
                         (int)(sizeof nh_store_migrations / sizeof nh_store_migrations[0]), err)) {

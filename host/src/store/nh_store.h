@@ -21,6 +21,7 @@ typedef struct nh_store nh_store_t;
 #define NH_ST_DEADLETTERED "DeadLettered"
 #define NH_ST_UNSUPPORTED "Unsupported"
 #define NH_ST_SKIPPED "Skipped"
+#define NH_SUB_RETRYING "Retrying"   /* Pending after a transient failure, its next attempt scheduled */
 
 typedef struct nh_audit {
   char *endpoint, *event_id, *session_id, *event_type;
@@ -30,6 +31,7 @@ typedef struct nh_audit {
   int64_t expected_by;            /* ms since epoch, 0 = none */
   char *message_id, *correlation_id, *originating_message_id;
   int retry_count;
+  int attempts;                   /* transient failures in a row (Pending+Retrying, or the Failed they ended in) */
   char *payload;                  /* latest event JSON */
   char *result;                   /* hand-off result JSON */
   char *error_stack;              /* Lua traceback of a failure */
@@ -84,6 +86,16 @@ const char *nh_store_errmsg(nh_store_t *s);
  * the host goes idle so the automatic checkpoint rarely lands inside a busy batch. */
 void nh_store_checkpoint(nh_store_t *s);
 
+/* Told after every commit how many pages the WAL holds; replaces sqlite's automatic
+ * checkpoint, so the callback must see that one happens (NULL: sqlite's own again). */
+typedef void (*nh_store_wal_cb)(void *data, int wal_pages);
+/* Pages of WAL after which a connection without such a hook checkpoints in its commit. */
+#define NH_STORE_WAL_AUTOCHECKPOINT 10000
+void nh_store_set_wal_hook(nh_store_t *s, nh_store_wal_cb cb, void *data);
+/* A PASSIVE checkpoint of the store file at `path` through a connection of its own, so
+ * it may run on another thread; NH_OK also when another process is checkpointing. */
+int nh_store_checkpoint_file(const char *path, int *wal_pages, int *copied, nh_error_t *err);
+
 /* audit projection: one row per (endpoint, event_id) */
 int nh_store_audit_put(nh_store_t *s, const nh_audit_t *a);
 int nh_store_audit_get(nh_store_t *s, const char *endpoint, const char *event_id, nh_audit_t *out);
@@ -93,6 +105,8 @@ void nh_audit_clear(nh_audit_t *a);
 /* Failed or DeadLettered: the statuses that carry a failure group and that an operator
  * resolves (resubmit, skip). */
 int nh_audit_unresolved_failure(const char *status);
+/* Pending+Retrying: a transient failure waiting for its next attempt. */
+int nh_audit_retrying(const nh_audit_t *a);
 /* Rewrites the reason on a session's Deferred rows (the blocker changed during a replay). */
 int nh_store_audit_retext_deferred(nh_store_t *s, const char *endpoint, const char *session, const char *text);
 typedef int (*nh_audit_cb)(void *data, const nh_audit_t *a);
@@ -168,6 +182,8 @@ void nh_store_vacuum_step(nh_store_t *s, int pages);
  * publish again), NH_EFAIL. Older claims are replaced (the window has passed). */
 #define NH_DEDUP_WINDOW_MS (24LL * 3600 * 1000)
 int nh_store_published_claim(nh_store_t *s, const char *message_id, int64_t now, int64_t since, int64_t *at);
+/* 1 if published since `since` (*at gets when), 0 if not, NH_EFAIL; claims nothing. */
+int nh_store_published_seen(nh_store_t *s, const char *message_id, int64_t since, int64_t *at);
 
 /* Running hosts (`hosts`): each host writes its row at start with its endpoints as
  * ",A,B,", refreshes seen_at while it runs and deletes it at stop, so an operator

@@ -38,7 +38,8 @@ enum {
 #define NH_AUDIT_COLS                                                                              \
   "endpoint, event_id, session_id, event_type, status, sub_status, error_text, error_type,"        \
   " handoff_reason, external_job_id, expected_by, message_id, correlation_id, originating_message_id," \
-  " retry_count, payload, result, created_at, updated_at, error_stack"
+  " retry_count, payload, result, created_at, updated_at, error_stack, attempts"
+#define NH_AUDIT_NCOLS 21   /* a listing's own columns start here */
 
 /* Row readers shared with the listing queries (nh_store_query.c). */
 void nh_store_audit_read(sqlite3_stmt *st, nh_audit_t *a);        /* NH_AUDIT_COLS from column 0 */
@@ -50,6 +51,8 @@ struct nh_store {
   int in_tx;
   nh_store_txn_cb txn_cb;    /* a broker transport's hook: see nh_store_set_txn_hook */
   void *txn_data;
+  nh_store_wal_cb wal_cb;    /* a host's checkpointer: see nh_store_set_wal_hook */
+  void *wal_data;
   int failed;        /* a statement failed since the last begin/savepoint: do not commit */
   int outer_failed;  /* ... before the current savepoint */
   sqlite3_stmt *stmt[NH_SQL_COUNT];

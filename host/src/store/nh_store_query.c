@@ -126,7 +126,7 @@ int nh_store_events(nh_store_t *s, const nh_event_filter_t *f, nh_audit_cb cb, v
   while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
     nh_audit_t a = { 0 };
     nh_store_audit_read(st, &a);
-    if (last_rowid) *last_rowid = sqlite3_column_int64(st, 20);
+    if (last_rowid) *last_rowid = sqlite3_column_int64(st, NH_AUDIT_NCOLS);
     int stop = cb(data, &a);
     nh_audit_clear(&a);
     n++;
@@ -349,7 +349,7 @@ int nh_store_failgroup_exists(nh_store_t *s, const char *group)
 
 /* ---- idempotent publishing ---- */
 
-int nh_store_published_claim(nh_store_t *s, const char *message_id, int64_t now, int64_t since, int64_t *at)
+int nh_store_published_seen(nh_store_t *s, const char *message_id, int64_t since, int64_t *at)
 {
   sqlite3_stmt *st = NULL;
   if (sqlite3_prepare_v2(s->db, "SELECT at FROM published WHERE message_id = ?1", -1, &st, NULL) != SQLITE_OK)
@@ -361,8 +361,17 @@ int nh_store_published_claim(nh_store_t *s, const char *message_id, int64_t now,
   if (rc != SQLITE_ROW && rc != SQLITE_DONE) return NH_EFAIL;
   if (rc == SQLITE_ROW && prev >= since) {
     if (at) *at = prev;
-    return 0;
+    return 1;
   }
+  return 0;
+}
+
+int nh_store_published_claim(nh_store_t *s, const char *message_id, int64_t now, int64_t since, int64_t *at)
+{
+  int seen = nh_store_published_seen(s, message_id, since, at);
+  if (seen) return seen == 1 ? 0 : NH_EFAIL;
+  sqlite3_stmt *st = NULL;
+  int rc;
   if (sqlite3_prepare_v2(s->db, "INSERT OR REPLACE INTO published(message_id, at) VALUES (?1, ?2)", -1, &st, NULL) !=
       SQLITE_OK)
     return NH_EFAIL;

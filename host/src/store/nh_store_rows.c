@@ -47,6 +47,12 @@ int nh_audit_unresolved_failure(const char *status)
   return status && (strcmp(status, NH_ST_FAILED) == 0 || strcmp(status, NH_ST_DEADLETTERED) == 0);
 }
 
+int nh_audit_retrying(const nh_audit_t *a)
+{
+  return a->status && strcmp(a->status, NH_ST_PENDING) == 0 && a->sub_status &&
+         strcmp(a->sub_status, NH_SUB_RETRYING) == 0;
+}
+
 void nh_audit_clear(nh_audit_t *a)
 {
   free(a->endpoint); free(a->event_id); free(a->session_id); free(a->event_type);
@@ -76,6 +82,7 @@ int nh_store_audit_put(nh_store_t *s, const nh_audit_t *a)
   } else {
     sqlite3_bind_null(st, 20);
   }
+  sqlite3_bind_int(st, 21, a->attempts);
   return done(s, st, "audit put");
 }
 
@@ -102,6 +109,7 @@ void nh_store_audit_read(sqlite3_stmt *st, nh_audit_t *a)
   a->created_at = nh_sqlite_col_i64(st, 17);
   a->updated_at = nh_sqlite_col_i64(st, 18);
   a->error_stack = nh_sqlite_col_strdup(st, 19);
+  a->attempts = sqlite3_column_int(st, 20);
 }
 
 int nh_store_audit_get(nh_store_t *s, const char *endpoint, const char *event_id, nh_audit_t *out)

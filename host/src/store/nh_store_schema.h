@@ -74,6 +74,10 @@ static const char *const nh_store_migrations[] = {
   "CREATE TABLE bulk_runs ("
   "  key TEXT PRIMARY KEY, cutoff INTEGER NOT NULL, started_at INTEGER NOT NULL, owner TEXT,"
   "  queued INTEGER NOT NULL DEFAULT 0) WITHOUT ROWID;",
+
+  /* 3: transient failures retried under the endpoint's `transient` policy: how many
+   * attempts the event has had (while Pending+Retrying, and when they ran out). */
+  "ALTER TABLE audit ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0;",
 };
 
 #endif

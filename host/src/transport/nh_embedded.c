@@ -31,11 +31,14 @@ static const char *const embedded_migrations[] = {
   /* 2: a session's queued rows without reading the rest of the endpoint's queue
    * (session_next parks a blocked session's backlog; it read every row after the head). */
   "CREATE INDEX queue_session ON queue(endpoint, session_id, seq);",
+  /* 3: that index made every enqueue and settle write a page at a random place (half the
+   * publish rate); session_next now takes the rows the head scan already saw. */
+  "DROP INDEX queue_session;",
 };
 
 enum {
   Q_SUB_DEL, Q_SUB_ADD, Q_SUB_CONFLICT, Q_SUBSCRIBERS, Q_INSERT, Q_HEADS, Q_LOCK, Q_UNLOCK, Q_RENEW, Q_DELIVERED,
-  Q_DELETE, Q_DEAD, Q_RELEASE_LOCK, Q_RELEASED, Q_OWNERS, Q_SESSION_NEXT, Q_DROP_OWNER, Q_COUNT
+  Q_DELETE, Q_DEAD, Q_RELEASE_LOCK, Q_RELEASED, Q_OWNERS, Q_ROW, Q_DROP_OWNER, Q_COUNT
 };
 
 static const char *const q_sql[Q_COUNT] = {
@@ -77,18 +80,30 @@ static const char *const q_sql[Q_COUNT] = {
   [Q_RELEASE_LOCK] =
     "UPDATE session_locks SET owner = NULL, locked_until = ?3 WHERE endpoint = ?1 AND session_id = ?2 AND owner = ?4",
   [Q_OWNERS] = "SELECT DISTINCT owner FROM session_locks WHERE owner IS NOT NULL",
-  [Q_SESSION_NEXT] =
+  /* one row a head scan saw, if it is still there (session_next) */
+  [Q_ROW] =
     "SELECT seq, session_id, message_id, event_id, event_type, message_type, correlation_id,"
     " originating_message_id, parent_message_id, from_, retry_count, delivery_count, enqueued_at,"
     " visible_at, body, error_text, error_type, releases, reply_to FROM queue"
-    " WHERE endpoint = ?1 AND session_id = ?2 AND seq > ?3 ORDER BY seq LIMIT ?4",
+    " WHERE seq = ?1 AND endpoint = ?2 AND session_id = ?3",
   [Q_DROP_OWNER] = "DELETE FROM session_locks WHERE owner = ?1",
 };
+
+/* A row the last head scan passed over because its session's head came first. */
+typedef struct follower {
+  int64_t seq;
+  uint64_t session_hash;
+} follower_t;
 
 typedef struct embedded {
   nh_transport_t base;
   sqlite3 *db;
   char *owner;
+  /* The later rows of each session seen by the last head scan, in seq order (see
+   * emb_session_next): up to one scan of them, replaced by the next scan. */
+  char *fol_endpoint;
+  follower_t *fol;
+  int nfol, fol_cap;
   nh_embedded_sent_cb sent_cb;   /* told each copy a send queued (the CLI prints the EventIds) */
   void *sent_data;
   sqlite3_stmt *q[Q_COUNT];
@@ -202,18 +217,34 @@ static int emb_receive(nh_transport_t *t, const char *endpoint, int max, int64_t
   embedded_t *e = (embedded_t *)t;
   if (max <= 0) return 0;
   sqlite3_stmt *st = e->q[Q_HEADS];
-  int scan = max * 4 + 64;
+  int scan = max * 4 + 256;   /* room for a batch of followers even when max is 1 */
   nh_sqlite_bind_text(st, 1, endpoint);
   sqlite3_bind_int64(st, 2, now);
   sqlite3_bind_int(st, 3, scan);
   nh_strset_t seen;
   nh_strset_init(&seen, (size_t)scan);
+  if (!e->fol_endpoint || strcmp(e->fol_endpoint, endpoint) != 0) {
+    free(e->fol_endpoint);
+    e->fol_endpoint = nh_xstrdup(endpoint);
+  }
+  e->nfol = 0;
   /* Read the heads first, then lock: writes must not interleave with the open scan. */
   int n = 0, cap = 0;
   nh_msg_t *heads = NULL;   /* grown as rows come: an idle poll allocates nothing */
-  while (n < max && sqlite3_step(st) == SQLITE_ROW) {
+  while (sqlite3_step(st) == SQLITE_ROW) {
     const char *session = (const char *)sqlite3_column_text(st, 1);
-    if (!nh_strset_add(&seen, session)) continue;
+    /* With every head taken, the scan goes on only through later rows of sessions it
+     * has seen (a blocked session's backlog, for session_next) and ends at a new one. */
+    int follower = n == max ? nh_strset_has(&seen, session) : !nh_strset_add(&seen, session);
+    if (n == max && !follower) break;
+    if (follower) {
+      if (e->nfol == e->fol_cap) {
+        e->fol_cap = e->fol_cap ? e->fol_cap * 2 : 256;
+        e->fol = nh_xrealloc(e->fol, sizeof *e->fol * (size_t)e->fol_cap);
+      }
+      e->fol[e->nfol++] = (follower_t){sqlite3_column_int64(st, 0), nh_strset_hash(session)};
+      continue;
+    }
     if (sqlite3_column_int64(st, 13) > now) continue;   /* head not visible yet: session waits */
     if (n == cap) {
       cap = cap ? cap * 2 : 16;
@@ -369,6 +400,8 @@ static void emb_close(nh_transport_t *t)
 {
   embedded_t *e = (embedded_t *)t;
   for (int i = 0; i < Q_COUNT; i++) sqlite3_finalize(e->q[i]);
+  free(e->fol_endpoint);
+  free(e->fol);
   free(e->owner);
   free(e);
 }
@@ -393,23 +426,34 @@ static void reap_dead_owners(embedded_t *e)
   }
 }
 
+/* The session's next rows come from the last head scan instead of a query of their own
+ * (an index on (endpoint, session_id, seq) would cost every enqueue and settle a write at
+ * a random page). That is complete: the scan reads the endpoint's rows in seq order, and
+ * the rows committed by then form a prefix of seq (writers are serialised and seq only
+ * grows), so a session that was not locked during the scan had all its rows up to the
+ * scan's last one seen, in order. A session locked during the scan (ours since an
+ * earlier receive) has no followers: its later rows come with later receives, as they
+ * would without this. Each row is read again by seq; a gone or not yet visible row ends
+ * the batch, so what is handed over is always the next rows of the session, in order. */
 static int emb_session_next(nh_transport_t *t, const char *endpoint, const char *session, int64_t after_seq, int max,
                             nh_msg_t *out, int64_t now)
 {
   embedded_t *e = (embedded_t *)t;
-  sqlite3_stmt *st = e->q[Q_SESSION_NEXT];
-  nh_sqlite_bind_text(st, 1, endpoint);
-  nh_sqlite_bind_text(st, 2, session);
-  sqlite3_bind_int64(st, 3, after_seq);
-  sqlite3_bind_int(st, 4, max);
+  if (!e->fol_endpoint || strcmp(e->fol_endpoint, endpoint) != 0) return 0;
+  uint64_t h = nh_strset_hash(session);
+  sqlite3_stmt *st = e->q[Q_ROW];
   int n = 0;
-  while (n < max && sqlite3_step(st) == SQLITE_ROW) {
-    if (sqlite3_column_int64(st, 13) > now) break;   /* not visible yet: it and what follows wait */
-    read_row(st, endpoint, &out[n]);
-    n++;
+  for (int i = 0; i < e->nfol && n < max; i++) {
+    if (e->fol[i].session_hash != h || e->fol[i].seq <= after_seq) continue;
+    sqlite3_bind_int64(st, 1, e->fol[i].seq);
+    nh_sqlite_bind_text(st, 2, endpoint);
+    nh_sqlite_bind_text(st, 3, session);   /* a hash collision finds no row: the batch ends */
+    int found = sqlite3_step(st) == SQLITE_ROW && sqlite3_column_int64(st, 13) <= now;
+    if (found) read_row(st, endpoint, &out[n++]);
+    sqlite3_reset(st);
+    sqlite3_clear_bindings(st);
+    if (!found) break;   /* gone, or not visible yet: it and what follows wait */
   }
-  sqlite3_reset(st);
-  sqlite3_clear_bindings(st);
   /* No delivery counts: the caller settles what it takes in this same transaction, and
    * what it leaves is delivered (and counted) by a later receive. */
   return n;
@@ -455,13 +499,14 @@ nh_transport_t *nh_embedded_new(sqlite3 *db, const char *owner, nh_error_t *err)
 int nh_embedded_list(sqlite3 *db, const char *endpoint, const char *session, int want_running, int64_t now, int limit,
                      int (*cb)(void *data, const nh_queued_row_t *r), void *data)
 {
-  /* head = the session's lowest seq; a live lock with an owner means its head is in a
-   * handler (an owner-less lock is a transient delay: still queued) */
+  /* A live lock with an owner means the session's head is in a handler (an owner-less
+   * lock is a transient delay: still queued). The head is the session's lowest seq: the
+   * first row of a locked session this scan meets, since it reads whole sessions in seq
+   * order; `locked` remembers the locked sessions met (at most the running ones). */
   char sql[1024];
   snprintf(sql, sizeof sql,
            "SELECT q.endpoint, q.session_id, q.event_id, q.event_type, q.message_type, l.owner, q.enqueued_at,"
-           " q.visible_at, q.delivery_count, (l.owner IS NOT NULL AND q.seq = (SELECT min(seq) FROM queue h"
-           "  WHERE h.endpoint = q.endpoint AND h.session_id = q.session_id)) AS running"
+           " q.visible_at, q.delivery_count"
            " FROM queue q LEFT JOIN session_locks l ON l.endpoint = q.endpoint AND l.session_id = q.session_id"
            "  AND l.locked_until > ?3 WHERE %s %s ORDER BY q.seq",
            endpoint ? "q.endpoint = ?1" : "q.endpoint NOT LIKE '\\_reply.%' ESCAPE '\\'",
@@ -472,6 +517,8 @@ int nh_embedded_list(sqlite3 *db, const char *endpoint, const char *session, int
   nh_sqlite_bind_text(st, 2, session);
   sqlite3_bind_int64(st, 3, now);
   int n = 0, rc;
+  nh_strset_t locked;
+  nh_strset_init(&locked, 64);
   while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
     nh_queued_row_t r = {
       .endpoint = (const char *)sqlite3_column_text(st, 0),
@@ -482,8 +529,14 @@ int nh_embedded_list(sqlite3 *db, const char *endpoint, const char *session, int
       .enqueued_at = sqlite3_column_int64(st, 6),
       .visible_at = sqlite3_column_int64(st, 7),
       .delivery_count = sqlite3_column_int(st, 8),
-      .running = sqlite3_column_int(st, 9),
     };
+    if (sqlite3_column_type(st, 5) != SQLITE_NULL) {
+      size_t len = strlen(r.endpoint) + strlen(r.session_id) + 2;
+      char *key = nh_xmalloc(len);
+      snprintf(key, len, "%s\x1f%s", r.endpoint, r.session_id);
+      r.running = nh_strset_add(&locked, key);
+      free(key);
+    }
     r.owner = r.running ? (const char *)sqlite3_column_text(st, 5) : NULL;
     if (r.running != want_running) continue;
     n++;
@@ -493,6 +546,7 @@ int nh_embedded_list(sqlite3 *db, const char *endpoint, const char *session, int
     }
   }
   sqlite3_finalize(st);
+  nh_strset_free(&locked);
   return rc == SQLITE_DONE ? n : NH_EFAIL;
 }
 

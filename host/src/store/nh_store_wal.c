@@ -1,0 +1,38 @@
+/* WAL checkpoints. By default sqlite copies the WAL back into the database inside the
+ * commit that crosses 1,000 pages: on the loop thread, in the middle of a batch, about
+ * every 250 events (4 MB of I/O and an fsync each time). A host moves that work to a
+ * thread of its own (dispatch/nh_checkpointer.c) through these two calls. */
+#include "nh_store_int.h"
+
+#include <stdio.h>
+
+static int on_commit(void *data, sqlite3 *db, const char *name, int pages)
+{
+  (void)db;
+  (void)name;
+  nh_store_t *s = data;
+  if (s->wal_cb) s->wal_cb(s->wal_data, pages);
+  return SQLITE_OK;
+}
+
+void nh_store_set_wal_hook(nh_store_t *s, nh_store_wal_cb cb, void *data)
+{
+  s->wal_cb = cb;
+  s->wal_data = data;
+  if (cb) sqlite3_wal_hook(s->db, on_commit, s);
+  else sqlite3_wal_autocheckpoint(s->db, NH_STORE_WAL_AUTOCHECKPOINT);   /* sqlite's own again */
+}
+
+int nh_store_checkpoint_file(const char *path, int *wal_pages, int *copied, nh_error_t *err)
+{
+  /* Its own connection: this runs on a worker thread, and a connection is used by one
+   * thread at a time (the store's stays on the loop thread). A PASSIVE checkpoint takes
+   * no lock a writer needs, so the host keeps committing while it copies. */
+  sqlite3 *db = NULL;
+  int rc = sqlite3_open_v2(path, &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, NULL);
+  if (rc == SQLITE_OK) rc = sqlite3_wal_checkpoint_v2(db, NULL, SQLITE_CHECKPOINT_PASSIVE, wal_pages, copied);
+  if (rc != SQLITE_OK && rc != SQLITE_BUSY)   /* busy: another process is checkpointing */
+    nh_error_set(err, NH_EFAIL, "checkpoint of %s: %s", path, db ? sqlite3_errmsg(db) : sqlite3_errstr(rc));
+  sqlite3_close(db);
+  return rc == SQLITE_OK || rc == SQLITE_BUSY ? NH_OK : NH_EFAIL;
+}
