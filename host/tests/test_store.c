@@ -851,4 +851,31 @@ TEST(migration_to_schema_2_backfills_failure_groups)
   nh_store_close(s);
 }
 
+/* A host checkpoints through a connection of its own on a worker thread
+ * (nh_store_checkpoint_file). On a store it has just created, that connection once saw
+ * "not in WAL mode" (-1 pages) and copied nothing, so the WAL grew without end. */
+TEST(checkpoint_file_copies_the_wal_of_a_new_store)
+{
+  nh_store_t *s = open_store("fresh.db");
+  sqlite3_wal_hook(nh_store_db(s), NULL, NULL);   /* no automatic checkpoint here */
+  ASSERT_EQ_INT(nh_store_begin(s), NH_OK);
+  for (int i = 0; i < 200; i++) {
+    char eid[32];
+    snprintf(eid, sizeof eid, "ev-%d", i);
+    put_audit(s, "Ep", eid, "s1", NH_ST_COMPLETED, 1000 + i);
+  }
+  ASSERT_EQ_INT(nh_store_commit(s), NH_OK);
+  int wal = -2, copied = -2;
+  nh_error_t err = {0};
+  ASSERT_EQ_INT(nh_store_checkpoint_file(nh_test_path("fresh.db"), &wal, &copied, &err), NH_OK);
+  ASSERT_CMP_INT(wal, >, 0);
+  ASSERT_EQ_INT(copied, wal);
+  /* what was copied is in the database file: a reader of the file alone sees it */
+  nh_store_close(s);
+  sqlite3 *db = NULL;
+  ASSERT_EQ_INT(sqlite3_open_v2(nh_test_path("fresh.db"), &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+  ASSERT_EQ_STR(q1(db, "SELECT count(*) FROM audit"), "200");
+  sqlite3_close(db);
+}
+
 NH_TEST_MAIN()

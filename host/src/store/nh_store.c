@@ -13,6 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 
 /* "NHst": marks a file as ours so a foreign sqlite database is refused, not scribbled on. */
 #define NH_APPLICATION_ID 0x4E487374
@@ -194,6 +196,22 @@ static int open_readonly_rest(nh_store_t **out, sqlite3 *db, const char *path, n
   return NH_OK;
 }
 
+/* Waiting for another connection's write lock (a host's batch, a CLI command): up to
+ * 10 s, trying again every 0.2 ms and then every 1 ms. sqlite's own busy timeout sleeps
+ * 1, 2, 5, 10 ... 100 ms between tries, and a busy host leaves the lock free only for
+ * moments between its batches: a CLI command beside it slept through them. */
+static int on_busy(void *data, int tries)
+{
+  nh_store_t *s = data;
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  int64_t now = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+  if (tries == 0) s->busy_since = now;
+  if (now - s->busy_since >= 10000) return 0;
+  usleep(tries < 50 ? 200 : 1000);
+  return 1;
+}
+
 /* The store's schema version before migrating (0: a new file). */
 static int schema_version(sqlite3 *db)
 {
@@ -320,6 +338,7 @@ int nh_store_open(nh_store_t **out, const char *path, int flags, nh_error_t *err
   nh_store_t *s = nh_xcalloc(1, sizeof *s);
   s->db = db;
   s->path = nh_xstrdup(path);
+  sqlite3_busy_handler(db, on_busy, s);
   for (int i = 0; i < NH_SQL_COUNT; i++) {
     if (sqlite3_prepare_v3(db, stmt_sql[i], -1, SQLITE_PREPARE_PERSISTENT, &s->stmt[i], NULL) != SQLITE_OK) {
       nh_error_set(err, NH_EFAIL, "store %s: preparing statement %d: %s", path, i, sqlite3_errmsg(db));

@@ -51,6 +51,7 @@ struct nh_store {
   int in_tx;
   nh_store_txn_cb txn_cb;    /* a broker transport's hook: see nh_store_set_txn_hook */
   void *txn_data;
+  int64_t busy_since;        /* when the current wait for the write lock began (on_busy) */
   nh_store_wal_cb wal_cb;    /* a host's checkpointer: see nh_store_set_wal_hook */
   void *wal_data;
   int failed;        /* a statement failed since the last begin/savepoint: do not commit */

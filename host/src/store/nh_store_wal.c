@@ -30,9 +30,15 @@ int nh_store_checkpoint_file(const char *path, int *wal_pages, int *copied, nh_e
    * no lock a writer needs, so the host keeps committing while it copies. */
   sqlite3 *db = NULL;
   int rc = sqlite3_open_v2(path, &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, NULL);
+  /* A fresh connection has not read the file yet, so sqlite does not know it is in WAL
+   * mode: the checkpoint alone returned "not WAL" (-1 pages) and copied nothing, and the
+   * WAL grew without end. A statement first makes it look. */
+  if (rc == SQLITE_OK) rc = sqlite3_exec(db, "PRAGMA cache_size=8; PRAGMA journal_mode=WAL", NULL, NULL, NULL);
   if (rc == SQLITE_OK) rc = sqlite3_wal_checkpoint_v2(db, NULL, SQLITE_CHECKPOINT_PASSIVE, wal_pages, copied);
-  if (rc != SQLITE_OK && rc != SQLITE_BUSY)   /* busy: another process is checkpointing */
-    nh_error_set(err, NH_EFAIL, "checkpoint of %s: %s", path, db ? sqlite3_errmsg(db) : sqlite3_errstr(rc));
+  int ok = rc == SQLITE_OK || rc == SQLITE_BUSY;   /* busy: another process is checkpointing */
+  if (!ok) nh_error_set(err, NH_EFAIL, "checkpoint of %s: %s", path, db ? sqlite3_errmsg(db) : sqlite3_errstr(rc));
+  else if (rc == SQLITE_OK && *wal_pages < 0)
+    ok = 0, nh_error_set(err, NH_EFAIL, "checkpoint of %s: the file is not in WAL mode", path);
   sqlite3_close(db);
-  return rc == SQLITE_OK || rc == SQLITE_BUSY ? NH_OK : NH_EFAIL;
+  return ok ? NH_OK : NH_EFAIL;
 }
