@@ -3,7 +3,7 @@ BUILD   ?= build
 JOBS    ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo
 
-.PHONY: all deps build demo test test-asan bench clean
+.PHONY: all deps build demo test test-asan bench fuzz clean
 
 all: build
 
@@ -36,5 +36,14 @@ bench: build
 	@$(BUILD)/host/nimbus-host -l spec/bench/reload.lua $(BUILD)/host/nimbus-host
 	@$(BUILD)/host/nimbus-host -l spec/bench/amqp.lua $(BUILD)/host/nimbus-host $(BUILD)/bench/nh-amqp-bench
 
+# libFuzzer (clang) over host/fuzz: FUZZ_SECONDS per target (default 60); crashes are
+# written under $(BUILD)-fuzz/fuzz-crashes (scripts/fuzz.sh says what to do with them).
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS := fuzz_url fuzz_amqp_msg fuzz_cli_args fuzz_json_lua fuzz_http_serve
+fuzz: deps
+	@cmake -S . -B $(BUILD)-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNH_FUZZ=ON >/dev/null
+	@cmake --build $(BUILD)-fuzz -j $(JOBS) --target $(FUZZ_TARGETS)
+	@scripts/fuzz.sh $(BUILD)-fuzz $(FUZZ_SECONDS)
+
 clean:
-	rm -rf $(BUILD) $(BUILD)-asan
+	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-fuzz

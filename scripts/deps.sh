@@ -7,6 +7,7 @@ packages=(
   liblua5.4-dev lua5.4 lua-cjson lua-busted
   libuv1-dev libsqlite3-dev sqlite3 libjansson-dev libcurl4-openssl-dev libmicrohttpd-dev
   valgrind python3 wrk curl
+  clang libclang-rt-14-dev
   libqpid-proton11-dev libssl-dev rabbitmq-server python3-qpid-proton openssl
 )
 

@@ -355,4 +355,5 @@ end
 M._compile = compile
 M._find = find
 M._shape = shape
+M._dispatcher = function(routes) return make_dispatch(compile(routes, 2)) end   -- host/fuzz
 return M

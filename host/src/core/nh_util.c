@@ -33,7 +33,7 @@ int64_t nh_duration_parse_ms(const char *s)
   if (!s || !*s) return -1;
   char *end;
   double v = strtod(s, &end);
-  if (end == s || v < 0) return -1;
+  if (end == s || !(v >= 0)) return -1;   /* also NaN */
   double unit = 1000;
   if (*end) {
     switch (*end) {
@@ -46,7 +46,9 @@ int64_t nh_duration_parse_ms(const char *s)
     }
     if (end[1]) return -1;
   }
-  return (int64_t)(v * unit);
+  double ms = v * unit;
+  if (ms >= 9.0e18) return -1;   /* inf, or more than an int64 of ms holds (found by fuzz_cli_args) */
+  return (int64_t)ms;
 }
 
 int64_t nh_time_parse_ms(const char *s, int64_t now_ms)

@@ -60,6 +60,8 @@ void nh_amqp_msg_encode(pn_message_t *pm, const nh_msg_t *m, const char *to);
 /* AMQP message -> nh_msg_t (owned strings). A message the host cannot take is returned
  * with type NH_MT_UNKNOWN and error_text saying why (it is then dead-lettered). */
 void nh_amqp_msg_decode(pn_message_t *pm, const char *endpoint, nh_msg_t *m);
+/* Bytes of one transfer into pm: NH_OK, or NH_EFAIL for what is not an AMQP message. */
+int nh_amqp_msg_decode_bytes(pn_message_t *pm, const char *bytes, size_t len);
 /* Reads a complete incoming delivery (advancing its link) and decodes it into pm,
  * growing *buf as needed. 0 when decoded, < 0 when the bytes are not a message. */
 int nh_amqp_msg_read(pn_delivery_t *d, pn_message_t *pm, char **buf, size_t *cap);
