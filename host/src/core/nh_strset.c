@@ -39,13 +39,18 @@ static void grow(nh_strset_t *set)
   set->cap = cap;
 }
 
-int nh_strset_add(nh_strset_t *set, const char *key)
+/* The slot holding key, or the empty slot where it would go. */
+static size_t slot(const nh_strset_t *set, const char *key)
 {
   size_t i = nh_strset_hash(key) & (set->cap - 1);
-  while (set->keys[i]) {
-    if (strcmp(set->keys[i], key) == 0) return 0;
-    i = (i + 1) & (set->cap - 1);
-  }
+  while (set->keys[i] && strcmp(set->keys[i], key) != 0) i = (i + 1) & (set->cap - 1);
+  return i;
+}
+
+int nh_strset_add(nh_strset_t *set, const char *key)
+{
+  size_t i = slot(set, key);
+  if (set->keys[i]) return 0;
   set->keys[i] = nh_xstrdup(key);
   if (++set->count * 2 > set->cap) grow(set);
   return 1;
@@ -53,12 +58,7 @@ int nh_strset_add(nh_strset_t *set, const char *key)
 
 int nh_strset_has(const nh_strset_t *set, const char *key)
 {
-  size_t i = nh_strset_hash(key) & (set->cap - 1);
-  while (set->keys[i]) {
-    if (strcmp(set->keys[i], key) == 0) return 1;
-    i = (i + 1) & (set->cap - 1);
-  }
-  return 0;
+  return set->keys[slot(set, key)] != NULL;
 }
 
 void nh_strset_free(nh_strset_t *set)

@@ -27,16 +27,16 @@ struct nh_checkpointer {
   int busy;        /* a copy is on the worker thread */
   int stopping;    /* freed when that copy is back */
   int pages;       /* WAL pages after the last commit */
-  int rc, wal_pages, copied;
-  nh_error_t err;  /* written by the worker, read after it */
+  int rc;          /* written by the worker, read after it */
+  nh_error_t err;
   int64_t warned_ms;
 };
 
 static void work_cb(uv_work_t *w)
 {
   nh_checkpointer_t *c = w->data;
-  c->wal_pages = c->copied = 0;
-  c->rc = nh_store_checkpoint_file(c->path, &c->wal_pages, &c->copied, &c->err);
+  int wal_pages = 0, copied = 0;
+  c->rc = nh_store_checkpoint_file(c->path, &wal_pages, &copied, &c->err);
 }
 
 static void after_cb(uv_work_t *w, int status)

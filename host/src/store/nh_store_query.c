@@ -162,8 +162,8 @@ const char *nh_store_status_canon(const char *status)
 int nh_store_audit_list(nh_store_t *s, const char *endpoint, const char *status, const char *session,
                         nh_audit_cb cb, void *data)
 {
-  nh_event_filter_t f = { .endpoint = endpoint, .session = session, .status = status };
-  if (nh_store_status_canon(status)) f.status = nh_store_status_canon(status);
+  const char *canon = nh_store_status_canon(status);
+  nh_event_filter_t f = { .endpoint = endpoint, .session = session, .status = canon ? canon : status };
   return nh_store_events(s, &f, cb, data, NULL);
 }
 
