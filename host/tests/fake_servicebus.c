@@ -1,5 +1,5 @@
 /* fake-servicebus: an in-memory stand-in for one Azure Service Bus topic, for tests of the
- * host's Service Bus profile (reference/asb-amqp.md) where no namespace is reachable.
+ * host's Service Bus profile (docs/servicebus-amqp.md) where no namespace is reachable.
  *
  *   fake-servicebus --port N --log FILE --key-name K --key SECRET --topic nimbus.events
  *                   --sub Endpoint=Type1,Type2 [--sub ...] [--missing Endpoint] [--lock-duration S]

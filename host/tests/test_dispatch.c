@@ -4,6 +4,7 @@
  * the uv loop until a condition on the store holds (with a deadline, no fixed sleeps).
  * Handlers append a line to a log file per call, so tests count handler runs. */
 #include "nh_test.h"
+#include "nh_test_sql.h"
 
 #include "core/nh_log.h"
 #include "core/nh_util.h"
@@ -137,9 +138,11 @@ static void env_stop(env_t *e)
   ASSERT_EQ_INT(rc, 0);
 }
 
-/* Enqueues one message for `ep` (to_all: fan out by type instead) in a transaction. */
-static void send_full(env_t *e, const char *ep, nh_msg_type_t type, const char *event_type, const char *session,
-                      const char *event_id, const char *body, const char *error_text, const char *error_type)
+/* Enqueues one message for `ep` (to_all: fan out by type instead) in a transaction;
+ * the body is body_len bytes (it may hold a NUL). */
+static void send_full_n(env_t *e, const char *ep, nh_msg_type_t type, const char *event_type, const char *session,
+                        const char *event_id, const char *body, size_t body_len, const char *error_text,
+                        const char *error_type)
 {
   char mid[37];
   nh_uuid_v4(mid);
@@ -153,7 +156,7 @@ static void send_full(env_t *e, const char *ep, nh_msg_type_t type, const char *
   m.correlation_id = "corr-test";
   m.from = "Tests";
   m.body = (char *)body;
-  m.body_len = body ? strlen(body) : 0;
+  m.body_len = body_len;
   m.error_text = (char *)error_text;
   m.error_type = (char *)error_type;
   m.enqueued_at = nh_time_now_ms();
@@ -163,6 +166,12 @@ static void send_full(env_t *e, const char *ep, nh_msg_type_t type, const char *
   if (e->tr->vt->send(e->tr, &m, ep, &copies, &err)) FAIL("send: %s", err.msg);
   if (nh_store_commit(e->store)) FAIL("commit");
   if (copies < 1) FAIL("send %s to %s: no copy queued", event_type, ep ? ep : "(fan-out)");
+}
+
+static void send_full(env_t *e, const char *ep, nh_msg_type_t type, const char *event_type, const char *session,
+                      const char *event_id, const char *body, const char *error_text, const char *error_type)
+{
+  send_full_n(e, ep, type, event_type, session, event_id, body, body ? strlen(body) : 0, error_text, error_type);
 }
 
 static void send_event(env_t *e, const char *session, const char *event_id, const char *body)
@@ -199,41 +208,8 @@ static void get_audit(env_t *e, const char *event_id, nh_audit_t *a)
   if (nh_store_audit_get(e->store, "Ep", event_id, a) != 1) FAIL("no audit row for %s", event_id);
 }
 
-static long long q1i(env_t *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static long long q1i(env_t *e, const char *fmt, ...)
-{
-  char sql[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(sql, sizeof sql, fmt, ap);
-  va_end(ap);
-  sqlite3 *db = nh_store_db(e->store);
-  sqlite3_stmt *st;
-  if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK) FAIL("prepare %s: %s", sql, sqlite3_errmsg(db));
-  long long v = -1;
-  if (sqlite3_step(st) == SQLITE_ROW) v = sqlite3_column_int64(st, 0);
-  sqlite3_finalize(st);
-  return v;
-}
-
-static const char *q1s(env_t *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static const char *q1s(env_t *e, const char *fmt, ...)
-{
-  static char buf[2048];
-  char sql[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(sql, sizeof sql, fmt, ap);
-  va_end(ap);
-  buf[0] = '\0';
-  sqlite3 *db = nh_store_db(e->store);
-  sqlite3_stmt *st;
-  if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK) FAIL("prepare %s: %s", sql, sqlite3_errmsg(db));
-  if (sqlite3_step(st) == SQLITE_ROW && sqlite3_column_text(st, 0))
-    snprintf(buf, sizeof buf, "%s", (const char *)sqlite3_column_text(st, 0));
-  sqlite3_finalize(st);
-  return buf;
-}
+#define q1i(e, ...) nh_test_q1i(nh_store_db((e)->store), __VA_ARGS__)
+#define q1s(e, ...) nh_test_q1s(nh_store_db((e)->store), __VA_ARGS__)
 
 static int queued(env_t *e) { return (int)q1i(e, "SELECT count(*) FROM queue WHERE endpoint = 'Ep'"); }
 static int parked(env_t *e, const char *session) { return nh_store_parked_count(e->store, "Ep", session); }
@@ -654,14 +630,17 @@ TEST(retry_then_failed)
   env_stop(e);
 }
 
+/* Fails an event until its retry_count reaches the body's fail_until. */
+static const char FAIL_UNTIL_ADAPTER[] =
+  "local ep = nimbus.endpoint('Ep', { retry = { max_retries = 3, base = 0.01 } })\n"
+  "ep:on('Thing', function(event, ctx)\n"
+  "  record(ctx.event_id .. ':' .. ctx.kind .. ':' .. ctx.retry_count)\n"
+  "  if event.fail_until and ctx.retry_count < event.fail_until then error('not yet') end\n"
+  "end)\n";
+
 TEST(retry_that_succeeds_unblocks_and_replays)
 {
-  env_t *e = env_start(
-            "local ep = nimbus.endpoint('Ep', { retry = { max_retries = 3, base = 0.01 } })\n"
-            "ep:on('Thing', function(event, ctx)\n"
-            "  record(ctx.event_id .. ':' .. ctx.kind .. ':' .. ctx.retry_count)\n"
-            "  if event.fail_until and ctx.retry_count < event.fail_until then error('not yet') end\n"
-            "end)\n");
+  env_t *e = env_start(FAIL_UNTIL_ADAPTER);
   send_event(e, "s1", "ev1", "{\"fail_until\":2}");
   send_event(e, "s1", "ev2", "{}");
   WAIT_FOR(e, is_status(e, "ev2", NH_ST_COMPLETED));
@@ -669,6 +648,32 @@ TEST(retry_that_succeeds_unblocks_and_replays)
   ASSERT_EQ_INT(q1i(e, "SELECT retry_count FROM audit WHERE event_id = 'ev1'"), 2);
   ASSERT_EQ_STR(nh_test_read_file(e->log), "ev1:event:0\nev1:retry:1\nev1:retry:2\nev2:replay:0\n");
   WAIT_FOR(e, !session_exists(e, "s1"));
+  env_stop(e);
+}
+
+/* Bodies are bytes: one with a NUL in it runs whole on the retry (taken from the audit
+ * row) and on the parked replay (from the parked row); the audit keeps the body each ran. */
+TEST(body_with_a_nul_byte_arrives_whole_through_retry_and_parked_replay)
+{
+  env_t *e = env_start(FAIL_UNTIL_ADAPTER);
+  static const char b1[] = "{\"fail_until\":1}\0after the NUL 1";
+  static const char b2[] = "{\"n\":2}\0after the NUL 2";
+  send_full_n(e, "Ep", NH_MT_EVENT, "Thing", "s1", "ev1", b1, sizeof b1 - 1, NULL, NULL);
+  send_full_n(e, "Ep", NH_MT_EVENT, "Thing", "s1", "ev2", b2, sizeof b2 - 1, NULL, NULL);
+  WAIT_FOR(e, is_status(e, "ev2", NH_ST_COMPLETED));
+  ASSERT_EQ_STR(nh_test_read_file(e->log), "ev1:event:0\nev1:retry:1\nev2:replay:0\n");
+  nh_audit_t a;
+  get_audit(e, "ev1", &a);
+  ASSERT_EQ_STR(a.status, NH_ST_COMPLETED);
+  ASSERT_EQ_INT(a.payload_len, sizeof b1 - 1);
+  ASSERT_TRUE(memcmp(a.payload, b1, sizeof b1) == 0);   /* and the trailing NUL */
+  nh_audit_clear(&a);
+  get_audit(e, "ev2", &a);
+  ASSERT_EQ_INT(a.payload_len, sizeof b2 - 1);
+  ASSERT_TRUE(memcmp(a.payload, b2, sizeof b2) == 0);
+  nh_audit_clear(&a);
+  ASSERT_EQ_INT(q1i(e, "SELECT length(CAST(payload AS BLOB)) FROM audit WHERE event_id = 'ev1'"), sizeof b1 - 1);
+  ASSERT_EQ_INT(q1i(e, "SELECT length(CAST(payload AS BLOB)) FROM audit WHERE event_id = 'ev2'"), sizeof b2 - 1);
   env_stop(e);
 }
 

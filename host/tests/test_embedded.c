@@ -3,6 +3,7 @@
  * sqlite connections to one file), lock expiry and renewal, settlement and
  * Time is driven through the `now` argument, never by sleeping. */
 #include "nh_test.h"
+#include "nh_test_sql.h"
 
 #include "core/nh_log.h"
 #include "core/nh_util.h"
@@ -143,35 +144,8 @@ static void send_in_tx(proc_t *p, const char *session, const char *event_id, int
   if (p->tr->vt->send(p->tr, &m, "Ep", &copies, &err)) FAIL("send: %s", err.msg);
 }
 
-static long long q1i(proc_t *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static long long q1i(proc_t *p, const char *fmt, ...)
-{
-  char sql[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(sql, sizeof sql, fmt, ap);
-  va_end(ap);
-  sqlite3 *db = nh_store_db(p->store);
-  sqlite3_stmt *st;
-  if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK) FAIL("prepare %s: %s", sql, sqlite3_errmsg(db));
-  long long v = -1;
-  if (sqlite3_step(st) == SQLITE_ROW) v = sqlite3_column_int64(st, 0);
-  sqlite3_finalize(st);
-  return v;
-}
-
-static const char *q1s(proc_t *p, const char *sql)
-{
-  static char buf[1024];
-  buf[0] = '\0';
-  sqlite3 *db = nh_store_db(p->store);
-  sqlite3_stmt *st;
-  if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK) FAIL("prepare %s: %s", sql, sqlite3_errmsg(db));
-  if (sqlite3_step(st) == SQLITE_ROW && sqlite3_column_text(st, 0))
-    snprintf(buf, sizeof buf, "%s", (const char *)sqlite3_column_text(st, 0));
-  sqlite3_finalize(st);
-  return buf;
-}
+#define q1i(p, ...) nh_test_q1i(nh_store_db((p)->store), __VA_ARGS__)
+#define q1s(p, ...) nh_test_q1s(nh_store_db((p)->store), __VA_ARGS__)
 
 /* ---------------------------------------------------------------- tests */
 

@@ -2,6 +2,7 @@
  * projection, history, session state, parked FIFOs, inbox, processed, oplog and
  * transactions. */
 #include "nh_test.h"
+#include "nh_test_sql.h"
 
 #include "core/nh_log.h"
 #include "core/nh_util.h"
@@ -22,20 +23,8 @@ static nh_store_t *open_store(const char *name)
   return s;
 }
 
-/* First column of the first row of `sql` as text (static buffer), "" when no row. */
-static const char *q1(sqlite3 *db, const char *sql)
-{
-  static char buf[1024];
-  buf[0] = '\0';
-  sqlite3_stmt *st;
-  if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK) FAIL("prepare %s: %s", sql, sqlite3_errmsg(db));
-  if (sqlite3_step(st) == SQLITE_ROW && sqlite3_column_text(st, 0))
-    snprintf(buf, sizeof buf, "%s", (const char *)sqlite3_column_text(st, 0));
-  sqlite3_finalize(st);
-  return buf;
-}
-
-static long long q1i(sqlite3 *db, const char *sql) { return atoll(q1(db, sql)); }
+#define q1 nh_test_q1s
+#define q1i nh_test_q1i
 
 static void put_audit(nh_store_t *s, const char *ep, const char *eid, const char *session, const char *status,
                       int64_t at)
@@ -680,6 +669,47 @@ TEST(parked_fifo_head_delete_count)
   ASSERT_EQ_INT(nh_store_parked_head(s, "Ep", "s1", &h, &seq), 0);
   ASSERT_EQ_INT(nh_store_parked_count(s, "Ep", "s1"), 0);
   ASSERT_EQ_INT(nh_store_parked_count(s, "Ep", "s2"), 1);   /* other sessions untouched */
+  nh_store_close(s);
+}
+
+/* A body is bytes: one with a NUL in it comes back whole from the parked FIFO and from
+ * the audit row (its payload_len), with a trailing NUL. */
+TEST(body_with_a_nul_byte_comes_back_whole_from_parked_and_audit)
+{
+  static const char body[] = "{\"n\":1}\0after the NUL";
+  const size_t len = sizeof body - 1;
+  nh_store_t *s = open_store("nimbus.db");
+  nh_msg_t m = make_msg("Ep", "s1", "p1", NULL);
+  m.body = (char *)body;
+  m.body_len = len;
+  ASSERT_EQ_INT(nh_store_park(s, &m, 1), NH_OK);
+  nh_msg_t h;
+  int64_t seq = 0;
+  ASSERT_EQ_INT(nh_store_parked_head(s, "Ep", "s1", &h, &seq), 1);
+  ASSERT_EQ_INT(h.body_len, len);
+  ASSERT_TRUE(memcmp(h.body, body, sizeof body) == 0);   /* and the trailing NUL */
+  nh_msg_clear(&h);
+
+  nh_audit_t a = {0};
+  a.endpoint = "Ep";
+  a.event_id = "e1";
+  a.session_id = "s1";
+  a.status = NH_ST_PENDING;
+  a.payload = (char *)body;
+  a.payload_len = len;
+  ASSERT_EQ_INT(nh_store_audit_put(s, &a), NH_OK);
+  nh_audit_t b = {0};
+  ASSERT_EQ_INT(nh_store_audit_get(s, "Ep", "e1", &b), 1);
+  ASSERT_EQ_INT(b.payload_len, len);
+  ASSERT_EQ_INT(nh_audit_payload_len(&b), len);
+  ASSERT_TRUE(memcmp(b.payload, body, sizeof body) == 0);
+  nh_audit_clear(&b);
+  /* a payload set as a C string (payload_len 0) is stored up to its NUL */
+  put_audit(s, "Ep", "e2", "s1", NH_ST_PENDING, 1000);
+  ASSERT_EQ_INT(nh_store_audit_get(s, "Ep", "e2", &b), 1);
+  ASSERT_EQ_INT(b.payload_len, 7);
+  ASSERT_EQ_STR(b.payload, "{\"n\":1}");
+  nh_audit_clear(&b);
   nh_store_close(s);
 }
 

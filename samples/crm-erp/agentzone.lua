@@ -1,4 +1,4 @@
--- The AgentZone of the CrmErpDemo sample (crmerpdemo.md sections 3.3 and 5, scenario 07):
+-- The AgentZone of the CrmErpDemo sample (docs/crm-erp-demo.md sections 3.3 and 5, scenario 07):
 -- endpoint `AgentZoneEndpoint` parks every CrmContactCreated as Pending+Handoff, and the
 -- status checker "enrichment" plays the EnrichmentAgent: it classifies each parked contact
 -- with the deterministic classifier, publishes crm.contact.enriched.v1 on the contact's

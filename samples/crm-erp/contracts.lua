@@ -1,4 +1,4 @@
--- CrmErpDemo contracts (crmerpdemo.md section 2): event types, required fields, the
+-- CrmErpDemo contracts (docs/crm-erp-demo.md section 2): event types, required fields, the
 -- session key of each type, and a validation middleware that dead-letters an event with
 -- missing required fields, as NimBus's ValidationMiddleware does.
 local nimbus = require("nimbus")

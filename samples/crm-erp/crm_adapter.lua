@@ -1,4 +1,4 @@
--- The CRM adapter of the CrmErpDemo sample (crmerpdemo.md section 3.2): endpoint
+-- The CRM adapter of the CrmErpDemo sample (docs/crm-erp-demo.md section 3.2): endpoint
 -- `CrmEndpoint` subscribes to the ERP events (and the partner portal's leads) and writes
 -- them into Crm.Api over HTTP.
 --

@@ -1,4 +1,4 @@
--- The DataPlatform adapter of the CrmErpDemo sample (crmerpdemo.md section 3.3): endpoint
+-- The DataPlatform adapter of the CrmErpDemo sample (docs/crm-erp-demo.md section 3.3): endpoint
 -- `DataPlatformEndpoint`, a terminal sink that only logs.
 --
 --   require("dataplatform").setup{ delay = 10 }   -- seconds ErpCustomerCreated waits (0 in tests)

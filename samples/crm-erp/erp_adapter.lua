@@ -1,4 +1,4 @@
--- ERP adapter of the CrmErpDemo sample (crmerpdemo.md sections 3.1, 4, 5, 8.3): endpoint
+-- ERP adapter of the CrmErpDemo sample (docs/crm-erp-demo.md sections 3.1, 4, 5, 8.3): endpoint
 -- `ErpEndpoint`, the port of Erp.Adapter.Functions, plus the DMF status checker that
 -- replaces Erp.Api's HandoffJobBackgroundService.
 --

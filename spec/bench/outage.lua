@@ -9,7 +9,8 @@
 --
 -- Environment: BENCH_OUTAGE_SESSIONS (10000), BENCH_OUTAGE_PER_SESSION (events per
 -- session, 10, at most 63), BENCH_DEADLINE (seconds for the whole bench, 300), BENCH_KEEP=1
--- (keep the temp dir). The adapter is spec/bench/outage_adapter.lua; N = sessions x
+-- (keep the temp dir), BENCH_OUTAGE_PHASES (the phases to run, comma-separated, default
+-- "1,1b,2b,2,3,4,6"; 3, 4 and 6 need 2, a ratio needs 1: "1,2,4" profiles the drain alone). The adapter is spec/bench/outage_adapter.lua; N = sessions x
 -- per_session, published in rounds (event r of every session, then event r+1), 500 per
 -- producer handler. Real nimbus-host processes, each phase in a fresh store in a temp dir:
 --   1.  happy path: producer and consumer in one host, no outage; events/s from the first
@@ -720,6 +721,23 @@ end
 
 local function cleanup() hosts:cleanup(os.getenv("BENCH_KEEP") == "1") end
 
+local PHASES = { { "1", phase1 }, { "1b", phase1b }, { "2b", phase2b }, { "2", phase2 }, { "3", phase3 },
+                 { "4", phase4 }, { "6", phase6 } }
+local wanted = {}
+for p in (os.getenv("BENCH_OUTAGE_PHASES") or "1,1b,2b,2,3,4,6"):gmatch("[^,%s]+") do
+  local known = false
+  for _, q in ipairs(PHASES) do known = known or q[1] == p end
+  if not known then
+    io.stderr:write(("bench: BENCH_OUTAGE_PHASES: unknown phase %q (known: 1,1b,2b,2,3,4,6)\n"):format(p))
+    os.exit(2)
+  end
+  wanted[p] = true
+end
+if (wanted["3"] or wanted["4"] or wanted["6"]) and not wanted["2"] then
+  io.stderr:write("bench: BENCH_OUTAGE_PHASES: phases 3, 4 and 6 run on phase 2's host: add 2\n")
+  os.exit(2)
+end
+
 local function main()
   local ver = (sh(sh_quote(HOST) .. " --version 2>&1")):gsub("%s+$", "")
   print(("nimbus-host outage bench: %s"):format(ver))
@@ -728,11 +746,13 @@ local function main()
   print(("  consumer concurrency 256, retry max_retries 0; deadline %d s; stores in %s"):format(DEADLINE_S, TMP))
   io.stdout:flush()
   local ok, err = xpcall(function()
-    for _, phase in ipairs({ phase1, phase1b, phase2b, phase2, phase3, phase4, phase6 }) do
-      phase()
-      io.stdout:flush()
+    for _, p in ipairs(PHASES) do
+      if wanted[p[1]] then
+        p[2]()
+        io.stdout:flush()
+      end
     end
-    if not outage.host.stopped then hosts:check_stop(outage.host) end
+    if outage and not outage.host.stopped then hosts:check_stop(outage.host) end
   end, function(e)
     if type(e) == "table" and e.bench_failure then return e end
     return debug.traceback(tostring(e), 2)

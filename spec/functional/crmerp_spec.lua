@@ -1,4 +1,4 @@
--- The CrmErpDemo's ten end-to-end scenarios (crmerpdemo.md section 7), driven over the
+-- The CrmErpDemo's ten end-to-end scenarios (docs/crm-erp-demo.md section 7), driven over the
 -- fake APIs' REST routes and the nimbus-host CLI, as a user would.
 local nh = require("nh")
 local cjson = require("cjson")

@@ -2,7 +2,7 @@
 -- against a FAKE Service Bus peer: host/tests/fake_servicebus.c, an in-memory topic with its
 -- subscriptions, $cbs (put-token, SAS verification) and $management (renew-lock), on proton's
 -- server-mode connection driver. No real namespace is reachable from the test machines; what
--- the fake checks is the wire contract of reference/asb-amqp.md, not Service Bus itself.
+-- the fake checks is the wire contract of docs/servicebus-amqp.md, not Service Bus itself.
 -- Runs as ctest functional_servicebus_fake (NH_FAKE_SERVICEBUS = the fake's binary); the
 -- generic functional_* entries leave this file out.
 local nh = require("nh")
@@ -161,7 +161,7 @@ local function refusals(fake, condition)
 end
 
 -- The RFC 4122 text of a lock token from its delivery tag (hex): .NET Guid byte order,
--- bytes 0-3, 4-5 and 6-7 reversed (reference/asb-amqp.md section 5).
+-- bytes 0-3, 4-5 and 6-7 reversed (docs/servicebus-amqp.md section 4).
 local function uuid_from_tag(hex)
   local b = {}
   for i = 1, 32, 2 do b[#b + 1] = hex:sub(i, i + 1) end

@@ -1,5 +1,5 @@
 -- The CRM, DataPlatform and AgentZone adapters of the CrmErpDemo sample
--- (samples/crm-erp/{crm_adapter,dataplatform,agentzone}.lua; crmerpdemo.md 3.2, 3.3, 7/07)
+-- (samples/crm-erp/{crm_adapter,dataplatform,agentzone}.lua; docs/crm-erp-demo.md 3.2, 3.3, 7/07)
 -- under nimbus.testing: the Crm.Api calls each handler makes, the failure texts, the
 -- validation dead-letters, the DataPlatform sink, the AgentZone park and the enrichment
 -- checker with its deterministic classifier.

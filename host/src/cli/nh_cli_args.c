@@ -1,3 +1,7 @@
+/* Command-line plumbing shared by the subcommands: option parsing against a per-command
+ * spec (--name value or --name=value; --store anywhere, default $NIMBUS_STORE, then
+ * ./nimbus.db), usage errors (exit 2), JSON / @file arguments checked before use, and
+ * the UTF-8 check for session ids. */
 #include "nh_cli.h"
 #include "core/nh_util.h"
 

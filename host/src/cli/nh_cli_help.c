@@ -1,3 +1,4 @@
+/* `nimbus-host --help`: the usage text, to stdout or to a given stream. */
 #include "nh_cli.h"
 
 #include <stdio.h>

@@ -1,3 +1,5 @@
+/* nh_error_set: fills an nh_error_t (when one is given) and returns the code, so that
+ * callers can write `return nh_error_set(err, ...)`. */
 #include "nh_error.h"
 
 #include <stdio.h>

@@ -1,3 +1,6 @@
+/* Failure groups (nh_failgroup.h): masks the variable parts of an error text (UUIDs, hex
+ * ids, digit runs, quoted values, URL queries, a Lua error's directory) and hashes
+ * endpoint + error type + masked text (FNV-1a, 48 bits) into a 12-hex-digit group id. */
 #include "nh_failgroup.h"
 
 #include <ctype.h>

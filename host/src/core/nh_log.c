@@ -1,3 +1,6 @@
+/* Logging (nh_log.h) to stderr, one line per call: "ts level [subsys] msg", or a JSON
+ * object with ts, level, subsys and msg; calls below the set level (default info) print
+ * nothing. */
 #include "nh_log.h"
 #include "nh_util.h"
 

@@ -1,3 +1,5 @@
+/* nh_msg_t helpers: the wire names of message types, and freeing / deep-copying the
+ * strings a message owns. */
 #include "nh_msg.h"
 #include "nh_util.h"
 

@@ -1,6 +1,7 @@
 /* The plain message struct the dispatcher passes between transport, store and Lua.
- * Every string is owned by the message (heap copies) so a message outlives the
- * sqlite row or AMQP frame it came from. */
+ * A message a transport hands out owns every string (heap copies), so it outlives the
+ * sqlite row or AMQP frame it came from; one built only to be sent may point at
+ * borrowed strings (send() copies what it keeps) and is then not cleared. */
 #ifndef NH_MSG_H
 #define NH_MSG_H
 
@@ -37,16 +38,23 @@ typedef struct nh_msg {
   int delivery_count;
   int release_count;      /* transient releases so far (backoff), not failed deliveries */
   int64_t enqueued_at;    /* ms since epoch */
-  char *body;             /* JSON payload (event) or operator arguments (control messages) */
+  /* JSON payload: the event, a resubmit's (possibly edited) payload, a hand-off's
+   * result, or a reply's value */
+  char *body;
   size_t body_len;
-  /* control-message arguments (resubmit --body, handoff result / error) */
+  /* a failed hand-off's error, an error reply's error, or (NH_MT_UNKNOWN from a broker
+   * transport) why the message was refused or could not be decoded */
   char *error_text;
   char *error_type;
 } nh_msg_t;
 
+/* The wire name of a type ("EventRequest", ..., "ReplyResponse"; "Unknown" out of range). */
 const char *nh_msg_type_name(nh_msg_type_t t);
+/* The type a wire name stands for; NH_MT_UNKNOWN for NULL or an unknown name. */
 nh_msg_type_t nh_msg_type_parse(const char *s);
-void nh_msg_clear(nh_msg_t *m);
-void nh_msg_copy(nh_msg_t *dst, const nh_msg_t *src);   /* deep copy of every owned string */   /* frees owned strings, zeroes the struct */
+void nh_msg_clear(nh_msg_t *m);   /* frees owned strings, zeroes the struct */
+/* Overwrites dst (without freeing it) with a deep copy of src: every owned string is
+ * duplicated (body by body_len); the other fields, tr_id included, are copied as they are. */
+void nh_msg_copy(nh_msg_t *dst, const nh_msg_t *src);
 
 #endif

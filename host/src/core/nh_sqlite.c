@@ -1,3 +1,6 @@
+/* sqlite helpers (nh_sqlite.h): per-component schema migrations (table nh_schema, one
+ * transaction per step), NULL-aware text binding, column copies, and a step-and-reset
+ * that logs a failure. */
 #include "nh_sqlite.h"
 #include "nh_log.h"
 #include "nh_util.h"
@@ -72,6 +75,20 @@ char *nh_sqlite_col_strdup(sqlite3_stmt *st, int col)
   if (sqlite3_column_type(st, col) == SQLITE_NULL) return NULL;
   const unsigned char *t = sqlite3_column_text(st, col);
   return nh_xstrndup((const char *)t, (size_t)sqlite3_column_bytes(st, col));
+}
+
+char *nh_sqlite_col_body(sqlite3_stmt *st, int col, size_t *len)
+{
+  *len = 0;
+  if (sqlite3_column_type(st, col) == SQLITE_NULL) return NULL;
+  const unsigned char *t = sqlite3_column_text(st, col);   /* text first, then its byte count */
+  size_t n = (size_t)sqlite3_column_bytes(st, col);
+  char *d = nh_xmalloc(n + 1);
+  if (t && n) memcpy(d, t, n);
+  else n = 0;
+  d[n] = '\0';
+  *len = n;
+  return d;
 }
 
 int64_t nh_sqlite_col_i64(sqlite3_stmt *st, int col) { return sqlite3_column_int64(st, col); }

@@ -3,6 +3,7 @@
 #define NH_SQLITE_H
 
 #include <sqlite3.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "nh_error.h"
@@ -14,6 +15,10 @@ int nh_sqlite_migrate(sqlite3 *db, const char *component, const char *const *mig
 /* Binding helpers: NULL strings bind as SQL NULL. */
 void nh_sqlite_bind_text(sqlite3_stmt *st, int idx, const char *s);
 char *nh_sqlite_col_strdup(sqlite3_stmt *st, int col);   /* NULL for SQL NULL */
+/* A column as a message body: its bytes as stored (sqlite3_column_bytes, so an embedded
+ * NUL does not cut it) plus a trailing NUL; *len gets the length. NULL and 0 for SQL NULL.
+ * Every place that turns a stored row into a body or payload reads it through this. */
+char *nh_sqlite_col_body(sqlite3_stmt *st, int col, size_t *len);
 int64_t nh_sqlite_col_i64(sqlite3_stmt *st, int col);
 
 /* Runs one reset-and-step of a write statement; returns 0 or NH_EFAIL (logged). */

@@ -1,3 +1,5 @@
+/* NIMBUS_SQL_PROFILE (nh_sqlprof.h): a sqlite trace callback adds up, per statement text,
+ * the runs and the time each run took; an atexit handler appends the table to the file. */
 #include "nh_sqlprof.h"
 #include "nh_util.h"
 
@@ -5,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 typedef struct prof_stmt {
@@ -16,6 +19,24 @@ typedef struct prof_stmt {
 static prof_stmt_t *stmts;   /* process-wide: the table is written once, at exit */
 static int nstmts, cap;
 static const char *out_path;
+
+/* Statements running now and when each started. sqlite's own profile time comes from the
+ * VFS clock, in whole milliseconds: a 5 us statement then counts 0 or 1000 us, and one that
+ * always starts just before a millisecond boundary (after a timer) looks 100 times dearer
+ * than it is. A few statements are open at once (a cursor whose rows start others). */
+typedef struct prof_open {
+  sqlite3_stmt *stmt;
+  int64_t t0;
+} prof_open_t;
+static prof_open_t open_stmts[32];
+static int nopen;
+
+static int64_t now_ns(void)
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
 
 static int by_time(const void *a, const void *b)
 {
@@ -41,11 +62,25 @@ static void dump(void)
   fclose(f);
 }
 
-static int on_profile(unsigned type, void *ctx, void *p, void *x)
+static int on_trace(unsigned type, void *ctx, void *p, void *x)
 {
-  (void)type;
   (void)ctx;
-  const char *sql = sqlite3_sql((sqlite3_stmt *)p);
+  sqlite3_stmt *stmt = p;
+  int64_t now = now_ns();
+  int o = 0;
+  while (o < nopen && open_stmts[o].stmt != stmt) o++;
+  if (type == SQLITE_TRACE_STMT) {
+    /* also called again inside a running statement (triggers): keep the first start */
+    if (o == nopen && nopen < (int)(sizeof open_stmts / sizeof *open_stmts))
+      open_stmts[nopen++] = (prof_open_t){stmt, now};
+    return 0;
+  }
+  int64_t ns = *(const int64_t *)x;   /* the coarse clock when the start was not seen */
+  if (o < nopen) {
+    ns = now - open_stmts[o].t0;
+    open_stmts[o] = open_stmts[--nopen];
+  }
+  const char *sql = sqlite3_sql(stmt);
   if (!sql) return 0;
   int i = 0;
   while (i < nstmts && strcmp(stmts[i].sql, sql) != 0) i++;   /* a few dozen statements */
@@ -57,7 +92,7 @@ static int on_profile(unsigned type, void *ctx, void *p, void *x)
     stmts[nstmts++] = (prof_stmt_t){nh_xstrdup(sql), 0, 0};
   }
   stmts[i].runs++;
-  stmts[i].ns += *(const int64_t *)x;
+  stmts[i].ns += ns;
   return 0;
 }
 
@@ -70,5 +105,5 @@ void nh_sqlprof_attach(sqlite3 *db)
     if (out_path && *out_path) atexit(dump);
     else out_path = NULL;
   }
-  if (out_path) sqlite3_trace_v2(db, SQLITE_TRACE_PROFILE, on_profile, NULL);
+  if (out_path) sqlite3_trace_v2(db, SQLITE_TRACE_STMT | SQLITE_TRACE_PROFILE, on_trace, NULL);
 }

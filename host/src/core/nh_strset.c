@@ -1,3 +1,4 @@
+/* The string set of nh_strset.h: FNV-1a hashes, linear probing, keys copied in. */
 #include "nh_strset.h"
 #include "nh_util.h"
 

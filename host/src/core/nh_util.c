@@ -1,3 +1,6 @@
+/* The helpers of nh_util.h: wall-clock time, ISO-8601 and duration parsing, a process
+ * PRNG (xorshift128+) with UUID v4 / v7 ids, allocation that aborts on exhaustion,
+ * whole-file reads, and whether a store owner ("host:pid:...") is a dead local process. */
 #define _GNU_SOURCE   /* strptime, timegm */
 #include "nh_util.h"
 

@@ -1,3 +1,6 @@
+/* The store services of nh_bridge.h: pending hand-offs pushed to Lua as a table,
+ * hand-off settlements through nh_operator_submit, and the vm host of `nimbus-host -l`,
+ * which opens the store per call (the path given, else $NIMBUS_STORE, else ./nimbus.db). */
 #include "nh_bridge.h"
 #include "nh_operator.h"
 #include "core/nh_util.h"

@@ -1,5 +1,5 @@
 /* Dispatcher loop: one pump per loop iteration while there is work, an adaptive poll
- * timer (1 ms doubling to 50 ms) when idle so another process's messages are seen
+ * timer (2 ms doubling to 50 ms) when idle so another process's messages are seen
  * quickly without a busy loop. Each pump is one store transaction: it commits the
  * effects of every finished task, then fetches new work, then starts handlers. */
 #include "nh_bridge.h"
@@ -8,6 +8,7 @@
 #include "core/nh_log.h"
 #include "core/nh_util.h"
 
+#include <assert.h>
 #include <lauxlib.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -246,6 +247,7 @@ static void on_message(void *data, nh_msg_t *msg)
   nh_endpoint_t *ep = d->receiving_ep;
   if (!ep || strcmp(ep->name, msg->endpoint) != 0) ep = find_endpoint(d, msg->endpoint);
   if (!ep) {   /* not one of ours (cannot happen with the embedded transport) */
+    assert(strcmp(d->tr->vt->name, "embedded") != 0);
     nh_msg_clear(msg);
     free(msg);
     return;
@@ -274,6 +276,7 @@ static int on_due_session(void *data, const char *endpoint, const char *session,
   struct due_ctx *c = data;
   nh_dispatch_t *d = c->d;
   (void)endpoint;   /* always c->ep->name: the query is per endpoint */
+  assert(strcmp(endpoint, c->ep->name) == 0);
   if (c->failed || d->tr->vt->lock_session(d->tr, c->ep->name, session, c->now) != 1) return 0;
   nh_job_t *job;
   if (st->blocked_by) {
@@ -299,8 +302,8 @@ static int on_due_session(void *data, const char *endpoint, const char *session,
     m->message_id = a.message_id, a.message_id = NULL;
     m->correlation_id = a.correlation_id, a.correlation_id = NULL;
     m->originating_message_id = a.originating_message_id, a.originating_message_id = NULL;
+    m->body_len = nh_audit_payload_len(&a);
     m->body = a.payload, a.payload = NULL;
-    m->body_len = m->body ? strlen(m->body) : 0;
     m->type = NH_MT_EVENT;
     m->retry_count = a.retry_count + (nh_audit_retrying(&a) ? 0 : 1);   /* a transient attempt is not a retry */
     m->enqueued_at = a.created_at;

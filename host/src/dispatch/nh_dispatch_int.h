@@ -106,11 +106,10 @@ struct nh_dispatch {
 };
 
 /* nh_outcome.c: the state machine */
-int nh_dispatch_route(nh_dispatch_t *d, nh_job_t *job);    /* 1: needs a handler, 0: settled here */
+int nh_dispatch_route(nh_dispatch_t *d, nh_job_t *job);    /* 1: needs a handler, 0: settled here, < 0: error */
 int nh_dispatch_apply(nh_dispatch_t *d, nh_job_t *job);    /* writes a finished job's effects */
 int nh_dispatch_flush_pubs(nh_dispatch_t *d, nh_job_t *job);
-#define NH_CANCEL_LOCK_LOST "lock lost"
-int nh_dispatch_pub_dedup(nh_dispatch_t *d, const char *who, const char *message_id, int claim);
+#define NH_CANCEL_LOCK_LOST "lock lost"   /* job->cancel_reason; set by nh_dispatch.c's renewals */
 void nh_job_free(nh_job_t *job);
 
 /* nh_request.c */
@@ -122,8 +121,6 @@ void nh_dispatch_take_reply(nh_dispatch_t *d, nh_msg_t *m);
 void nh_dispatch_deliver_replies(nh_dispatch_t *d, int ok);
 int nh_dispatch_send_reply(nh_dispatch_t *d, nh_job_t *job);
 void nh_dispatch_requests_close(nh_dispatch_t *d);
-void nh_dispatch_kick(nh_dispatch_t *d);
-void nh_dispatch_renew_cb(uv_timer_t *h);
 
 /* nh_reload.c */
 int nh_dispatch_reload(nh_dispatch_t *d, int adapter, nh_error_t *err);   /* adapter < 0: all */
@@ -131,6 +128,11 @@ void nh_dispatch_close_retired(nh_dispatch_t *d, int force);
 int nh_dispatch_watch(nh_dispatch_t *d, nh_error_t *err);
 void nh_dispatch_unwatch(nh_dispatch_t *d);
 int nh_dispatch_subscribe_all(nh_dispatch_t *d, nh_error_t *err);
+
+/* nh_dispatch.c */
+int nh_dispatch_pub_dedup(nh_dispatch_t *d, const char *who, const char *message_id, int claim);
+void nh_dispatch_kick(nh_dispatch_t *d);
+void nh_dispatch_renew_cb(uv_timer_t *h);
 nh_endpoint_t *nh_dispatch_find_endpoint(nh_dispatch_t *d, const char *name);
 void nh_dispatch_collect_types(void *data, const char *endpoint, const char *const *types, const int *commands,
                                int n);
@@ -149,6 +151,7 @@ void nh_dispatch_presence_end(nh_dispatch_t *d);
 int nh_endpoint_parse(nh_endpoint_t *ep, lua_State *L, int opts, nh_error_t *err);
 void nh_endpoint_free(nh_endpoint_t *ep);
 
+/* nh_outcome.c: a queue message delivered more often than this is dead-lettered unrun */
 #define NH_MAX_DELIVERIES 10
 
 #endif

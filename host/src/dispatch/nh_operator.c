@@ -1,3 +1,7 @@
+/* Operator requests (nh_operator.h): checks the event's state and coordinates, refuses a
+ * second request while one waits, then sends the control message to the event's
+ * endpoint and session and records it (pending request, operator log, "Requested"
+ * history row), all in one store transaction (the caller's, for nh_operator_queue). */
 #include "nh_operator.h"
 #include "core/nh_util.h"
 
@@ -86,7 +90,7 @@ int nh_operator_queue(nh_store_t *s, nh_transport_t *t, const nh_op_req_t *r, co
   m.from = "Manager";
   const char *body = r->kind == NH_OP_RESUBMIT ? (r->body ? r->body : ev->payload) : r->body;
   m.body = (char *)body;
-  m.body_len = body ? strlen(body) : 0;
+  m.body_len = body == ev->payload ? nh_audit_payload_len(ev) : body ? strlen(body) : 0;
   m.error_text = (char *)r->error_text;
   m.error_type = (char *)r->error_type;
   m.enqueued_at = nh_time_now_ms();

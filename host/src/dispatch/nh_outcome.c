@@ -36,13 +36,14 @@ static void audit_load(nh_dispatch_t *d, nh_job_t *job, nh_audit_t *a)
     if (m->originating_message_id) set(&a->originating_message_id, m->originating_message_id);
     if (m->body) {
       /* a resubmit with a new body: the history keeps the one it replaces */
-      if (a->payload && (strlen(a->payload) != m->body_len || memcmp(a->payload, m->body, m->body_len) != 0)) {
+      if (a->payload && (nh_audit_payload_len(a) != m->body_len || memcmp(a->payload, m->body, m->body_len) != 0)) {
         free(a->replaced_payload);
         a->replaced_payload = a->payload;
       } else {
         free(a->payload);
       }
       a->payload = nh_xstrndup(m->body, m->body_len);
+      a->payload_len = m->body_len;
     }
   }
   a->updated_at = 0;
@@ -330,7 +331,7 @@ int nh_dispatch_route(nh_dispatch_t *d, nh_job_t *job)
     int parked = found && a.status && strcmp(a.status, NH_ST_DEFERRED) == 0;
     /* a new body is a new intent, not a duplicate of the message the inbox holds */
     int new_body = found && m->body &&
-                   (!a.payload || strlen(a.payload) != m->body_len || memcmp(a.payload, m->body, m->body_len) != 0);
+                   (!a.payload || nh_audit_payload_len(&a) != m->body_len || memcmp(a.payload, m->body, m->body_len) != 0);
     nh_audit_clear(&a);
     if (parked) {
       rc = nh_store_history_add(d->store, ep->name, m->event_id, m->message_id, "ResubmissionRequest", "Rejected",

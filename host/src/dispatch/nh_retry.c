@@ -1,3 +1,5 @@
+/* Retry policies (nh_retry.h): which policy applies to a failure, and the delay before
+ * the next attempt (fixed, linear or exponential from base_ms; optional jitter and cap). */
 #include "nh_retry.h"
 #include "core/nh_util.h"
 

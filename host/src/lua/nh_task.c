@@ -1,3 +1,7 @@
+/* Tasks (nh_task.h): one coroutine per task, anchored in the registry and resumed from
+ * loop callbacks. A count hook enforces the CPU budget of each resume, a uv_timer the
+ * deadline; tasks started later or yielding without an operation wait in a FIFO ready
+ * list that a uv_idle runs once per loop iteration. */
 #include "nh_task.h"
 #include "nh_vm_int.h"
 #include "core/nh_log.h"

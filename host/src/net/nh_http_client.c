@@ -1,3 +1,6 @@
+/* The HTTP client of nh_http_client.h: one curl multi handle per process, bound to the
+ * loop of its first request, a uv_poll per socket and a uv_timer for curl's timeouts.
+ * http and https only; response bodies over 64 MiB fail with EMSGSIZE. */
 #include "nh_http_client.h"
 #include "core/nh_log.h"
 #include "core/nh_util.h"

@@ -33,6 +33,7 @@ typedef struct nh_audit {
   int retry_count;
   int attempts;                   /* transient failures in a row (Pending+Retrying, or the Failed they ended in) */
   char *payload;                  /* latest event JSON */
+  size_t payload_len;             /* its bytes (it may hold a NUL); 0 with a payload: strlen, see nh_audit_payload_len */
   char *result;                   /* hand-off result JSON */
   char *error_stack;              /* Lua traceback of a failure */
   int64_t created_at, updated_at;
@@ -102,6 +103,8 @@ int nh_store_audit_get(nh_store_t *s, const char *endpoint, const char *event_id
 /* By event id (or a unique prefix of at least 8 characters) across endpoints. */
 int nh_store_audit_find(nh_store_t *s, const char *event_id, nh_audit_t *out, nh_error_t *err);
 void nh_audit_clear(nh_audit_t *a);
+/* The payload's length in bytes: payload_len, or strlen for one built as a C string. */
+size_t nh_audit_payload_len(const nh_audit_t *a);
 /* Failed or DeadLettered: the statuses that carry a failure group and that an operator
  * resolves (resubmit, skip). */
 int nh_audit_unresolved_failure(const char *status);

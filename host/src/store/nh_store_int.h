@@ -1,4 +1,5 @@
-/* Store internals shared by nh_store.c and nh_store_rows.c. */
+/* Store internals shared by the store's files (nh_store.c, nh_store_rows.c,
+ * nh_store_query.c, nh_store_wal.c). */
 #ifndef NH_STORE_INT_H
 #define NH_STORE_INT_H
 

@@ -1,8 +1,9 @@
-#define _GNU_SOURCE   /* strcasestr */
 /* Operator queries: events (with every filter of the CLI and the bulk commands),
- * sessions, failure groups, bulk-run bookkeeping. Built per call from the filters that
- * are set, so sqlite picks the index of the most selective one; `?1 IS NULL OR ...`
+ * sessions, failure groups, bulk-run bookkeeping; also the publish dedup table, the
+ * registry of running hosts and purge. Event queries are built per call from the filters
+ * that are set, so sqlite picks the index of the most selective one; `?1 IS NULL OR ...`
  * forms would defeat every index and read the whole audit table each time. */
+#define _GNU_SOURCE   /* strcasestr */
 #include "nh_store_int.h"
 #include "core/nh_failgroup.h"
 #include "core/nh_log.h"

@@ -53,6 +53,12 @@ int nh_audit_retrying(const nh_audit_t *a)
          strcmp(a->sub_status, NH_SUB_RETRYING) == 0;
 }
 
+size_t nh_audit_payload_len(const nh_audit_t *a)
+{
+  if (!a->payload) return 0;
+  return a->payload_len ? a->payload_len : strlen(a->payload);
+}
+
 void nh_audit_clear(nh_audit_t *a)
 {
   free(a->endpoint); free(a->event_id); free(a->session_id); free(a->event_type);
@@ -72,7 +78,9 @@ int nh_store_audit_put(nh_store_t *s, const nh_audit_t *a)
   if (a->expected_by) sqlite3_bind_int64(st, 11, a->expected_by); else sqlite3_bind_null(st, 11);
   T(st, 12, a->message_id); T(st, 13, a->correlation_id); T(st, 14, a->originating_message_id);
   sqlite3_bind_int(st, 15, a->retry_count);
-  T(st, 16, a->payload); T(st, 17, a->result);
+  if (a->payload) sqlite3_bind_text(st, 16, a->payload, (int)nh_audit_payload_len(a), SQLITE_TRANSIENT);
+  else sqlite3_bind_null(st, 16);
+  T(st, 17, a->result);
   sqlite3_bind_int64(st, 18, a->updated_at ? a->updated_at : nh_time_now_ms());
   T(st, 19, a->error_stack);
   char group[NH_FAILGROUP_ID_LEN + 1];
@@ -104,7 +112,7 @@ void nh_store_audit_read(sqlite3_stmt *st, nh_audit_t *a)
   a->correlation_id = nh_sqlite_col_strdup(st, 12);
   a->originating_message_id = nh_sqlite_col_strdup(st, 13);
   a->retry_count = sqlite3_column_int(st, 14);
-  a->payload = nh_sqlite_col_strdup(st, 15);
+  a->payload = nh_sqlite_col_body(st, 15, &a->payload_len);
   a->result = nh_sqlite_col_strdup(st, 16);
   a->created_at = nh_sqlite_col_i64(st, 17);
   a->updated_at = nh_sqlite_col_i64(st, 18);
@@ -368,8 +376,7 @@ int nh_store_parked_head(nh_store_t *s, const char *endpoint, const char *sessio
     m->from = nh_sqlite_col_strdup(st, 8);
     m->retry_count = sqlite3_column_int(st, 9);
     m->enqueued_at = sqlite3_column_int64(st, 10);
-    m->body = nh_sqlite_col_strdup(st, 11);
-    m->body_len = m->body ? strlen(m->body) : 0;
+    m->body = nh_sqlite_col_body(st, 11, &m->body_len);
     m->error_text = nh_sqlite_col_strdup(st, 12);
     m->error_type = nh_sqlite_col_strdup(st, 13);
     m->reply_to = nh_sqlite_col_strdup(st, 14);

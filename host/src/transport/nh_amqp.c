@@ -1,9 +1,12 @@
 /* The AMQP 1.0 transport. How it keeps the host's guarantees on a broker that cannot
  * join a sqlite transaction:
  *
- * - Receiving: one receiver per endpoint queue (/amq/queue/<endpoint>), credit topped
- *   up to twice the endpoint's concurrency minus what is buffered or in a handler, so
- *   a slow handler means no credit and the broker keeps the messages. Deliveries are
+ * - Receiving: one receiver per endpoint (RabbitMQ: the queue /amq/queue/<endpoint>;
+ *   Service Bus: <topic>/Subscriptions/<endpoint>). Credit keeps at most a window of
+ *   four times the endpoint's concurrency (NH_WINDOW_FACTOR; at least NH_MIN_WINDOW;
+ *   reply queues NH_REPLY_WINDOW) buffered, in handlers or granted, and is topped up
+ *   only once that has fallen to half the window (nh_amqp_topup), so a slow handler
+ *   means no credit and the broker keeps the messages. Deliveries are
  *   buffered in arrival order; receive() hands out session heads only (the first
  *   buffered message of each session whose store lock this process can take), which
  *   keeps per-session FIFO on brokers that do not enforce group exclusivity.
@@ -15,11 +18,13 @@
  *   the handler again.
  * - Attempts: a broker may not count deliveries (RabbitMQ does not), so redeliveries
  *   are counted in the store (amqp_deliveries), only for messages the broker marks as
- *   not first acquired: nothing is written on the happy path.
+ *   redelivered (not first acquirer, or a delivery-count above 0): nothing is written
+ *   on the happy path.
  * - Sending: messages go to an outbox table in the same transaction as the outcome
  *   that published them; after the commit they are sent (events to the topic
- *   exchange, routing key = subject = event type; replies to /amq/queue/<queue>) and
- *   deleted once the broker accepted them. A crash in between sends them again
+ *   exchange, routing key = subject = event type; replies to /amq/queue/<queue>; on
+ *   Service Bus events only, to the topic, whose subscriptions filter on the subject)
+ *   and deleted once the broker accepted them. A crash in between sends them again
  *   (at least once; receivers see the same MessageId and so the same EventId).
  * - Control messages (resubmit, skip, hand-off settlement) and session locks stay in
  *   the store (the embedded transport on the same file): operators act on the store
@@ -605,7 +610,7 @@ static void on_event(void *data, pn_event_t *e)
     break;
   }
   case PN_LINK_REMOTE_CLOSE:
-  case PN_LINK_REMOTE_DETACH:   /* RabbitMQ answers with detach, not close (env-probe) */
+  case PN_LINK_REMOTE_DETACH:   /* RabbitMQ answers with detach, not close (docs/environment.md section 5) */
     if (!a->shutting_down) link_lost(a, pn_event_link(e), pn_link_remote_condition(pn_event_link(e)));
     break;
   case PN_SESSION_REMOTE_CLOSE:

@@ -1,5 +1,5 @@
-/* Mapping between nh_msg_t and AMQP messages (the NimBus wire contract of
- * reference/nimbus-runtime.md section 2 on AMQP 1.0):
+/* Mapping between nh_msg_t and AMQP messages (the NimBus wire contract on AMQP 1.0,
+ * docs/design.md section 10):
  *   properties: message-id, correlation-id, group-id = SessionId, subject = EventTypeId,
  *               reply-to, content-type application/json, creation-time = enqueued at
  *   application-properties: MessageType, EventTypeId, EventId (when known), To, From,

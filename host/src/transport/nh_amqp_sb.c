@@ -1,6 +1,6 @@
 /* Azure Service Bus: claims-based security ($cbs put-token with a SAS token) and the
  * entity management node (<entity>/$management: com.microsoft:renew-lock), both
- * request/response exchanges over a sender/receiver link pair (reference/asb-amqp.md
+ * request/response exchanges over a sender/receiver link pair (docs/servicebus-amqp.md
  * sections 2 and 6). Requests are matched to replies by message-id / correlation-id. */
 #include "nh_amqp_int.h"
 #include "core/nh_log.h"

@@ -204,8 +204,7 @@ static void read_row(sqlite3_stmt *st, const char *endpoint, nh_msg_t *m)
   m->retry_count = sqlite3_column_int(st, 10);
   m->delivery_count = sqlite3_column_int(st, 11) + 1;
   m->enqueued_at = sqlite3_column_int64(st, 12);
-  m->body = nh_sqlite_col_strdup(st, 14);
-  m->body_len = m->body ? (size_t)sqlite3_column_bytes(st, 14) : 0;
+  m->body = nh_sqlite_col_body(st, 14, &m->body_len);
   m->error_text = nh_sqlite_col_strdup(st, 15);
   m->error_type = nh_sqlite_col_strdup(st, 16);
   m->release_count = sqlite3_column_int(st, 17);

@@ -1,5 +1,5 @@
-/* The transport interface: one vtable, implemented by the embedded (sqlite) queue and,
- * AMQP 1.0 (nh_amqp.h). Transports never see Lua; they trade nh_msg_t with the dispatcher. */
+/* The transport interface: one vtable, implemented by the embedded (sqlite) queue
+ * (nh_embedded.h) and by AMQP 1.0 (nh_amqp.h). Transports never see Lua; they trade nh_msg_t with the dispatcher. */
 #ifndef NH_TRANSPORT_H
 #define NH_TRANSPORT_H
 
@@ -21,7 +21,8 @@ typedef enum { NH_SETTLE_COMPLETE, NH_SETTLE_RELEASE, NH_SETTLE_DEAD_LETTER } nh
 typedef struct nh_transport nh_transport_t;
 
 /* Receives ownership of msg (free with nh_msg_clear + free). The transport has already
- * taken the session lock for msg->session_id. */
+ * taken the session lock for msg->session_id (the AMQP transport takes none for the
+ * replies on a process's own reply queue). */
 typedef void (*nh_transport_msg_cb)(void *data, nh_msg_t *msg);
 
 typedef struct nh_transport_vtbl {
@@ -51,7 +52,8 @@ typedef struct nh_transport_vtbl {
   int (*send)(nh_transport_t *t, const nh_msg_t *m, const char *to_endpoint, int *copies, nh_error_t *err);
   void (*close)(nh_transport_t *t);
   /* Optional: how many messages of an endpoint the dispatcher can take at once (its
-   * concurrency); a broker transport grants credit up to this and no further. */
+   * concurrency); a broker transport sizes its credit from it (AMQP: a window of
+   * NH_WINDOW_FACTOR times this, see nh_amqp_topup). */
   void (*set_capacity)(nh_transport_t *t, const char *endpoint, int n);
   /* Optional, for transports whose send cannot tell how many endpoints consume a type
    * (a broker's fan-out): asks, and calls done(data, 1 | 0 | -1 unknown) later. */

@@ -1,4 +1,4 @@
--- Field-level audit rows for the fake CRM and ERP APIs (crmerpdemo.md section 1.2):
+-- Field-level audit rows for the fake CRM and ERP APIs (docs/crm-erp-demo.md section 1.2):
 -- an insert writes one "Created" row with a JSON snapshot, a modify one "Updated" row per
 -- field that really changed, isDeleted going false -> true one "Deleted" row. The
 -- bookkeeping fields (id, createdAt, updatedAt, isDeleted) are never audited, and writing

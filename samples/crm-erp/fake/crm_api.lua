@@ -1,4 +1,4 @@
--- The fake Crm.Api of the CrmErpDemo sample (crmerpdemo.md sections 1.2, 2 and 8.2): an
+-- The fake Crm.Api of the CrmErpDemo sample (docs/crm-erp-demo.md sections 1.2, 2 and 8.2): an
 -- HTTP server on the host's loop with sqlite tables accounts, contacts and audits.
 --
 --   local crm = require("fake.crm_api")       -- samples/crm-erp on package.path

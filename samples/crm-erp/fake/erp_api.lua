@@ -1,4 +1,4 @@
--- Fake Erp.Api of the CrmErpDemo sample (crmerpdemo.md sections 1.3, 2, 4, 5, 8.2, 8.3):
+-- Fake Erp.Api of the CrmErpDemo sample (docs/crm-erp-demo.md sections 1.3, 2, 4, 5, 8.2, 8.3):
 -- an HTTP server on the host's loop over one sqlite file holding customers, contacts,
 -- field-level audits (fake/audit.lua), the transactional outbox and the hand-off jobs.
 --
