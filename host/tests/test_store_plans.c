@@ -112,7 +112,7 @@ TEST(operator_queries_use_the_index_of_their_filter)
     { .status = NH_ST_FAILED },
     { .status = NH_ST_DEFERRED, .endpoint = "Ep" },
     { .status = NH_ST_FAILED, .endpoint = "Ep", .type = "T", .error = "x", .since_ms = 1, .before_ms = 2 },
-    { .status = NH_ST_FAILED, .endpoint = "Ep", .cutoff_ms = 5, .without_request = 1, .after_created = 1,
+    { .status = NH_ST_FAILED, .endpoint = "Ep", .cutoff_ms = 5, .without_request = 1, .batch = 2000,
       .after_rowid = 2 },
     { .endpoint = "Ep", .session = "s1" },
     { .group = "0123456789ab" },
@@ -135,6 +135,16 @@ TEST(operator_queries_use_the_index_of_their_filter)
   plan_of(db, sql, &bad);
   free(sql);
   ASSERT_TRUE(bad != NULL);
+  /* A bulk batch of a group reads the group's index in rowid order and stops at the
+   * batch: no sort of every row of the group for each batch. */
+  nh_event_filter_t bulk = { .group = "0123456789ab", .endpoint = "Ep", .cutoff_ms = 5, .without_request = 1,
+                             .need_payload = 1, .not_status = { NH_ST_COMPLETED, NH_ST_SKIPPED }, .batch = 2000,
+                             .after_rowid = 2 };
+  sql = nh_store_events_sql(&bulk, 0);
+  char *plan = plan_of(db, sql, &bad);
+  if (bad || strstr(plan, "TEMP B-TREE") || !strstr(plan, "audit_group"))
+    FAIL("a bulk batch of a group is not read in index order:\n  %s\n%s", sql, plan);
+  free(sql);
   nh_store_close(s);
 }
 

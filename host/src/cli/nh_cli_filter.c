@@ -77,7 +77,11 @@ int nh_cli_filter_parse(const nh_args_t *a, const char *cmd, nh_store_t *s, nh_e
     if (n != NH_FAILGROUP_ID_LEN || f->group[n])
       return nh_usage_error(cmd, "--group %s is not a failure group id: 12 hex digits, as nimbus-host failures lists "
                                  "them", f->group);
-    int g = nh_store_failgroup_exists(s, f->group);
+    /* A group is one endpoint's (its id hashes the endpoint in): with the endpoint too,
+     * the group's index gives a bulk batch its rows in order, nothing sorted. */
+    static char group_ep[256];
+    int g = nh_store_failgroup_endpoint(s, f->group, group_ep, sizeof group_ep);
+    if (g == 1 && !f->endpoint) f->endpoint = group_ep;
     if (g < 0) {
       fprintf(stderr, "nimbus-host %s: store: %s\n", cmd, nh_store_errmsg(s));
       return NH_EXIT_FAIL;

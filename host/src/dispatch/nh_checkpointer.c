@@ -5,7 +5,16 @@
  * WAL grows to NH_WAL_PAGES first (hot pages are then copied once instead of many times)
  * and the copy runs on a worker thread through a connection of its own: the one piece of
  * sqlite work off the loop thread, and it touches no state of the host. A PASSIVE
- * checkpoint takes no lock a writer needs, so commits go on meanwhile. */
+ * checkpoint takes no lock a writer needs, so commits go on meanwhile.
+ *
+ * sqlite starts the WAL over only when a write transaction begins with every frame copied
+ * back. Under a steady load the host commits while the worker copies, so that moment never
+ * came: the WAL grew to 1.5 GB over 300,000 events, each commit extended the file (the
+ * kernel zeroing new blocks was 15% of the host's CPU) and its index (-shm, mapped) grew
+ * the host's RSS. So once the worker's copy is back, the loop copies the pages committed
+ * meanwhile itself (a small share of the copy at the host's rates), and its next commit
+ * starts the WAL over. Whatever the rate of commits, the WAL then stays within
+ * NH_WAL_PAGES plus what one worker's copy lets the loop write. */
 #include "nh_checkpointer.h"
 #include "core/nh_log.h"
 #include "core/nh_util.h"
@@ -28,6 +37,7 @@ struct nh_checkpointer {
   int stopping;    /* freed when that copy is back */
   int pages;       /* WAL pages after the last commit */
   int rc;          /* written by the worker, read after it */
+  int copied;      /* WAL pages in the database after the worker's copy (same) */
   nh_error_t err;
   int64_t warned_ms;
 };
@@ -35,8 +45,9 @@ struct nh_checkpointer {
 static void work_cb(uv_work_t *w)
 {
   nh_checkpointer_t *c = w->data;
-  int wal_pages = 0, copied = 0;
-  c->rc = nh_store_checkpoint_file(c->path, &wal_pages, &copied, &c->err);
+  int wal_pages = 0;
+  c->copied = 0;
+  c->rc = nh_store_checkpoint_file(c->path, &wal_pages, &c->copied, &c->err);
 }
 
 static void after_cb(uv_work_t *w, int status)
@@ -48,7 +59,9 @@ static void after_cb(uv_work_t *w, int status)
     free(c);
     return;
   }
-  if (status == 0 && c->rc) nh_log_warn("store", "%s", c->err.msg);
+  if (status != 0) return;
+  if (c->rc) nh_log_warn("store", "%s", c->err.msg);
+  else if (c->copied > 0) nh_store_checkpoint(c->store);
 }
 
 static void start_copy(nh_checkpointer_t *c)

@@ -1,15 +1,14 @@
 /* Dispatcher loop: one pump per loop iteration while there is work, an adaptive poll
  * timer (2 ms doubling to 50 ms) when idle so another process's messages are seen
  * quickly without a busy loop. Each pump is one store transaction: it commits the
- * effects of every finished task, then fetches new work, then starts handlers. */
-#include "nh_bridge.h"
+ * effects of every finished task, then fetches new work, then starts handlers. The
+ * callbacks Lua calls the host through are in nh_vmhost.c, lock renewal in nh_renew.c. */
 #include "nh_dispatch_int.h"
 #include "nh_checkpointer.h"
 #include "core/nh_log.h"
 #include "core/nh_util.h"
 
 #include <assert.h>
-#include <lauxlib.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,15 +32,13 @@ void nh_dispatch_kick(nh_dispatch_t *d)
   if (!uv_is_active((uv_handle_t *)&d->idle)) uv_idle_start(&d->idle, idle_cb);
 }
 
-#define kick nh_dispatch_kick
-
 static void timer_cb(uv_timer_t *h) { pump(h->data); }
 
 /* A push transport (AMQP) has messages buffered: pump soon rather than at the next poll. */
 static void wake(void *data)
 {
   nh_dispatch_t *d = data;
-  if (d->started && !d->closing) kick(d);
+  if (d->started && !d->closing) nh_dispatch_kick(d);
 }
 
 /* The endpoint being registered (pending) wins over a live one of the same name. */
@@ -53,150 +50,18 @@ nh_endpoint_t *nh_dispatch_find_endpoint(nh_dispatch_t *d, const char *name)
     if (strcmp(ep->name, name) == 0) return ep;
   return NULL;
 }
-#define find_endpoint nh_dispatch_find_endpoint
 
-/* ---------------------------------------------------------------- VM host callbacks */
+/* ---------------------------------------------------------------- jobs */
 
-static int pending_has(nh_dispatch_t *d, const char *name)
+void nh_dispatch_job_finished(nh_dispatch_t *d, nh_job_t *job)
 {
-  for (nh_endpoint_t *ep = d->pending_eps; ep; ep = ep->next)
-    if (strcmp(ep->name, name) == 0) return 1;
-  return 0;
-}
-
-static int host_register_endpoint(void *data, nh_vm_t *vm, lua_State *L, const char *name, int opts, nh_error_t *err)
-{
-  nh_dispatch_t *d = data;
-  nh_endpoint_t *have = find_endpoint(d, name);
-  /* A reload re-registers the endpoints of the generation it replaces; anything else
-   * with a taken name is a second definition. */
-  if (have && !have->retired && (pending_has(d, name) || !d->reloading || have->vm != d->reloading))
-    return nh_error_set(err, NH_EUSAGE, "endpoint %s is already defined by another adapter", name);
-  nh_endpoint_t *ep = nh_xcalloc(1, sizeof *ep);
-  ep->name = nh_xstrdup(name);
-  ep->vm = vm;
-  if (nh_endpoint_parse(ep, L, opts, err)) {
-    nh_endpoint_free(ep);
-    return NH_EUSAGE;
-  }
-  ep->next = d->pending_eps;
-  d->pending_eps = ep;
-  return NH_OK;
-}
-
-/* A MessageId the publisher chose: 1 if it was published within the dedup window
- * (said in the log), 0 if not, NH_EFAIL. claim: record it in the open transaction. */
-int nh_dispatch_pub_dedup(nh_dispatch_t *d, const char *who, const char *message_id, int claim)
-{
-  int64_t now = nh_time_now_ms(), at = 0;
-  int rc = claim ? nh_store_published_claim(d->store, message_id, now, now - NH_DEDUP_WINDOW_MS, &at)
-                 : nh_store_published_seen(d->store, message_id, now - NH_DEDUP_WINDOW_MS, &at);
-  if (rc < 0) return NH_EFAIL;
-  int seen = claim ? rc == 0 : rc == 1;
-  if (seen) {
-    char when[40];
-    nh_time_iso8601(at, when, sizeof when);
-    nh_log_info("dispatch", "%s: MessageId %s was already published at %s (within the dedup window of 24 h): "
-                "not published again", who, message_id, when);
-  }
-  return seen;
-}
-
-static int host_publish(void *data, void *task_data, const char *type, const char *body, size_t body_len,
-                        const char *session, const char *correlation_id, const char *to, const char *given_id,
-                        char message_id[37], int *duplicate, nh_error_t *err)
-{
-  nh_dispatch_t *d = data;
-  nh_uuid_v7(message_id);
-  nh_job_t *job = task_data;
-  if (job) {
-    /* The claim is made when the outcome commits (a failed handler claims nothing);
-     * what the caller is told now is whether the id is already taken. */
-    if (given_id && (*duplicate = nh_dispatch_pub_dedup(d, job->ep->name, given_id, 0)) < 0)
-      return nh_error_set(err, NH_EFAIL, "store: %s", nh_store_errmsg(d->store));
-    if (given_id && *duplicate) return NH_OK;
-    /* Sent only when the handler's outcome commits: a failed handler publishes nothing. */
-    nh_pub_t *p = nh_xcalloc(1, sizeof *p);
-    p->type = nh_xstrdup(type);
-    p->body = nh_xstrndup(body, body_len);
-    p->body_len = body_len;
-    p->session = nh_xstrdup(session);
-    p->correlation_id = nh_xstrdup(correlation_id);
-    p->to = nh_xstrdup(to);
-    p->given_id = nh_xstrdup(given_id);
-    memcpy(p->message_id, message_id, 37);
-    *job->pubs_tail = p;
-    job->pubs_tail = &p->next;
-    return NH_OK;
-  }
-  nh_msg_t m;
-  memset(&m, 0, sizeof m);
-  char sess[37], corr[37];
-  nh_uuid_v7(sess);
-  nh_uuid_v7(corr);
-  m.session_id = (char *)(session ? session : sess);
-  m.message_id = (char *)(given_id ? given_id : message_id);
-  m.event_type = (char *)type;
-  m.type = NH_MT_EVENT;
-  m.correlation_id = (char *)(correlation_id ? correlation_id : corr);
-  m.body = (char *)body;
-  m.body_len = body_len;
-  m.enqueued_at = nh_time_now_ms();
-  if (nh_store_begin(d->store)) return nh_error_set(err, NH_EFAIL, "store busy: %s", nh_store_errmsg(d->store));
-  if (given_id && (*duplicate = nh_dispatch_pub_dedup(d, "publish", given_id, 1)) != 0) {
-    nh_store_rollback(d->store);
-    if (*duplicate < 0) return nh_error_set(err, NH_EFAIL, "store: %s", nh_store_errmsg(d->store));
-    return NH_OK;
-  }
-  int copies = 0;
-  if (d->tr->vt->send(d->tr, &m, to, &copies, err)) {
-    nh_store_rollback(d->store);
-    return NH_EFAIL;
-  }
-  if (nh_store_commit(d->store)) return nh_error_set(err, NH_EFAIL, "store commit failed");
-  if (copies == 0) nh_log_warn("dispatch", "published %s but no endpoint subscribes to it", type);
-  if (d->started) kick(d);
-  return NH_OK;
-}
-
-static void running_remove(nh_dispatch_t *d, nh_job_t *job)
-{
-  if (job->run_prev) job->run_prev->run_next = job->run_next;
-  else if (d->running_jobs == job) d->running_jobs = job->run_next;
-  if (job->run_next) job->run_next->run_prev = job->run_prev;
-  job->run_next = job->run_prev = NULL;
-}
-
-static void host_task_done(void *data, void *task_data, nh_outcome_t *o)
-{
-  nh_dispatch_t *d = data;
-  nh_job_t *job = task_data;
-  job->out = *o;
-  memset(o, 0, sizeof *o);
-  job->task = NULL;
-  running_remove(d, job);
+  nh_queue_remove(&job->run_node);
   d->running--;
   job->next = NULL;
   *d->done_tail = job;
   d->done_tail = &job->next;
-  kick(d);
+  nh_dispatch_kick(d);
 }
-
-static int host_pending_handoffs(void *data, lua_State *L, const char *endpoint, nh_error_t *err)
-{
-  nh_dispatch_t *d = data;
-  return nh_bridge_push_handoffs(L, d->store, endpoint, err);
-}
-
-static int host_handoff(void *data, const nh_handoff_req_t *req, nh_error_t *err)
-{
-  nh_dispatch_t *d = data;
-  int rc = nh_bridge_handoff(d->store, d->tr, req, err);
-  if (rc == NH_OK && d->started) kick(d);
-  return rc;
-}
-
-/* ---------------------------------------------------------------- jobs */
 
 static nh_job_t *job_new(nh_dispatch_t *d, nh_endpoint_t *ep, nh_job_src_t src)
 {
@@ -205,7 +70,9 @@ static nh_job_t *job_new(nh_dispatch_t *d, nh_endpoint_t *ep, nh_job_src_t src)
   job->ep = ep;
   job->src = src;
   job->pubs_tail = &job->pubs;
-  job->out.expected_by_s = -1;
+  nh_outcome_init(&job->out);
+  nh_queue_init(&job->run_node);
+  nh_queue_init(&job->fresh_node);
   return job;
 }
 
@@ -231,8 +98,7 @@ static void accept_job(nh_dispatch_t *d, nh_job_t *job)
     return;
   }
   job->ep->in_flight++;
-  *d->fresh_tail = job;
-  d->fresh_tail = &job->next;
+  nh_queue_insert_tail(&d->fresh, &job->fresh_node);
 }
 
 static void on_message(void *data, nh_msg_t *msg)
@@ -245,7 +111,7 @@ static void on_message(void *data, nh_msg_t *msg)
     return;
   }
   nh_endpoint_t *ep = d->receiving_ep;
-  if (!ep || strcmp(ep->name, msg->endpoint) != 0) ep = find_endpoint(d, msg->endpoint);
+  if (!ep || strcmp(ep->name, msg->endpoint) != 0) ep = nh_dispatch_find_endpoint(d, msg->endpoint);
   if (!ep) {   /* not one of ours (cannot happen with the embedded transport) */
     assert(strcmp(d->tr->vt->name, "embedded") != 0);
     nh_msg_clear(msg);
@@ -255,10 +121,7 @@ static void on_message(void *data, nh_msg_t *msg)
   nh_job_t *job = job_new(d, ep, NH_JOB_QUEUE);
   job->msg = *msg;
   free(msg);
-  switch (job->msg.type) {
-  case NH_MT_RESUBMIT: job->kind = "resubmit"; break;
-  default: job->kind = "event"; break;
-  }
+  job->kind = job->msg.type == NH_MT_RESUBMIT ? NH_RUN_RESUBMIT : NH_RUN_EVENT;
   accept_job(d, job);
 }
 
@@ -293,7 +156,7 @@ static int on_due_session(void *data, const char *endpoint, const char *session,
       return 0;
     }
     job = job_new(d, c->ep, NH_JOB_RETRY);
-    job->kind = "retry";
+    job->kind = NH_RUN_RETRY;
     nh_msg_t *m = &job->msg;
     m->endpoint = nh_xstrdup(c->ep->name);
     m->session_id = nh_xstrdup(session);
@@ -310,7 +173,7 @@ static int on_due_session(void *data, const char *endpoint, const char *session,
     nh_audit_clear(&a);
   } else {
     job = job_new(d, c->ep, NH_JOB_PARKED);
-    job->kind = "replay";
+    job->kind = NH_RUN_REPLAY;
     int head = nh_store_parked_head(d->store, c->ep->name, session, &job->msg, &job->park_seq);
     if (head < 0 || nh_store_failed(d->store)) {
       c->failed = 1;
@@ -377,7 +240,7 @@ static int fetch(nh_dispatch_t *d, int64_t now, int *fetched)
     if (ep->concurrency - ep->in_flight <= 0) ep->queue_starved = 1;
     else if (fetch_queue(d, ep, now, fetched)) return NH_EFAIL;
   }
-  if (d->requests) {   /* replies for this process's waiting requests */
+  if (!nh_queue_empty(&d->requests)) {   /* replies for this process's waiting requests */
     int n = d->tr->vt->receive(d->tr, d->reply_ep, 256, now);
     if (n < 0) return NH_EFAIL;
     *fetched += n;
@@ -387,12 +250,11 @@ static int fetch(nh_dispatch_t *d, int64_t now, int *fetched)
 
 static void start_fresh(nh_dispatch_t *d)
 {
-  nh_job_t *job = d->fresh;
-  d->fresh = NULL;
-  d->fresh_tail = &d->fresh;
-  while (job) {
-    nh_job_t *next = job->next;
-    job->next = NULL;
+  nh_queue_t batch;   /* this pump's jobs: a handler runs inside nh_vm_task_start */
+  nh_queue_move(&d->fresh, &batch);
+  while (!nh_queue_empty(&batch)) {
+    nh_job_t *job = nh_queue_data(nh_queue_head(&batch), nh_job_t, fresh_node);
+    nh_queue_remove(&job->fresh_node);
     nh_msg_t *m = &job->msg;
     nh_task_args_t args = {
       .endpoint = job->ep->name, .event_type = m->event_type, .body = m->body, .body_len = m->body_len,
@@ -405,30 +267,25 @@ static void start_fresh(nh_dispatch_t *d)
     d->running++;
     job->started_ms = nh_time_now_ms();
     job->vm = job->ep->vm;
-    job->run_next = d->running_jobs;
-    if (d->running_jobs) d->running_jobs->run_prev = job;
-    d->running_jobs = job;
+    nh_queue_insert_head(&d->running_jobs, &job->run_node);
     nh_error_t err = {0};
     if (nh_vm_task_start(job->vm, &args, &job->task, &err)) {
-      nh_outcome_t o = { .kind = NH_OUT_CANCELLED, .expected_by_s = -1 };
       nh_log_error("dispatch", "%s: cannot start a task: %s", job->ep->name, err.msg);
-      host_task_done(d, job, &o);
+      job->out.kind = NH_OUT_CANCELLED;
+      nh_dispatch_job_finished(d, job);
     }
-    job = next;
   }
 }
 
 static void discard_fresh(nh_dispatch_t *d)
 {
-  nh_job_t *job = d->fresh;
-  while (job) {
-    nh_job_t *next = job->next;
+  nh_queue_t *q, *n;
+  nh_queue_foreach_safe(q, n, &d->fresh) {
+    nh_job_t *job = nh_queue_data(q, nh_job_t, fresh_node);
+    nh_queue_remove(q);
     job->ep->in_flight--;
     nh_job_free(job);
-    job = next;
   }
-  d->fresh = NULL;
-  d->fresh_tail = &d->fresh;
 }
 
 static void maybe_stopped(nh_dispatch_t *d);
@@ -504,7 +361,7 @@ static void pump(nh_dispatch_t *d)
     if (ok && nh_store_commit(d->store)) ok = 0;
     if (!ok) nh_store_rollback(d->store);
   }
-  if (d->requests) nh_dispatch_deliver_replies(d, ok);
+  if (!nh_queue_empty(&d->requests)) nh_dispatch_deliver_replies(d, ok);
   if (ok && fetched > 0) {
     d->pumps++;
     d->pumped += (uint64_t)fetched;
@@ -532,7 +389,7 @@ static void pump(nh_dispatch_t *d)
   if (d->stopping) {
     maybe_stopped(d);
     if (d->done) {
-      if (ok) kick(d);
+      if (ok) nh_dispatch_kick(d);
       else uv_timer_start(&d->timer, timer_cb, 1000, 0);
     }
     return;
@@ -543,90 +400,13 @@ static void pump(nh_dispatch_t *d)
   }
   if (fetched > 0 || had_done || d->done) {
     d->poll_ms = NH_POLL_MIN_MS;
-    kick(d);
+    nh_dispatch_kick(d);
     uv_timer_stop(&d->timer);
   } else {
     if (d->poll_ms == NH_POLL_MIN_MS) nh_checkpointer_kick(d->ckpt);   /* just went idle */
     d->poll_ms = d->poll_ms * 2 > NH_POLL_MAX_MS ? NH_POLL_MAX_MS : d->poll_ms * 2;
     uv_timer_start(&d->timer, timer_cb, (uint64_t)d->poll_ms, 0);
   }
-}
-
-/* Decides whether a running handler keeps its lock: NULL to renew, or why it ends. */
-static const char *keep_reason(nh_dispatch_t *d, nh_job_t *job, int64_t now)
-{
-  (void)d;
-  nh_endpoint_t *ep = job->ep;
-  if (ep->renew_max_ms > 0 && now - job->started_ms >= ep->renew_max_ms) return "renewal cap (lock.renew_max) reached";
-  nh_error_t err = {0};
-  int alive = nh_vm_task_alive(job->vm, job->msg.event_id, &err);   /* its generation, not the endpoint's */
-  if (alive < 0) {
-    nh_log_warn("dispatch", "%s %s: is_alive raised: %s", ep->name, job->msg.event_id, err.msg);
-    free(job->cancel_detail);
-    job->cancel_detail = nh_xstrdup(err.msg);   /* into the failure the cancellation becomes */
-    return "is_alive raised";
-  }
-  return alive ? NULL : "is_alive returned false";
-}
-
-/* Session locks are renewed on their own timer, independent of what the handlers do
- * (the CPU budget gives the loop back), so they stay ours however long the handlers
- * take and also while the host drains at shutdown. A handler past its renewal cap or
- * not alive any more is cancelled and recorded as a failure (the endpoint's retry policy
- * decides what follows); one whose lock is gone is cancelled with nothing recorded or
- * settled (another owner may have the message), and it is delivered again. */
-void nh_dispatch_renew_cb(uv_timer_t *h)
-{
-  nh_dispatch_t *d = h->data;
-  if (d->pumping || !d->running_jobs) return;
-  int64_t now = nh_time_now_ms();
-  /* decide first (is_alive runs Lua), then write, then cancel (cancelling re-enters) */
-  int n = 0;
-  for (nh_job_t *j = d->running_jobs; j; j = j->run_next) n++;
-  nh_job_t **jobs = nh_xmalloc(sizeof *jobs * (size_t)n);
-  const char **why = nh_xmalloc(sizeof *why * (size_t)n);
-  int i = 0;
-  for (nh_job_t *j = d->running_jobs; j; j = j->run_next, i++) {
-    jobs[i] = j;
-    why[i] = j->task ? keep_reason(d, j, now) : NULL;
-  }
-  if (nh_store_begin(d->store) == NH_OK) {
-    for (i = 0; i < n; i++) {
-      if (why[i] || !jobs[i]->task) continue;
-      int held = d->tr->vt->renew(d->tr, jobs[i]->ep->name, jobs[i]->msg.session_id, now);
-      if (held == 1) {
-        d->renewals++;
-        nh_log_debug("dispatch", "%s %s (session %s): lock renewed", jobs[i]->ep->name, jobs[i]->msg.event_id,
-                     jobs[i]->msg.session_id);
-      } else if (held == 0) {
-        d->renew_failures++;
-        why[i] = NH_CANCEL_LOCK_LOST;
-      }
-    }
-    if (nh_store_commit(d->store)) nh_store_rollback(d->store);
-  }
-  for (i = 0; i < n; i++) {
-    if (!why[i] || !jobs[i]->task) continue;
-    d->cancellations++;
-    int lost = strcmp(why[i], NH_CANCEL_LOCK_LOST) == 0;
-    nh_log_warn("dispatch", "%s %s (session %s): %s after %.1f s; cancelling the handler, %s", jobs[i]->ep->name,
-                jobs[i]->msg.event_id, jobs[i]->msg.session_id, why[i], (double)(now - jobs[i]->started_ms) / 1000.0,
-                lost ? "the message is released unsettled for redelivery"
-                     : "recorded as a failure under the endpoint's retry policy");
-    jobs[i]->cancel_reason = why[i];
-    nh_vm_task_cancel(jobs[i]->task);   /* task_done: the job moves to `done` as cancelled */
-  }
-  free(jobs);
-  free(why);
-}
-
-const nh_vm_host_t *nh_dispatch_vm_host(nh_dispatch_t *d, nh_vm_host_t *h)
-{
-  nh_vm_host_t host = { d, host_register_endpoint, host_publish, host_task_done, host_pending_handoffs,
-                        host_handoff, nh_dispatch_request, nh_dispatch_request_cancel,
-                        nh_dispatch_set_retention };
-  *h = host;
-  return h;
 }
 
 /* ---------------------------------------------------------------- lifecycle */
@@ -639,7 +419,9 @@ nh_dispatch_t *nh_dispatch_new(uv_loop_t *loop, nh_store_t *store, nh_transport_
   d->ckpt = nh_checkpointer_start(loop, store);
   d->tr = transport;
   d->lua_dir = nh_xstrdup(lua_dir);
-  d->fresh_tail = &d->fresh;
+  nh_queue_init(&d->fresh);
+  nh_queue_init(&d->running_jobs);
+  nh_queue_init(&d->requests);
   d->done_tail = &d->done;
   d->poll_ms = NH_POLL_MIN_MS;
   transport->on_message = on_message;
@@ -669,7 +451,7 @@ void nh_dispatch_collect_types(void *data, const char *endpoint, const char *con
                                int n)
 {
   nh_dispatch_t *d = data;
-  nh_endpoint_t *ep = find_endpoint(d, endpoint);
+  nh_endpoint_t *ep = nh_dispatch_find_endpoint(d, endpoint);
   if (!ep) return;
   ep->types = nh_xcalloc((size_t)n + 1, sizeof *ep->types);
   ep->commands = nh_xcalloc((size_t)n + 1, sizeof *ep->commands);
@@ -716,11 +498,10 @@ int nh_dispatch_start(nh_dispatch_t *d, nh_error_t *err)
 {
   if (nh_dispatch_subscribe_all(d, err)) return NH_EFAIL;
   d->started = 1;
-  uint64_t every = (uint64_t)(d->tr->lock_ms / 3 > 0 ? d->tr->lock_ms / 3 : 1);
-  uv_timer_start(&d->renew_timer, nh_dispatch_renew_cb, every, every);
+  nh_dispatch_renew_start(d);
   nh_dispatch_retention_start(d);
   nh_dispatch_presence_update(d);
-  kick(d);
+  nh_dispatch_kick(d);
   return NH_OK;
 }
 

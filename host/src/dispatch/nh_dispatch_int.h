@@ -5,6 +5,8 @@
 #include "nh_dispatch.h"
 #include "nh_retry.h"
 #include "core/nh_msg.h"
+#include "core/nh_outcome_types.h"
+#include "core/nh_queue.h"
 #include "lua/nh_vm.h"
 
 typedef struct nh_endpoint {
@@ -28,6 +30,16 @@ typedef struct nh_endpoint {
 
 typedef enum { NH_JOB_QUEUE, NH_JOB_RETRY, NH_JOB_PARKED } nh_job_src_t;
 
+/* Why the host ended a running handler (nh_renew.c). The first three make the attempt a
+ * failure ("handler cancelled: <name>"); a lost lock records nothing. */
+typedef enum {
+  NH_CANCEL_NONE,          /* not by a renewal: it ended itself, or the host is stopping or closing its VM */
+  NH_CANCEL_RENEW_CAP,     /* past the endpoint's lock.renew_max */
+  NH_CANCEL_NOT_ALIVE,     /* is_alive(ctx) returned false */
+  NH_CANCEL_ALIVE_RAISED,  /* is_alive(ctx) raised (the error in job->cancel_detail) */
+  NH_CANCEL_LOCK_LOST,     /* the session lock is gone: another owner may have the message */
+} nh_cancel_t;
+
 typedef struct nh_adapter {
   char *path;
   nh_vm_t *vm;
@@ -48,17 +60,18 @@ typedef struct nh_job {
   nh_msg_t msg;
   int64_t park_seq;             /* NH_JOB_PARKED */
   nh_session_state_t st;         /* read by route; valid while we hold the session lock */
-  const char *kind;              /* passed to Lua as ctx.kind */
+  nh_run_kind_t kind;            /* passed to Lua as ctx.kind */
   nh_outcome_t out;
   int apply_failures;
   nh_task_t *task;               /* while the handler runs */
   nh_vm_t *vm;                   /* the generation it runs in */
   int64_t started_ms;
-  const char *cancel_reason;     /* why the host ended it (renewal cap, is_alive, lock lost) */
+  nh_cancel_t cancel;            /* why the host ended it (renewal cap, is_alive, lock lost) */
   char *cancel_detail;           /* the error an is_alive raised */
-  struct nh_job *run_next, *run_prev;
+  nh_queue_t run_node;           /* in d->running_jobs while the handler runs */
+  nh_queue_t fresh_node;         /* in d->fresh between fetching and starting */
   nh_pub_t *pubs, **pubs_tail;   /* publishes buffered until the outcome commits */
-  struct nh_job *next;
+  struct nh_job *next;           /* d->done */
 } nh_job_t;
 
 struct nh_dispatch {
@@ -79,11 +92,11 @@ struct nh_dispatch {
   uv_timer_t reload_timer;       /* debounces bursts of file events */
   uint64_t reloads, reload_failures;
   char reply_ep[48];             /* this process's reply queue: "_reply.<uuid>" */
-  struct nh_pending_req *requests;
-  nh_job_t *fresh, **fresh_tail; /* fetched in the open transaction, not started */
+  nh_queue_t requests;           /* nh_request.c: waiting for a reply, newest first */
+  nh_queue_t fresh;              /* fetched in the open transaction, not started (nh_job_t.fresh_node) */
   nh_job_t *done, **done_tail;   /* finished, effects not yet committed */
   int running;
-  nh_job_t *running_jobs;        /* handlers in flight: their locks are renewed */
+  nh_queue_t running_jobs;       /* handlers in flight, their locks renewed (nh_job_t.run_node) */
   uint64_t renewals, renew_failures, cancellations;
   uint64_t pumps, pumped;        /* transactions with work, messages fetched in them */
   int pumping, stopping, started, closing, force_stop;
@@ -109,7 +122,6 @@ struct nh_dispatch {
 int nh_dispatch_route(nh_dispatch_t *d, nh_job_t *job);    /* 1: needs a handler, 0: settled here, < 0: error */
 int nh_dispatch_apply(nh_dispatch_t *d, nh_job_t *job);    /* writes a finished job's effects */
 int nh_dispatch_flush_pubs(nh_dispatch_t *d, nh_job_t *job);
-#define NH_CANCEL_LOCK_LOST "lock lost"   /* job->cancel_reason; set by nh_dispatch.c's renewals */
 void nh_job_free(nh_job_t *job);
 
 /* nh_request.c */
@@ -125,18 +137,25 @@ void nh_dispatch_requests_close(nh_dispatch_t *d);
 /* nh_reload.c */
 int nh_dispatch_reload(nh_dispatch_t *d, int adapter, nh_error_t *err);   /* adapter < 0: all */
 void nh_dispatch_close_retired(nh_dispatch_t *d, int force);
-int nh_dispatch_watch(nh_dispatch_t *d, nh_error_t *err);
 void nh_dispatch_unwatch(nh_dispatch_t *d);
 int nh_dispatch_subscribe_all(nh_dispatch_t *d, nh_error_t *err);
 
 /* nh_dispatch.c */
-int nh_dispatch_pub_dedup(nh_dispatch_t *d, const char *who, const char *message_id, int claim);
-void nh_dispatch_kick(nh_dispatch_t *d);
-void nh_dispatch_renew_cb(uv_timer_t *h);
+void nh_dispatch_kick(nh_dispatch_t *d);   /* pump on the next loop iteration */
 nh_endpoint_t *nh_dispatch_find_endpoint(nh_dispatch_t *d, const char *name);
 void nh_dispatch_collect_types(void *data, const char *endpoint, const char *const *types, const int *commands,
                                int n);
-extern const nh_vm_host_t *nh_dispatch_vm_host(nh_dispatch_t *d, nh_vm_host_t *out);
+/* A running job's handler ended (job->out says how): off the running list, queued for
+ * the next pump to apply. */
+void nh_dispatch_job_finished(nh_dispatch_t *d, nh_job_t *job);
+
+/* nh_vmhost.c: the callbacks Lua calls the host through */
+const nh_vm_host_t *nh_dispatch_vm_host(nh_dispatch_t *d, nh_vm_host_t *out);
+int nh_dispatch_pub_dedup(nh_dispatch_t *d, const char *who, const char *message_id, int claim);
+
+/* nh_renew.c */
+void nh_dispatch_renew_start(nh_dispatch_t *d);   /* (re)arms the timer: a third of the lock duration */
+const char *nh_dispatch_cancel_name(nh_cancel_t c);   /* "lock lost", ...: for texts and logs */
 
 /* nh_retention.c */
 void nh_dispatch_retention_start(nh_dispatch_t *d);

@@ -34,10 +34,7 @@ int nh_dispatch_subscribe_all(nh_dispatch_t *d, nh_error_t *err)
     return NH_EFAIL;
   }
   if (nh_store_commit(d->store)) return nh_error_set(err, NH_EFAIL, "store: cannot commit subscriptions");
-  if (d->started) {   /* a reload may have shortened the lock: renew at a third of the new one */
-    uint64_t every = (uint64_t)(d->tr->lock_ms / 3 > 0 ? d->tr->lock_ms / 3 : 1);
-    uv_timer_start(&d->renew_timer, nh_dispatch_renew_cb, every, every);
-  }
+  if (d->started) nh_dispatch_renew_start(d);   /* a reload may have shortened the lock */
   return NH_OK;
 }
 

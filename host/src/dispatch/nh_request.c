@@ -6,6 +6,7 @@
  * to the waiting task only after the transaction that consumed them commits. */
 #include "nh_dispatch_int.h"
 #include "core/nh_log.h"
+#include "core/nh_queue.h"
 #include "core/nh_util.h"
 
 #include <stdlib.h>
@@ -20,16 +21,10 @@ typedef struct nh_pending_req {
   void *ud;
   int got;                     /* a reply was consumed in the open transaction */
   char *reply, *error;
-  struct nh_pending_req *next, *prev;
+  nh_queue_t node;             /* d->requests */
 } nh_pending_req_t;
 
-static void unlink_req(nh_dispatch_t *d, nh_pending_req_t *p)
-{
-  if (p->prev) p->prev->next = p->next;
-  else d->requests = p->next;
-  if (p->next) p->next->prev = p->prev;
-  p->next = p->prev = NULL;
-}
+static nh_pending_req_t *req_of(nh_queue_t *q) { return nh_queue_data(q, nh_pending_req_t, node); }
 
 static void req_closed(uv_handle_t *h)
 {
@@ -39,9 +34,9 @@ static void req_closed(uv_handle_t *h)
   free(p);
 }
 
-static void req_end(nh_dispatch_t *d, nh_pending_req_t *p)
+static void req_end(nh_pending_req_t *p)
 {
-  unlink_req(d, p);
+  nh_queue_remove(&p->node);
   uv_timer_stop(&p->timer);
   uv_close((uv_handle_t *)&p->timer, req_closed);
 }
@@ -49,12 +44,11 @@ static void req_end(nh_dispatch_t *d, nh_pending_req_t *p)
 static void req_timeout(uv_timer_t *h)
 {
   nh_pending_req_t *p = h->data;
-  nh_dispatch_t *d = p->d;
   char msg[128];
   snprintf(msg, sizeof msg, "no reply within %.3g s", p->timeout_s);
   void (*done)(void *, const char *, const char *, const char *) = p->done;
   void *ud = p->ud;
-  req_end(d, p);
+  req_end(p);
   done(ud, NULL, msg, "ETIMEDOUT");
 }
 
@@ -69,14 +63,20 @@ typedef struct probe_ctx {
 static void probed(void *data, int found)
 {
   probe_ctx_t *c = data;
-  nh_pending_req_t *p = c->d->requests;
-  while (p && strcmp(p->corr, c->corr) != 0) p = p->next;
+  nh_pending_req_t *p = NULL;
+  nh_queue_t *q;
+  nh_queue_foreach(q, &c->d->requests) {
+    if (strcmp(req_of(q)->corr, c->corr) == 0) {
+      p = req_of(q);
+      break;
+    }
+  }
   if (p && found == 0 && !p->got) {
     char msg[300];
     snprintf(msg, sizeof msg, "no endpoint replies to %s (declare one with ep:reply)", c->type);
     void (*done)(void *, const char *, const char *, const char *) = p->done;
     void *ud = p->ud;
-    req_end(c->d, p);
+    req_end(p);
     done(ud, NULL, msg, "ENOREPLIER");
   }
   free(c->type);
@@ -122,9 +122,7 @@ void *nh_dispatch_request(void *data, const char *type, const char *body, size_t
   uv_timer_init(d->loop, &p->timer);
   p->timer.data = p;
   uv_timer_start(&p->timer, req_timeout, (uint64_t)(timeout_s * 1000.0), 0);
-  p->next = d->requests;
-  if (d->requests) d->requests->prev = p;
-  d->requests = p;
+  nh_queue_insert_head(&d->requests, &p->node);
   if (d->tr->vt->probe) {
     probe_ctx_t *c = nh_xcalloc(1, sizeof *c);
     c->d = d;
@@ -141,7 +139,8 @@ void *nh_dispatch_request(void *data, const char *type, const char *body, size_t
 
 void nh_dispatch_request_cancel(void *data, void *handle)
 {
-  req_end(data, handle);
+  (void)data;
+  req_end(handle);
 }
 
 /* A reply read from our queue, inside the pump's transaction: consume it, and keep its
@@ -150,7 +149,9 @@ void nh_dispatch_take_reply(nh_dispatch_t *d, nh_msg_t *m)
 {
   d->tr->vt->settle(d->tr, m, NH_SETTLE_COMPLETE, 0, NULL);
   d->tr->vt->unlock_session(d->tr, m->endpoint, m->session_id);
-  for (nh_pending_req_t *p = d->requests; p; p = p->next) {
+  nh_queue_t *q;
+  nh_queue_foreach(q, &d->requests) {
+    nh_pending_req_t *p = req_of(q);
     if (!m->correlation_id || strcmp(p->corr, m->correlation_id) != 0 || p->got) continue;
     p->got = 1;
     free(p->reply);
@@ -168,18 +169,25 @@ void nh_dispatch_take_reply(nh_dispatch_t *d, nh_msg_t *m)
 void nh_dispatch_deliver_replies(nh_dispatch_t *d, int ok)
 {
   for (;;) {
-    nh_pending_req_t *p = d->requests;
-    while (p && !p->got) p = p->next;
+    /* from the head again after each one: its callback may end other requests */
+    nh_pending_req_t *p = NULL;
+    nh_queue_t *q;
+    nh_queue_foreach(q, &d->requests) {
+      if (req_of(q)->got) {
+        p = req_of(q);
+        break;
+      }
+    }
     if (!p) return;
     if (!ok) {
-      for (nh_pending_req_t *q = d->requests; q; q = q->next) q->got = 0;
+      nh_queue_foreach(q, &d->requests) req_of(q)->got = 0;
       return;
     }
     char *reply = p->reply, *error = p->error;
     p->reply = p->error = NULL;
     void (*done)(void *, const char *, const char *, const char *) = p->done;
     void *ud = p->ud;
-    req_end(d, p);
+    req_end(p);
     if (reply) done(ud, reply, NULL, NULL);
     else done(ud, NULL, error, "EREPLY");
     free(reply);
@@ -223,11 +231,11 @@ int nh_dispatch_send_reply(nh_dispatch_t *d, nh_job_t *job)
 
 void nh_dispatch_requests_close(nh_dispatch_t *d)
 {
-  while (d->requests) {
-    nh_pending_req_t *p = d->requests;
+  while (!nh_queue_empty(&d->requests)) {
+    nh_pending_req_t *p = req_of(nh_queue_head(&d->requests));
     void (*done)(void *, const char *, const char *, const char *) = p->done;
     void *ud = p->ud;
-    req_end(d, p);
+    req_end(p);
     done(ud, NULL, "the host is stopping", "ECANCELED");
   }
 }

@@ -9,7 +9,6 @@
 
 #include <lauxlib.h>
 #include <stdlib.h>
-#include <string.h>
 
 #ifndef NH_VERSION
 #define NH_VERSION "0.0.0"
@@ -82,7 +81,7 @@ static int l_publish(lua_State *L)
   /* Only a handler's publishes wait for its outcome; others are sent at once. */
   /* The running task, not L's: a coroutine created inside a handler publishes for it. */
   nh_task_t *t = nh_task_running();
-  if (t && strcmp(nh_task_kind(t), "handler") != 0) t = NULL;
+  if (t && nh_task_kind(t) != NH_TASK_KIND_HANDLER) t = NULL;
   char mid[37];
   int duplicate = 0;
   nh_error_t err = {0};
@@ -120,7 +119,7 @@ static int l_handoff(lua_State *L)
     .store = opt_str(L, 7), .error_text = opt_str(L, 8), .error_type = opt_str(L, 9),
   };
   nh_task_t *t = nh_task_running();
-  req.actor = t ? nh_task_kind(t) : "script";
+  req.actor = t ? nh_task_kind_name(nh_task_kind(t)) : "script";
   if (!vm->host.handoff) return luaL_error(L, "hand-offs can only be settled inside a running host or a script");
   nh_error_t err = {0};
   if (vm->host.handoff(vm->host.data, &req, &err)) {

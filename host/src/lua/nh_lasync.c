@@ -57,7 +57,7 @@ static void spawned_done(nh_task_t *t, nh_task_status_t status, int nres)
   if (status == NH_TASK_ERROR)
     nh_log_error("lua", "a nimbus.spawn task failed: %s", lua_tostring(co, -1));
   else if (status == NH_TASK_KILLED)
-    nh_log_error("lua", "a nimbus.spawn task was stopped: %s", nh_task_kill_reason(t));
+    nh_log_error("lua", "a nimbus.spawn task was stopped: %s", nh_task_kill_name(nh_task_kill(t)));
 }
 
 /* nimbus.spawn(fn, ...): runs fn(...) as a detached task, starting on the next loop
@@ -67,7 +67,7 @@ static int l_spawn(lua_State *L)
   luaL_checktype(L, 1, LUA_TFUNCTION);
   int n = lua_gettop(L);
   nh_vm_t *vm = nh_lua_vm(L);
-  nh_task_opts_t opts = { .kind = "task", .on_done = spawned_done };
+  nh_task_opts_t opts = { .kind = NH_TASK_KIND_PLAIN, .on_done = spawned_done };
   nh_task_t *t = nh_task_new(vm, &opts);
   lua_State *co = nh_task_thread(t);
   lua_xmove(L, co, n);
@@ -99,7 +99,7 @@ static void run_done(nh_task_t *t, nh_task_status_t status, int nres)
     lua_pushvalue(co, -2);   /* the error value itself (below its traceback), like pcall */
     lua_xmove(co, r->caller, 1);
   } else {
-    lua_pushstring(r->caller, status == NH_TASK_KILLED ? nh_task_kill_reason(t) : "task cancelled");
+    lua_pushstring(r->caller, status == NH_TASK_KILLED ? nh_task_kill_name(nh_task_kill(t)) : "task cancelled");
   }
 }
 
@@ -120,7 +120,7 @@ static int l_run(lua_State *L)
   int n = lua_gettop(L);
   nh_vm_t *vm = nh_lua_vm(L);
   run_state_t r = { 0, NH_TASK_OK, L, 0 };
-  nh_task_opts_t opts = { .kind = "task", .on_done = run_done, .data = &r };
+  nh_task_opts_t opts = { .kind = NH_TASK_KIND_PLAIN, .on_done = run_done, .data = &r };
   nh_task_t *t = nh_task_new(vm, &opts);
   lua_xmove(L, nh_task_thread(t), n);
   int base = lua_gettop(L);
@@ -156,7 +156,8 @@ static void every_done(nh_task_t *t, nh_task_status_t status, int nres)
   if (status == NH_TASK_ERROR)
     nh_log_error("lua", "%s failed (it runs again at the next tick): %s", e->label, lua_tostring(co, -1));
   else if (status == NH_TASK_KILLED)
-    nh_log_error("lua", "%s stopped: %s (it runs again at the next tick)", e->label, nh_task_kill_reason(t));
+    nh_log_error("lua", "%s stopped: %s (it runs again at the next tick)", e->label,
+                 nh_task_kill_name(nh_task_kill(t)));
   if (e->closed) uv_close((uv_handle_t *)&e->timer, every_closed);   /* its last run ended */
 }
 
@@ -167,7 +168,8 @@ static void every_tick(uv_timer_t *h)
     nh_log_debug("lua", "%s: previous run still going, skipping this tick", e->label);
     return;
   }
-  nh_task_opts_t opts = { .kind = "checker", .deadline_s = e->timeout_s, .on_done = every_done, .data = e };
+  nh_task_opts_t opts = { .kind = NH_TASK_KIND_CHECKER, .deadline_s = e->timeout_s, .on_done = every_done,
+                          .data = e };
   nh_task_t *t = nh_task_new(e->vm, &opts);
   lua_State *co = nh_task_thread(t);
   lua_rawgeti(co, LUA_REGISTRYINDEX, e->fn_ref);

@@ -98,9 +98,9 @@ static void route_done(nh_task_t *t, nh_task_status_t status, int nres)
     respond_json_error(r, 500, "{\"error\":\"internal error\"}");
     break;
   case NH_TASK_KILLED: {
-    const char *why = nh_task_kill_reason(t);
-    int deadline = why && strncmp(why, "deadline", 8) == 0;
-    nh_log_error("httpd", "%s %s: the route was stopped: %s; answered %d", method, path, why ? why : "killed",
+    nh_task_kill_t why = nh_task_kill(t);
+    int deadline = why == NH_KILL_DEADLINE;   /* a CPU budget is the route's own failure: 500 */
+    nh_log_error("httpd", "%s %s: the route was stopped: %s; answered %d", method, path, nh_task_kill_name(why),
                  deadline ? 504 : 500);
     if (deadline) respond_json_error(r, 504, "{\"error\":\"deadline exceeded\"}");
     else respond_json_error(r, 500, "{\"error\":\"internal error\"}");
@@ -133,8 +133,8 @@ static void push_pair(void *ud, const char *k, size_t klen, const char *v, size_
 static void on_request(void *data, nh_httpd_req_t *r)
 {
   lserver_t *ls = data;
-  nh_task_opts_t opts = { .kind = "route", .deadline_s = ls->timeout_s, .cpu_budget_s = ls->cpu_budget_s,
-                          .on_done = route_done, .data = r };
+  nh_task_opts_t opts = { .kind = NH_TASK_KIND_ROUTE, .deadline_s = ls->timeout_s,
+                          .cpu_budget_s = ls->cpu_budget_s, .on_done = route_done, .data = r };
   nh_task_t *t = nh_task_new(ls->vm, &opts);
   lua_State *co = nh_task_thread(t);
   lua_checkstack(co, 8);

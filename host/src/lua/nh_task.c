@@ -20,12 +20,15 @@ static nh_task_t *running_task;
 
 nh_task_t *nh_task_running(void) { return running_task; }
 
-static void task_unlink(nh_vm_t *vm, nh_task_t *t)
+const char *nh_task_kind_name(nh_task_kind_t k)
 {
-  if (t->prev) t->prev->next = t->next;
-  else vm->tasks = t->next;
-  if (t->next) t->next->prev = t->prev;
-  t->next = t->prev = NULL;
+  switch (k) {
+  case NH_TASK_KIND_PLAIN: return "task";
+  case NH_TASK_KIND_HANDLER: return "handler";
+  case NH_TASK_KIND_CHECKER: return "checker";
+  case NH_TASK_KIND_ROUTE: return "route";
+  }
+  return "task";
 }
 
 static void deadline_closed(uv_handle_t *h) { free(h); }
@@ -37,33 +40,16 @@ static void ready_push(nh_task_t *t, int nargs)
 {
   nh_vm_t *vm = t->vm;
   t->start_nargs = nargs;
-  t->resume_next = 1;
   t->resume_gen = vm->yield_gen;
-  t->ready_next = NULL;
-  t->ready_prev = vm->ready_tail;
-  if (vm->ready_tail) vm->ready_tail->ready_next = t;
-  else vm->ready = t;
-  vm->ready_tail = t;
+  nh_queue_insert_tail(&vm->ready, &t->ready_node);
   if (!uv_is_active((uv_handle_t *)&vm->idle)) uv_idle_start(&vm->idle, vm_idle_cb);
-}
-
-static void ready_remove(nh_task_t *t)
-{
-  nh_vm_t *vm = t->vm;
-  if (!t->resume_next) return;
-  if (t->ready_prev) t->ready_prev->ready_next = t->ready_next;
-  else vm->ready = t->ready_next;
-  if (t->ready_next) t->ready_next->ready_prev = t->ready_prev;
-  else vm->ready_tail = t->ready_prev;
-  t->ready_next = t->ready_prev = NULL;
-  t->resume_next = 0;
 }
 
 static void task_free(nh_task_t *t)
 {
   nh_vm_t *vm = t->vm;
-  ready_remove(t);
-  task_unlink(vm, t);
+  nh_queue_remove(&t->ready_node);   /* harmless when it was not waiting there */
+  nh_queue_remove(&t->node);
   if (t->deadline) {
     uv_timer_stop(t->deadline);
     uv_close((uv_handle_t *)t->deadline, deadline_closed);
@@ -96,10 +82,9 @@ static void budget_hook(lua_State *L, lua_Debug *ar)
   (void)ar;
   nh_task_t *t = running_task;
   if (!t) return;
-  if (!t->killed) {
+  if (t->kill == NH_KILL_NONE) {
     if (uv_hrtime() - t->resume_ns <= t->cpu_budget_ns) return;
-    t->killed = 1;
-    t->kill_reason = "CPU budget exceeded";
+    t->kill = NH_KILL_CPU_BUDGET;
   }
   /* Yielding from a hook cannot be caught by pcall. Where the running coroutine cannot
    * yield (a nested coroutine, a C call boundary), raise instead and try again at the
@@ -108,15 +93,15 @@ static void budget_hook(lua_State *L, lua_Debug *ar)
     lua_yield(L, 0);
     return;
   }
-  luaL_error(L, "%s (%.3g s of continuous running)", t->kill_reason, (double)t->cpu_budget_ns / 1e9);
+  luaL_error(L, "%s (%.3g s of continuous running)", nh_task_kill_name(t->kill), (double)t->cpu_budget_ns / 1e9);
 }
 
 static void deadline_cb(uv_timer_t *h)
 {
   nh_task_t *t = h->data;
-  t->killed = 1;
-  t->kill_reason = "deadline exceeded";
-  nh_log_warn("lua", "%s task exceeded its %.3g s deadline; cancelling it", t->kind, t->deadline_s);
+  t->kill = NH_KILL_DEADLINE;
+  nh_log_warn("lua", "%s task exceeded its %.3g s deadline; cancelling it", nh_task_kind_name(t->kind),
+              t->deadline_s);
   task_end(t, NH_TASK_KILLED, 0);
 }
 
@@ -124,7 +109,7 @@ nh_task_t *nh_task_new(nh_vm_t *vm, const nh_task_opts_t *o)
 {
   nh_task_t *t = nh_xcalloc(1, sizeof *t);
   t->vm = vm;
-  t->kind = o->kind ? o->kind : "task";
+  t->kind = o->kind;
   t->data = o->data;
   t->on_done = o->on_done;
   t->cpu_budget_ns = (uint64_t)((o->cpu_budget_s > 0 ? o->cpu_budget_s : NH_DEFAULT_CPU_BUDGET_S) * 1e9);
@@ -132,9 +117,8 @@ nh_task_t *nh_task_new(nh_vm_t *vm, const nh_task_opts_t *o)
   t->co = lua_newthread(vm->L);
   *(void **)lua_getextraspace(t->co) = t;
   t->co_ref = luaL_ref(vm->L, LUA_REGISTRYINDEX);
-  t->next = vm->tasks;
-  if (vm->tasks) vm->tasks->prev = t;
-  vm->tasks = t;
+  nh_queue_init(&t->ready_node);
+  nh_queue_insert_head(&vm->tasks, &t->node);
   vm->live_tasks++;
   if (o->deadline_s > 0) {
     t->deadline = nh_xmalloc(sizeof *t->deadline);
@@ -147,8 +131,22 @@ nh_task_t *nh_task_new(nh_vm_t *vm, const nh_task_opts_t *o)
 
 lua_State *nh_task_thread(nh_task_t *t) { return t->co; }
 void *nh_task_data(nh_task_t *t) { return t->data; }
-const char *nh_task_kind(nh_task_t *t) { return t->kind; }
-const char *nh_task_kill_reason(nh_task_t *t) { return t->kill_reason; }
+nh_task_kind_t nh_task_kind(nh_task_t *t) { return t->kind; }
+nh_task_kill_t nh_task_kill(nh_task_t *t) { return t->kill; }
+nh_task_err_t nh_task_error(nh_task_t *t) { return t->error; }
+double nh_task_cpu_budget(nh_task_t *t) { return (double)t->cpu_budget_ns / 1e9; }
+double nh_task_deadline(nh_task_t *t) { return t->deadline_s; }
+
+/* Told by lua_resume's status. A memory error that went through coroutine.wrap comes
+ * back re-raised as a plain error (LUA_ERRRUN); its value is then still Lua's own fixed
+ * message for memory errors (Lua's text, not the host's: no rewording here changes it). */
+static int is_memory_error(lua_State *co, int rc)
+{
+  if (rc == LUA_ERRMEM) return 1;
+  size_t len;
+  const char *v = lua_type(co, -1) == LUA_TSTRING ? lua_tolstring(co, -1, &len) : NULL;
+  return v && len == sizeof "not enough memory" - 1 && memcmp(v, "not enough memory", len) == 0;
+}
 
 static void task_resume(nh_task_t *t, int nargs)
 {
@@ -165,7 +163,7 @@ static void task_resume(nh_task_t *t, int nargs)
   running_task = outer;
   if (rc == LUA_YIELD) {
     lua_pop(co, nres);
-    if (t->killed) {
+    if (t->kill != NH_KILL_NONE) {
       task_end(t, NH_TASK_KILLED, 0);
     } else if (!t->pending) {
       ready_push(t, 0);   /* a bare coroutine.yield(): run again on the next loop iteration */
@@ -176,10 +174,11 @@ static void task_resume(nh_task_t *t, int nargs)
     task_end(t, NH_TASK_OK, nres);
     return;
   }
-  if (t->killed) {   /* the budget error surfaced where the coroutine could not yield */
+  if (t->kill != NH_KILL_NONE) {   /* the budget error surfaced where the coroutine could not yield */
     task_end(t, NH_TASK_KILLED, 0);
     return;
   }
+  t->error = is_memory_error(co, rc) ? NH_TASK_ERR_MEMORY : NH_TASK_ERR_RUNTIME;
   const char *msg = lua_tostring(co, -1);
   luaL_traceback(co, co, msg ? msg : "(error object is not a string)", 0);
   task_end(t, NH_TASK_ERROR, 1);
@@ -196,10 +195,11 @@ static void vm_idle_cb(uv_idle_t *h)
   /* Resume, in FIFO order, every task queued before this pass; tasks queued while we
    * run carry this pass's generation and wait for the next one. */
   uint64_t gen = ++vm->yield_gen;
-  while (vm->ready && vm->ready->resume_gen < gen) {
-    nh_task_t *t = vm->ready;
+  while (!nh_queue_empty(&vm->ready)) {
+    nh_task_t *t = nh_queue_data(nh_queue_head(&vm->ready), nh_task_t, ready_node);
+    if (t->resume_gen >= gen) break;
     int nargs = t->start_nargs;
-    ready_remove(t);
+    nh_queue_remove(&t->ready_node);
     t->start_nargs = 0;
     task_resume(t, nargs);
   }
@@ -240,5 +240,7 @@ void nh_task_cancel(nh_task_t *t) { task_end(t, NH_TASK_CANCELLED, 0); }
 
 void nh_task_cancel_all(nh_vm_t *vm)
 {
-  while (vm->tasks) task_end(vm->tasks, NH_TASK_CANCELLED, 0);
+  /* the head each time, never a saved next: task_end runs the owner's callback */
+  while (!nh_queue_empty(&vm->tasks))
+    task_end(nh_queue_data(nh_queue_head(&vm->tasks), nh_task_t, node), NH_TASK_CANCELLED, 0);
 }

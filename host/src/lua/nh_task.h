@@ -14,6 +14,8 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "core/nh_outcome_types.h"
+
 typedef struct nh_vm nh_vm_t;
 typedef struct nh_task nh_task_t;
 typedef struct nh_op nh_op_t;
@@ -24,17 +26,25 @@ struct nh_op {
   void (*cancel)(nh_op_t *op);
 };
 
+/* What a task runs. */
 typedef enum {
-  NH_TASK_OK,          /* the function returned; results are on t->co */
-  NH_TASK_ERROR,       /* it raised; the message with traceback is at the top of t->co */
-  NH_TASK_KILLED,      /* budget or deadline exceeded: t->kill_reason says which */
-  NH_TASK_CANCELLED,   /* the host tore it down (shutdown, VM closed) */
-} nh_task_status_t;
+  NH_TASK_KIND_PLAIN,     /* a nimbus.spawn or nimbus.run function */
+  NH_TASK_KIND_HANDLER,   /* a message's handler (nimbus._run) */
+  NH_TASK_KIND_CHECKER,   /* a status checker's run (core.every) */
+  NH_TASK_KIND_ROUTE,     /* a served HTTP request */
+} nh_task_kind_t;
 
+/* "task", "handler", "checker", "route": for logs and the operator log's actor. */
+const char *nh_task_kind_name(nh_task_kind_t k);
+
+/* How a task ended (nh_task_status_t, core/nh_outcome_types.h): NH_TASK_OK with its nres
+ * results on nh_task_thread(t); NH_TASK_ERROR with the message and traceback at its top
+ * (nh_task_error says whether it was out of memory); NH_TASK_KILLED, nh_task_kill says
+ * why; NH_TASK_CANCELLED by the host. */
 typedef void (*nh_task_done_cb)(nh_task_t *t, nh_task_status_t status, int nres);
 
 typedef struct nh_task_opts {
-  const char *kind;          /* "handler", "checker", "route", "task": for messages */
+  nh_task_kind_t kind;
   double deadline_s;         /* <= 0: none */
   double cpu_budget_s;       /* <= 0: default (1 s) */
   nh_task_done_cb on_done;
@@ -46,8 +56,13 @@ typedef struct nh_task_opts {
 nh_task_t *nh_task_new(nh_vm_t *vm, const nh_task_opts_t *opts);
 lua_State *nh_task_thread(nh_task_t *t);
 void *nh_task_data(nh_task_t *t);
-const char *nh_task_kind(nh_task_t *t);
-const char *nh_task_kill_reason(nh_task_t *t);
+nh_task_kind_t nh_task_kind(nh_task_t *t);
+nh_task_kill_t nh_task_kill(nh_task_t *t);     /* NH_KILL_NONE unless it was killed */
+nh_task_err_t nh_task_error(nh_task_t *t);     /* after NH_TASK_ERROR */
+/* The budgets it runs under: CPU per resume (the default when none was given) and the
+ * deadline (<= 0: none), in seconds. */
+double nh_task_cpu_budget(nh_task_t *t);
+double nh_task_deadline(nh_task_t *t);
 void nh_task_run(nh_task_t *t, int nargs);
 /* Like nh_task_run, but on the next loop iteration. */
 void nh_task_start_later(nh_task_t *t, int nargs);

@@ -18,18 +18,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-void nh_outcome_clear(nh_outcome_t *o)
-{
-  free(o->error_text);
-  free(o->error_type);
-  free(o->error_stack);
-  free(o->handoff_reason);
-  free(o->external_job_id);
-  free(o->reply);
-  memset(o, 0, sizeof *o);
-  o->expected_by_s = -1;
-}
-
 static int msgh_traceback(lua_State *L)
 {
   const char *msg = lua_tostring(L, 1);
@@ -206,6 +194,8 @@ static nh_vm_t *vm_create(uv_loop_t *loop, const char *path, const char *lua_dir
   if (host) vm->host = *host;
   vm->has_host = host != NULL;
   vm->run_ref = vm->alive_ref = LUA_NOREF;
+  nh_queue_init(&vm->tasks);
+  nh_queue_init(&vm->ready);
   vm->mem_limit = vm_mem_limit();
   vm->L = lua_newstate(vm_alloc, vm);
   if (!vm->L) {
@@ -385,7 +375,9 @@ static char *field_str(lua_State *co, int idx, const char *key)
   return v;
 }
 
-static void outcome_from_table(lua_State *co, int idx, nh_outcome_t *o)
+/* The runner's table into o: the runner names its outcome with a status string, the
+ * one place those names are read. */
+static nh_runner_ret_t outcome_from_table(lua_State *co, int idx, nh_outcome_t *o)
 {
   static const struct { const char *name; nh_outcome_kind_t kind; } kinds[] = {
     { "completed", NH_OUT_COMPLETED }, { "failed", NH_OUT_FAILED }, { "handoff", NH_OUT_HANDOFF },
@@ -393,7 +385,6 @@ static void outcome_from_table(lua_State *co, int idx, nh_outcome_t *o)
     { "transient", NH_OUT_TRANSIENT },
   };
   char *status = field_str(co, idx, "status");
-  o->kind = NH_OUT_FAILED;
   int known = 0;
   for (size_t i = 0; status && i < sizeof kinds / sizeof kinds[0]; i++)
     if (strcmp(status, kinds[i].name) == 0) {
@@ -401,11 +392,7 @@ static void outcome_from_table(lua_State *co, int idx, nh_outcome_t *o)
       known = 1;
     }
   free(status);
-  if (!known) {
-    o->error_text = nh_xstrdup("internal error: the nimbus runner returned no known status");
-    o->error_type = nh_xstrdup("HostError");
-    return;
-  }
+  if (!known) return NH_RUNNER_UNKNOWN_STATUS;
   o->error_text = field_str(co, idx, "error_text");
   o->error_type = field_str(co, idx, "error_type");
   o->error_stack = field_str(co, idx, "error_stack");
@@ -415,55 +402,37 @@ static void outcome_from_table(lua_State *co, int idx, nh_outcome_t *o)
   lua_getfield(co, idx, "expected_by");
   o->expected_by_s = lua_isnumber(co, -1) ? lua_tonumber(co, -1) : -1;
   lua_pop(co, 1);
+  return NH_RUNNER_OUTCOME;
 }
 
-/* A handler task ended: turn what the runner returned (or how it died) into an outcome. */
+/* A handler task ended: report what happened to it (what the runner returned, the error
+ * that escaped it, why it was stopped). The host decides what that means. */
 static void handler_done(nh_task_t *t, nh_task_status_t status, int nres)
 {
   nh_vm_t *vm = t->vm;
   lua_State *co = t->co;
-  nh_outcome_t o;
-  memset(&o, 0, sizeof o);
-  o.expected_by_s = -1;
+  nh_task_result_t r;
+  nh_task_result_init(&r);
+  r.status = status;
+  r.cpu_budget_s = nh_task_cpu_budget(t);
+  r.deadline_s = nh_task_deadline(t);
   switch (status) {
   case NH_TASK_OK:
-    if (nres >= 1 && lua_istable(co, -nres)) {
-      outcome_from_table(co, lua_gettop(co) - nres + 1, &o);
-    } else {
-      o.kind = NH_OUT_FAILED;
-      o.error_text = nh_xstrdup("internal error: the nimbus runner returned no outcome");
-      o.error_type = nh_xstrdup("HostError");
-    }
+    r.returned = nres >= 1 && lua_istable(co, -nres) ? outcome_from_table(co, lua_gettop(co) - nres + 1, &r.out)
+                                                     : NH_RUNNER_NO_OUTCOME;
     break;
-  case NH_TASK_ERROR: {
-    /* An error the runner's xpcall did not catch (out of memory, or the runner itself). */
-    const char *tb = lua_tostring(co, -1);
-    const char *nl = tb ? strchr(tb, '\n') : NULL;
-    o.kind = NH_OUT_FAILED;
-    o.error_text = tb ? nh_xstrndup(tb, nl ? (size_t)(nl - tb) : strlen(tb)) : nh_xstrdup("(unknown error)");
-    o.error_type = nh_xstrdup(strstr(o.error_text, "not enough memory") ? "MemoryLimit" : "LuaError");
-    o.error_stack = nh_xstrdup(tb);
+  case NH_TASK_ERROR:
+    r.error = nh_task_error(t);
+    r.error_msg = nh_xstrdup(lua_tostring(co, -1));   /* the message with its traceback */
     break;
-  }
-  case NH_TASK_KILLED: {
-    char buf[160];
-    const char *why = nh_task_kill_reason(t);
-    if (why && strcmp(why, "CPU budget exceeded") == 0)
-      snprintf(buf, sizeof buf, "CPU budget exceeded: the handler ran %.3g s without yielding",
-               (double)t->cpu_budget_ns / 1e9);
-    else
-      snprintf(buf, sizeof buf, "deadline exceeded: the handler ran longer than %.3g s", t->deadline_s);
-    o.kind = NH_OUT_FAILED;
-    o.error_text = nh_xstrdup(buf);
-    o.error_type = nh_xstrdup(why && why[0] == 'C' ? "CpuBudgetExceeded" : "DeadlineExceeded");
+  case NH_TASK_KILLED:
+    r.kill = nh_task_kill(t);
     break;
-  }
   case NH_TASK_CANCELLED:
-    o.kind = NH_OUT_CANCELLED;
     break;
   }
-  if (vm->has_host && vm->host.task_done) vm->host.task_done(vm->host.data, nh_task_data(t), &o);
-  else nh_outcome_clear(&o);
+  if (vm->has_host && vm->host.task_done) vm->host.task_done(vm->host.data, nh_task_data(t), &r);
+  else nh_task_result_clear(&r);
 }
 
 void nh_lua_set_str(lua_State *L, const char *k, const char *v)
@@ -477,8 +446,8 @@ int nh_vm_task_start(nh_vm_t *vm, const nh_task_args_t *a, nh_task_t **task, nh_
 {
   *task = NULL;
   if (!lua_checkstack(vm->L, 8)) return nh_error_set(err, NH_EFAIL, "Lua stack exhausted");
-  nh_task_opts_t opts = { .kind = "handler", .deadline_s = a->deadline_s, .cpu_budget_s = a->cpu_budget_s,
-                          .on_done = handler_done, .data = a->data };
+  nh_task_opts_t opts = { .kind = NH_TASK_KIND_HANDLER, .deadline_s = a->deadline_s,
+                          .cpu_budget_s = a->cpu_budget_s, .on_done = handler_done, .data = a->data };
   nh_task_t *t = nh_task_new(vm, &opts);
   lua_State *co = nh_task_thread(t);
   lua_rawgeti(co, LUA_REGISTRYINDEX, vm->run_ref);
@@ -494,7 +463,7 @@ int nh_vm_task_start(nh_vm_t *vm, const nh_task_args_t *a, nh_task_t **task, nh_
   nh_lua_set_str(co, "session_id", a->session_id);
   nh_lua_set_str(co, "correlation_id", a->correlation_id);
   nh_lua_set_str(co, "originating_message_id", a->originating_message_id);
-  nh_lua_set_str(co, "kind", a->kind);
+  nh_lua_set_str(co, "kind", nh_run_kind_name(a->kind));
   lua_pushinteger(co, a->retry_count);
   lua_setfield(co, -2, "retry_count");
   lua_pushinteger(co, a->delivery_count);

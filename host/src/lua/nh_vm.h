@@ -1,6 +1,8 @@
 /* Lua VMs and tasks. One VM per adapter file; every message runs as its own coroutine
  * (a task). This module knows nothing about transports or the store: the dispatcher
- * hands it plain fields through nh_task_args_t and gets an nh_outcome_t back. */
+ * hands it plain fields through nh_task_args_t and gets an nh_task_result_t back, which
+ * says what happened to the task; what that means for the event is the dispatcher's
+ * decision. The types both sides share are in core/nh_outcome_types.h. */
 #ifndef NH_VM_H
 #define NH_VM_H
 
@@ -9,38 +11,10 @@
 #include <uv.h>
 
 #include "core/nh_error.h"
+#include "core/nh_outcome_types.h"
 
 typedef struct nh_vm nh_vm_t;
 typedef struct nh_task nh_task_t;
-
-typedef enum {
-  NH_OUT_COMPLETED,
-  NH_OUT_FAILED,
-  NH_OUT_HANDOFF,
-  NH_OUT_DEADLETTER,
-  NH_OUT_UNSUPPORTED,
-  NH_OUT_TRANSIENT,
-  NH_OUT_CANCELLED,     /* the host stopped the task: nothing is recorded or settled */
-} nh_outcome_kind_t;
-
-typedef struct nh_outcome {
-  nh_outcome_kind_t kind;
-  char *error_text, *error_type, *error_stack;
-  char *handoff_reason, *external_job_id;
-  double expected_by_s;   /* < 0: none given */
-  char *reply;            /* reply handlers: the JSON to send back to the requester */
-} nh_outcome_t;
-
-void nh_outcome_clear(nh_outcome_t *o);
-
-typedef struct nh_handoff_req {
-  int complete;                  /* 1 complete, 0 fail */
-  const char *event_id, *endpoint, *session_id, *message_id;
-  const char *result;            /* complete: JSON or NULL */
-  const char *error_text, *error_type;   /* fail */
-  const char *store;             /* scripts only: which store file (NULL: $NIMBUS_STORE or ./nimbus.db) */
-  const char *actor;
-} nh_handoff_req_t;
 
 /* What the host (dispatcher) provides to Lua. Callbacks run on the loop thread. */
 typedef struct nh_vm_host {
@@ -54,8 +28,9 @@ typedef struct nh_vm_host {
   int (*publish)(void *data, void *task_data, const char *type, const char *body, size_t body_len,
                  const char *session, const char *correlation_id, const char *to, const char *given_id,
                  char message_id[37], int *duplicate, nh_error_t *err);
-  /* A task finished; the outcome is moved to the callee. */
-  void (*task_done)(void *data, void *task_data, nh_outcome_t *o);
+  /* A handler task ended (task_data: its nh_task_args_t.data); the result is moved to
+   * the callee, which frees it with nh_task_result_clear. */
+  void (*task_done)(void *data, void *task_data, nh_task_result_t *r);
   /* Pushes the endpoint's Pending+Handoff events as a Lua array; returns 0, or non-zero
    * with err set. */
   int (*pending_handoffs)(void *data, lua_State *L, const char *endpoint, nh_error_t *err);
@@ -75,7 +50,7 @@ typedef struct nh_task_args {
   const char *endpoint, *event_type, *body;
   size_t body_len;
   const char *event_id, *message_id, *session_id, *correlation_id, *originating_message_id;
-  const char *kind;              /* "event", "retry", "resubmit", "replay" */
+  nh_run_kind_t kind;            /* ctx.kind, as nh_run_kind_name says it */
   int retry_count, delivery_count;
   int64_t enqueued_at;
   double deadline_s, cpu_budget_s;   /* <= 0: none / the default */
@@ -112,9 +87,9 @@ int nh_vm_task_start(nh_vm_t *vm, const nh_task_args_t *args, nh_task_t **task, 
 /* Asks the handler's is_alive(ctx) of a running handler task (plain call, it cannot wait).
  * 1 alive (or no is_alive given), 0 not alive, < 0 it raised (message in err). */
 int nh_vm_task_alive(nh_vm_t *vm, const char *event_id, nh_error_t *err);
-/* Ends a task without an outcome (task_done gets NH_OUT_CANCELLED). */
+/* Ends a task without an outcome (task_done gets NH_TASK_CANCELLED). */
 void nh_vm_task_cancel(nh_task_t *t);
-/* Cancels every suspended task of the VM (task_done with NH_OUT_CANCELLED). */
+/* Cancels every suspended task of the VM (task_done with NH_TASK_CANCELLED). */
 void nh_vm_cancel_all(nh_vm_t *vm);
 
 /* t[k] = v on the table at the top of the stack; nothing when v is NULL. */

@@ -4,26 +4,27 @@
 
 #include "nh_task.h"
 #include "nh_vm.h"
+#include "core/nh_queue.h"
 
 struct nh_task {
   nh_vm_t *vm;
   lua_State *co;
   int co_ref;
-  const char *kind;
+  nh_task_kind_t kind;
   void *data;
   nh_task_done_cb on_done;
   nh_op_t *pending;          /* the async operation that owns the next resume */
-  int resume_next;           /* queued in vm->ready: resume on the next loop iteration */
+  nh_queue_t ready_node;     /* in vm->ready (resume on the next loop iteration), else unlinked */
   uint64_t resume_gen;
-  nh_task_t *ready_next, *ready_prev;
   nh_task_t **done_flag;     /* the owner's pointer to this task, NULLed when it ends */
   int start_nargs;
-  int killed, done;
-  const char *kill_reason;
+  int done;
+  nh_task_kill_t kill;       /* set once the budget or the deadline stopped it */
+  nh_task_err_t error;       /* what ended it with NH_TASK_ERROR */
   uint64_t resume_ns, cpu_budget_ns;
   double deadline_s;
   uv_timer_t *deadline;
-  nh_task_t *next, *prev;
+  nh_queue_t node;           /* vm->tasks */
 };
 
 struct nh_vm {
@@ -36,8 +37,8 @@ struct nh_vm {
   int has_host;
   int run_ref, alive_ref;
   int live_tasks;
-  nh_task_t *tasks;
-  nh_task_t *ready, *ready_tail;   /* FIFO of tasks to resume on the next iteration */
+  nh_queue_t tasks;          /* every live task (nh_task_t.node), newest first */
+  nh_queue_t ready;          /* FIFO of tasks to resume on the next iteration (nh_task_t.ready_node) */
   uv_idle_t idle;
   uint64_t yield_gen;
   int64_t deadline_ms;       /* drain deadline of a retiring generation */

@@ -3,6 +3,7 @@
  * http and https only; response bodies over 64 MiB fail with EMSGSIZE. */
 #include "nh_http_client.h"
 #include "core/nh_log.h"
+#include "core/nh_queue.h"
 #include "core/nh_util.h"
 
 #include <ctype.h>
@@ -21,7 +22,7 @@ struct nh_http_call {
   nh_http_res_t res;
   size_t cap;
   int too_big;
-  nh_http_call_t *next, *prev;
+  nh_queue_t node;              /* client.calls */
 };
 
 /* One multi handle per process, bound to the loop of its first request. */
@@ -30,7 +31,7 @@ static struct {
   CURLM *multi;
   uv_timer_t timer;
   int open;
-  nh_http_call_t *calls;
+  nh_queue_t calls;             /* in flight, newest first */
 } client;
 
 typedef struct sock_ctx {
@@ -112,6 +113,7 @@ static int client_open(uv_loop_t *loop, nh_error_t *err)
   curl_multi_setopt(client.multi, CURLMOPT_SOCKETFUNCTION, socket_cb);
   curl_multi_setopt(client.multi, CURLMOPT_TIMERFUNCTION, timer_cb);
   uv_timer_init(loop, &client.timer);
+  nh_queue_init(&client.calls);
   client.open = 1;
   return NH_OK;
 }
@@ -172,9 +174,7 @@ static size_t header_cb(char *ptr, size_t size, size_t n, void *userp)
 
 static void call_free(nh_http_call_t *c)
 {
-  if (c->prev) c->prev->next = c->next;
-  else client.calls = c->next;
-  if (c->next) c->next->prev = c->prev;
+  nh_queue_remove(&c->node);
   curl_multi_remove_handle(client.multi, c->easy);
   curl_easy_cleanup(c->easy);
   curl_slist_free_all(c->hdrs);
@@ -269,9 +269,7 @@ nh_http_call_t *nh_http_request(uv_loop_t *loop, const nh_http_req_t *req, nh_ht
   c->hdrs = curl_slist_append(c->hdrs, "Expect:");
   for (int i = 0; i < req->nheaders; i++) c->hdrs = curl_slist_append(c->hdrs, req->headers[i]);
   curl_easy_setopt(e, CURLOPT_HTTPHEADER, c->hdrs);
-  c->next = client.calls;
-  if (client.calls) client.calls->prev = c;
-  client.calls = c;
+  nh_queue_insert_head(&client.calls, &c->node);
   CURLMcode mrc = curl_multi_add_handle(client.multi, e);
   if (mrc != CURLM_OK) {
     nh_error_set(err, NH_EFAIL, "HTTP client: %s", curl_multi_strerror(mrc));
@@ -294,7 +292,8 @@ static void timer_closed(uv_handle_t *h)
 void nh_http_client_close(void)
 {
   if (!client.open) return;
-  while (client.calls) call_free(client.calls);
+  while (!nh_queue_empty(&client.calls))
+    call_free(nh_queue_data(nh_queue_head(&client.calls), nh_http_call_t, node));
   client.open = 0;
   uv_timer_stop(&client.timer);
   uv_close((uv_handle_t *)&client.timer, timer_closed);

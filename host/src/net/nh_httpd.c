@@ -16,6 +16,7 @@
  * splitting. */
 #include "nh_httpd.h"
 #include "core/nh_log.h"
+#include "core/nh_queue.h"
 #include "core/nh_util.h"
 
 #include <microhttpd.h>
@@ -57,7 +58,7 @@ struct nh_httpd_req {
   size_t len, cap, discarded;
   struct MHD_Response *resp;
   unsigned status;
-  nh_httpd_req_t *next, *prev;     /* the server's live requests */
+  nh_queue_t node;                 /* the server's live requests (srv->reqs) */
 };
 
 struct nh_httpd {
@@ -75,52 +76,39 @@ struct nh_httpd {
   int closing, close_pending;
   int inflight;         /* requests handed to the application and not yet sent */
   int quiesced;         /* no longer accepting (a retiring generation) */
-  nh_httpd_req_t *reqs;
+  nh_queue_t reqs;                 /* live requests, newest first */
   struct sockaddr_storage bound;   /* for listening_here() */
   socklen_t bound_len;
   const void *owner;
   char *owner_key;
-  nh_httpd_t *reg_next;
+  nh_queue_t reg_node;             /* registry, while listening */
 };
 
 /* Servers of this process that listen now (all VM generations). */
-static nh_httpd_t *registry;
+static nh_queue_t registry = NH_QUEUE_INITIALIZER(registry);
 
-static void reg_remove(nh_httpd_t *s)
-{
-  for (nh_httpd_t **p = &registry; *p; p = &(*p)->reg_next)
-    if (*p == s) {
-      *p = s->reg_next;
-      return;
-    }
-}
+/* Harmless when s is not registered (quiesced already, or never started). */
+static void reg_remove(nh_httpd_t *s) { nh_queue_remove(&s->reg_node); }
 
 /* Another generation of this process (a VM being replaced) listens on this address. */
 static int listening_here(const struct sockaddr *sa, socklen_t len, const void *owner, const char *key)
 {
-  for (nh_httpd_t *s = registry; s; s = s->reg_next)
+  nh_queue_t *q;
+  nh_queue_foreach(q, &registry) {
+    const nh_httpd_t *s = nh_queue_data(q, nh_httpd_t, reg_node);
     if (s->bound_len == len && memcmp(&s->bound, sa, len) == 0 && s->owner != owner && key && s->owner_key &&
         strcmp(s->owner_key, key) == 0)
       return 1;
+  }
   return 0;
 }
 
 /* ---------------------------------------------------------------- helpers */
 
-static void req_link(nh_httpd_t *s, nh_httpd_req_t *r)
-{
-  r->next = s->reqs;
-  if (s->reqs) s->reqs->prev = r;
-  s->reqs = r;
-}
+static void req_link(nh_httpd_t *s, nh_httpd_req_t *r) { nh_queue_insert_head(&s->reqs, &r->node); }
 
-static void req_unlink(nh_httpd_t *s, nh_httpd_req_t *r)
-{
-  if (r->prev) r->prev->next = r->next;
-  else if (s->reqs == r) s->reqs = r->next;
-  if (r->next) r->next->prev = r->prev;
-  r->next = r->prev = NULL;
-}
+/* Harmless on a request unlinked already (do_close, then on_completed). */
+static void req_unlink(nh_httpd_req_t *r) { nh_queue_remove(&r->node); }
 
 static void req_free(nh_httpd_req_t *r)
 {
@@ -276,7 +264,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
   nh_httpd_req_t *r = *con_cls;
   if (!r) return;
   *con_cls = NULL;
-  req_unlink(s, r);
+  req_unlink(r);
   inflight_add(s, r, -1);
   if (r->state == R_WAIT) {
     /* the application still owns it: nh_httpd_respond will free it */
@@ -366,7 +354,9 @@ static void do_close(nh_httpd_t *s)
   /* MHD_stop_daemon panics on suspended connections: resume them first. The stop then
    * closes every connection; on_completed orphans requests the application holds. */
   int answered = 0;
-  for (nh_httpd_req_t *r = s->reqs; r; r = r->next) {
+  nh_queue_t *q;
+  nh_queue_foreach(q, &s->reqs) {
+    nh_httpd_req_t *r = nh_queue_data(q, nh_httpd_req_t, node);
     if (r->suspended) {
       r->suspended = 0;
       MHD_resume_connection(r->conn);
@@ -383,9 +373,9 @@ static void do_close(nh_httpd_t *s)
   MHD_stop_daemon(s->d);
   s->d = NULL;
   /* on_completed only runs for connections MHD told the application about */
-  while (s->reqs) {
-    nh_httpd_req_t *r = s->reqs;
-    req_unlink(s, r);
+  while (!nh_queue_empty(&s->reqs)) {
+    nh_httpd_req_t *r = nh_queue_data(nh_queue_head(&s->reqs), nh_httpd_req_t, node);
+    req_unlink(r);
     if (r->state == R_WAIT) {
       r->srv = NULL;
       r->conn = NULL;
@@ -496,6 +486,8 @@ nh_httpd_t *nh_httpd_start(uv_loop_t *loop, const nh_httpd_opts_t *o, nh_error_t
   s->max_headers = o->max_headers ? o->max_headers : NH_HTTPD_DEFAULT_MAX_HEADERS;
   s->on_request = o->on_request;
   s->data = o->data;
+  nh_queue_init(&s->reqs);
+  nh_queue_init(&s->reg_node);
 
   struct MHD_OptionItem ops[] = {
     { MHD_OPTION_LISTEN_SOCKET, fd, NULL },
@@ -531,8 +523,7 @@ nh_httpd_t *nh_httpd_start(uv_loop_t *loop, const nh_httpd_opts_t *o, nh_error_t
   uv_poll_start(&s->poll, UV_READABLE, poll_cb);
   uv_unref((uv_handle_t *)&s->poll);
   uv_unref((uv_handle_t *)&s->timer);
-  s->reg_next = registry;
-  registry = s;
+  nh_queue_insert_head(&registry, &s->reg_node);
   return s;
 }
 

@@ -48,8 +48,11 @@ static const char *const stmt_sql[NH_SQL_COUNT] = {
   [NH_SQL_SESSION_GET] =
     "SELECT blocked_by, draining, retry_due, next_park_seq FROM sessions WHERE endpoint = ?1 AND session_id = ?2",
   [NH_SQL_SESSION_PUT] =
-    "INSERT OR REPLACE INTO sessions(endpoint, session_id, blocked_by, draining, retry_due, next_park_seq)"
-    " VALUES (?1,?2,?3,?4,?5,?6)",
+    /* an upsert, not INSERT OR REPLACE: that deletes and re-inserts the row and its
+     * index entries on every change of a session's state */
+    "INSERT INTO sessions(endpoint, session_id, blocked_by, draining, retry_due, next_park_seq)"
+    " VALUES (?1,?2,?3,?4,?5,?6) ON CONFLICT(endpoint, session_id) DO UPDATE SET blocked_by = excluded.blocked_by,"
+    " draining = excluded.draining, retry_due = excluded.retry_due, next_park_seq = excluded.next_park_seq",
   [NH_SQL_SESSION_DEL] = "DELETE FROM sessions WHERE endpoint = ?1 AND session_id = ?2",
   /* Each through its partial index (migration 2): the cost is the rows returned, however
    * many sessions are blocked without a retry due. */

@@ -131,12 +131,16 @@ typedef struct nh_event_filter {
   const char *not_status[4];      /* leave out these statuses (what a bulk action cannot apply to) */
   int need_payload;               /* only events with a stored payload (resubmit without a body) */
   int limit;                      /* 0: all, oldest first; N: the newest N, still oldest first */
-  int64_t after_created;          /* keyset paging (bulk batches): rows after (created_at, rowid) */
+  /* Bulk batches: rows in insert order (rowid), after after_rowid, at most `batch`. The
+   * order of a session's events, and with a group and its endpoint the order of the
+   * group's index, so a batch reads its own rows only (created_at order sorted every
+   * matching row again for each batch: 94 ms a batch in a group of 100,000). */
+  int batch;
   int64_t after_rowid;
 } nh_event_filter_t;
-/* Calls cb per row in (created_at, rowid) order; a non-zero return stops. Returns the
- * number of rows passed to cb, or NH_EFAIL. `last_rowid` (optional) gets the rowid of
- * the last row passed (keyset paging). */
+/* Calls cb per row in (created_at, rowid) order, or rowid order for a batch; a non-zero
+ * return stops. Returns the number of rows passed to cb, or NH_EFAIL. `last_rowid`
+ * (optional) gets the rowid of the last row passed (keyset paging). */
 int nh_store_events(nh_store_t *s, const nh_event_filter_t *f, nh_audit_cb cb, void *data, int64_t *last_rowid);
 int64_t nh_store_events_count(nh_store_t *s, const nh_event_filter_t *f);
 /* 1 if the row satisfies every filter (for rows read some other way: events --follow). */
@@ -159,8 +163,9 @@ typedef struct nh_failgroup_row {
 typedef int (*nh_failgroup_cb)(void *data, const nh_failgroup_row_t *g);
 /* Failure groups of unresolved events (Failed, DeadLettered), largest first. */
 int nh_store_failgroups(nh_store_t *s, const char *endpoint, nh_failgroup_cb cb, void *data);
-/* 1 if any unresolved event belongs to the group, 0 if none, NH_EFAIL. */
-int nh_store_failgroup_exists(nh_store_t *s, const char *group);
+/* 1 if any unresolved event belongs to the group (its endpoint, one per group, copied to
+ * `endpoint` if not NULL), 0 if none, NH_EFAIL. */
+int nh_store_failgroup_endpoint(nh_store_t *s, const char *group, char *endpoint, size_t len);
 
 /* Retention: deletes, in one call and at most `max_rows` audit rows, resolved events
  * (Completed, Skipped, Unsupported) last changed before `resolved_before` with their

@@ -50,7 +50,7 @@ static void where(sqlbuf_t *b, const nh_event_filter_t *f)
   if (f->since_ms) add(b, " AND updated_at >= :since");
   if (f->before_ms) add(b, " AND updated_at < :before");
   if (f->cutoff_ms) add(b, " AND updated_at <= :cutoff");
-  if (f->after_created || f->after_rowid) add(b, " AND (created_at, rowid) > (:after_created, :after_rowid)");
+  if (f->after_rowid) add(b, " AND rowid > :after_rowid");
   for (int i = 0; i < 4 && f->not_status[i]; i++) add(b, " AND status <> :not%d", i);
   if (f->need_payload) add(b, " AND payload IS NOT NULL");
   if (f->without_request)
@@ -64,6 +64,10 @@ char *nh_store_events_sql(const nh_event_filter_t *f, int count)
   if (count) {
     add(&b, "SELECT count(*) FROM audit");
     where(&b, f);
+  } else if (f->batch > 0) {
+    add(&b, "SELECT " NH_AUDIT_COLS ", rowid AS rid FROM audit");
+    where(&b, f);
+    add(&b, " ORDER BY rowid LIMIT :batch");
   } else if (f->limit > 0) {
     /* the newest N, printed oldest first */
     add(&b, "SELECT * FROM (SELECT " NH_AUDIT_COLS ", rowid AS rid FROM audit");
@@ -108,7 +112,7 @@ static sqlite3_stmt *prepare(nh_store_t *s, const nh_event_filter_t *f, int coun
   bind_i64(st, ":since", f->since_ms);
   bind_i64(st, ":before", f->before_ms);
   bind_i64(st, ":cutoff", f->cutoff_ms);
-  bind_i64(st, ":after_created", f->after_created);
+  bind_i64(st, ":batch", f->batch);
   bind_i64(st, ":after_rowid", f->after_rowid);
   bind_i64(st, ":limit", f->limit);
   for (int i = 0; i < 4 && f->not_status[i]; i++) {
@@ -336,13 +340,15 @@ int nh_store_failgroups(nh_store_t *s, const char *endpoint, nh_failgroup_cb cb,
   return rc == SQLITE_DONE ? n : NH_EFAIL;
 }
 
-int nh_store_failgroup_exists(nh_store_t *s, const char *group)
+int nh_store_failgroup_endpoint(nh_store_t *s, const char *group, char *endpoint, size_t len)
 {
   sqlite3_stmt *st = NULL;
-  if (sqlite3_prepare_v2(s->db, "SELECT 1 FROM audit WHERE fail_group = ?1 LIMIT 1", -1, &st, NULL) != SQLITE_OK)
+  if (sqlite3_prepare_v2(s->db, "SELECT endpoint FROM audit WHERE fail_group = ?1 LIMIT 1", -1, &st, NULL) !=
+      SQLITE_OK)
     return NH_EFAIL;
   nh_sqlite_bind_text(st, 1, group);
   int rc = sqlite3_step(st);
+  if (rc == SQLITE_ROW && endpoint) snprintf(endpoint, len, "%s", (const char *)sqlite3_column_text(st, 0));
   sqlite3_finalize(st);
   if (rc != SQLITE_ROW && rc != SQLITE_DONE) return NH_EFAIL;
   return rc == SQLITE_ROW;

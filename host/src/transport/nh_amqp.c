@@ -103,11 +103,7 @@ static void buf_remove(rec_t *r)
 {
   aep_t *ep = r->ep;
   if (!r->buffered) return;
-  if (r->prev) r->prev->next = r->next;
-  else ep->head = r->next;
-  if (r->next) r->next->prev = r->prev;
-  else ep->tail = r->prev;
-  r->prev = r->next = NULL;
+  nh_queue_remove(&r->node);
   r->buffered = 0;
   ep->nbuf--;
 }
@@ -117,14 +113,9 @@ static void buf_insert(rec_t *r)
 {
   aep_t *ep = r->ep;
   if (r->buffered) return;
-  rec_t *at = ep->tail;
-  while (at && at->id > r->id) at = at->prev;
-  r->prev = at;
-  r->next = at ? at->next : ep->head;
-  if (r->next) r->next->prev = r;
-  else ep->tail = r;
-  if (at) at->next = r;
-  else ep->head = r;
+  nh_queue_t *at = nh_queue_tail(&ep->buf);
+  while (at != &ep->buf && nh_queue_data(at, rec_t, node)->id > r->id) at = nh_queue_prev(at);
+  nh_queue_insert_head(at, &r->node);   /* right after at (at the head when at is ep->buf) */
   r->buffered = 1;
   if (++ep->nbuf > ep->max_nbuf) ep->max_nbuf = ep->nbuf;
 }
@@ -152,8 +143,10 @@ static void recs_drop_all(amqp_t *a)
     }
     a->buckets[i] = NULL;
   }
-  for (aep_t *ep = a->eps; ep; ep = ep->next) {
-    ep->head = ep->tail = NULL;
+  nh_queue_t *q;
+  nh_queue_foreach(q, &a->eps) {
+    aep_t *ep = nh_queue_data(q, aep_t, node);
+    nh_queue_init(&ep->buf);   /* its deliveries are freed above */
     ep->nbuf = ep->inflight = 0;
     ep->link = NULL;
     ep->attached = 0;
@@ -164,15 +157,21 @@ static void recs_drop_all(amqp_t *a)
 
 aep_t *nh_amqp_ep_find(amqp_t *a, const char *name)
 {
-  for (aep_t *ep = a->eps; ep; ep = ep->next)
+  nh_queue_t *q;
+  nh_queue_foreach(q, &a->eps) {
+    aep_t *ep = nh_queue_data(q, aep_t, node);
     if (strcmp(ep->name, name) == 0) return ep;
+  }
   return NULL;
 }
 
 static aep_t *ep_by_link(amqp_t *a, pn_link_t *l)
 {
-  for (aep_t *ep = a->eps; ep; ep = ep->next)
+  nh_queue_t *q;
+  nh_queue_foreach(q, &a->eps) {
+    aep_t *ep = nh_queue_data(q, aep_t, node);
     if (ep->link == l) return ep;
+  }
   return NULL;
 }
 
@@ -274,18 +273,20 @@ static int am_receive(nh_transport_t *t, const char *endpoint, int max, int64_t 
   int n = a->emb->vt->receive(a->emb, endpoint, max, now);   /* control messages in the store */
   if (n < 0) return n;
   aep_t *ep = nh_amqp_ep_find(a, endpoint);
-  if (!ep || !ep->head || n >= max) return n;
+  if (!ep || nh_queue_empty(&ep->buf) || n >= max) return n;
   int rc = NH_OK;
   if (ep->reply) {   /* replies: one per request, matched by correlation id; no session order */
-    while (ep->head && n < max && rc == NH_OK) {
-      rc = handout(a, ep->head);
+    while (!nh_queue_empty(&ep->buf) && n < max && rc == NH_OK) {
+      rc = handout(a, nh_queue_data(nh_queue_head(&ep->buf), rec_t, node));
       n++;
     }
   } else {
     nh_strset_t seen;
     nh_strset_init(&seen, (size_t)ep->nbuf);
-    for (rec_t *r = ep->head, *next; r && n < max && rc == NH_OK; r = next) {
-      next = r->next;
+    nh_queue_t *q, *next;
+    nh_queue_foreach_safe(q, next, &ep->buf) {   /* a hand-out leaves the buffer */
+      if (n >= max || rc != NH_OK) break;
+      rec_t *r = nh_queue_data(q, rec_t, node);
       if (!nh_strset_add(&seen, r->msg.session_id)) continue;   /* not its session's head */
       int got = a->emb->vt->lock_session(a->emb, endpoint, r->msg.session_id, now);
       if (got < 0) rc = NH_EFAIL;
@@ -389,8 +390,10 @@ static void apply_settlements(amqp_t *a)
     }
     free(p->reason);
   }
-  if (a->npend)
-    for (aep_t *ep = a->eps; ep; ep = ep->next) nh_amqp_topup(ep);
+  if (a->npend) {
+    nh_queue_t *q;
+    nh_queue_foreach(q, &a->eps) nh_amqp_topup(nh_queue_data(q, aep_t, node));
+  }
   a->npend = 0;
 }
 
@@ -486,7 +489,9 @@ static void on_up(void *data, pn_connection_t *c)
   }
   /* Declared again on every connection: a restarted broker has lost the reply queue
    * (not durable), and attaching to a missing queue ends the whole AMQP session. */
-  for (aep_t *ep = a->eps; ep; ep = ep->next) {
+  nh_queue_t *q;
+  nh_queue_foreach(q, &a->eps) {
+    aep_t *ep = nh_queue_data(q, aep_t, node);
     if (ep->declared) nh_amqp_attach(a, ep);
     else if (!ep->decl) nh_amqp_declare(a, ep);   /* one in progress attaches when it is done */
   }
@@ -500,13 +505,13 @@ static void on_down(void *data, const char *why, int fatal)
   a->topic_ok = 0;
   a->nresend = 0;   /* the next connection sends every row not accepted yet */
   if (a->sb) nh_sb_down(a->sb);
-  for (sender_t *s = a->senders; s;) {
-    sender_t *next = s->next;
+  nh_queue_t *q, *next;
+  nh_queue_foreach_safe(q, next, &a->senders) {
+    sender_t *s = nh_queue_data(q, sender_t, node);
     free(s->address);
     free(s);
-    s = next;
   }
-  a->senders = NULL;
+  nh_queue_init(&a->senders);
   recs_drop_all(a);
   a->unconfirmed = 0;
   a->last_sent = 0;
@@ -677,8 +682,8 @@ static int am_subscribe(nh_transport_t *t, const char *endpoint, const char *con
       ep->address = nh_xstrdup(buf);
     }
     ep->capacity = 64;
-    ep->next = a->eps;
-    a->eps = ep;
+    nh_queue_init(&ep->buf);
+    nh_queue_insert_head(&a->eps, &ep->node);
   }
   for (int i = 0; i < ep->ntypes; i++) free(ep->types[i]);
   free(ep->types);
@@ -703,7 +708,8 @@ void nh_amqp_start(nh_transport_t *t)
     a->sb_timer = 1;
     uv_timer_start(&a->sb_refresh, nh_amqp_sb_refresh, every, every);
   }
-  for (aep_t *ep = a->eps; ep; ep = ep->next) nh_amqp_declare(a, ep);
+  nh_queue_t *q;
+  nh_queue_foreach(q, &a->eps) nh_amqp_declare(a, nh_queue_data(q, aep_t, node));
   nh_amqp_conn_start(a->conn);
 }
 
@@ -724,12 +730,16 @@ void nh_amqp_shutdown(nh_transport_t *t, void (*done)(void *), void *data)
   for (int i = 0; i < NH_BUCKETS; i++)
     for (rec_t *r = a->buckets[i]; r; r = r->hnext) held++;
   if (held) nh_log_info("amqp", "stopping: %d delivery(ies) unsettled (the broker gives them out again)", held);
-  for (aep_t *ep = a->eps; ep; ep = ep->next)
+  nh_queue_t *q;
+  nh_queue_foreach(q, &a->eps) {
+    aep_t *ep = nh_queue_data(q, aep_t, node);
     if (!ep->reply) nh_log_info("amqp", "%s: at most %d message(s) were buffered at once", ep->name, ep->max_nbuf);
+  }
   a->shutting_down = 1;
   a->shutdown_cb = done;
   a->shutdown_data = data;
-  for (aep_t *ep = a->eps; ep; ep = ep->next) {
+  nh_queue_foreach(q, &a->eps) {
+    aep_t *ep = nh_queue_data(q, aep_t, node);
     nh_rmq_cancel(ep->decl);
     ep->decl = NULL;
   }
@@ -747,15 +757,15 @@ static void am_close(nh_transport_t *t)
   nh_store_set_txn_hook(a->store, NULL, NULL);
   nh_amqp_probes_cancel(a);
   on_down(a, "closed", 0);   /* senders and deliveries */
-  for (aep_t *ep = a->eps; ep;) {
-    aep_t *next = ep->next;
+  nh_queue_t *q, *next;
+  nh_queue_foreach_safe(q, next, &a->eps) {
+    aep_t *ep = nh_queue_data(q, aep_t, node);
     for (int i = 0; i < ep->ntypes; i++) free(ep->types[i]);
     free(ep->types);
     free(ep->name);
     free(ep->address);
     free(ep->entity);
     free(ep);
-    ep = next;
   }
   for (int i = 0; i < a->npend; i++) free(a->pend[i].reason);
   free(a->pend);
@@ -793,6 +803,9 @@ nh_transport_t *nh_amqp_new(uv_loop_t *loop, nh_store_t *store, const char *url,
                             nh_amqp_status_cb cb, void *cb_data, nh_error_t *err)
 {
   amqp_t *a = nh_xcalloc(1, sizeof *a);
+  nh_queue_init(&a->eps);
+  nh_queue_init(&a->senders);
+  nh_queue_init(&a->probes);
   a->base.vt = &amqp_vtbl;
   a->base.caps = NH_CAP_DEAD_LETTER | NH_CAP_SCHEDULED_SEND;
   a->base.lock_ms = 30000;

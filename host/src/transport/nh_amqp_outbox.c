@@ -43,8 +43,11 @@ int nh_amqp_outbox_add(amqp_t *a, const char *address, const nh_msg_t *m, const 
 
 static sender_t *sender_for(amqp_t *a, const char *address)
 {
-  for (sender_t *s = a->senders; s; s = s->next)
+  nh_queue_t *q;
+  nh_queue_foreach(q, &a->senders) {
+    sender_t *s = nh_queue_data(q, sender_t, node);
     if (strcmp(s->address, address) == 0) return s;
+  }
   sender_t *s = nh_xcalloc(1, sizeof *s);
   s->address = nh_xstrdup(address);
   char name[700];
@@ -53,8 +56,7 @@ static sender_t *sender_for(amqp_t *a, const char *address)
   pn_terminus_set_address(pn_link_target(s->link), address);
   pn_link_set_snd_settle_mode(s->link, PN_SND_UNSETTLED);
   pn_link_open(s->link);
-  s->next = a->senders;
-  a->senders = s;
+  nh_queue_insert_head(&a->senders, &s->node);
   return s;
 }
 

@@ -11,6 +11,7 @@
 
 #include "nh_amqp.h"
 #include "nh_amqp_int.h"
+#include "core/nh_queue.h"
 
 #define NH_BUCKETS 4096
 #define NH_OUTBOX_BATCH 256
@@ -28,7 +29,7 @@ typedef struct amqp amqp_t;
 typedef struct rec {
   uint64_t id;                   /* arrival order; the handle in nh_msg_t.tr_id */
   struct rec *hnext;             /* hash chain */
-  struct rec *prev, *next;       /* the endpoint's buffer, while buffered */
+  nh_queue_t node;               /* the endpoint's buffer (ep->buf), while buffered */
   aep_t *ep;
   pn_delivery_t *dlv;
   nh_msg_t msg;
@@ -53,16 +54,16 @@ struct aep {
   nh_rmq_decl_t *decl;
   pn_link_t *link;
   int attached;
-  rec_t *head, *tail;
+  nh_queue_t buf;                /* buffered deliveries, in arrival (id) order */
   int nbuf, inflight;
   int max_nbuf;                  /* the most ever buffered (a broker may send past the credit) */
-  aep_t *next;
+  nh_queue_t node;               /* a->eps */
 };
 
 typedef struct sender {
   char *address;
   pn_link_t *link;
-  struct sender *next;
+  nh_queue_t node;               /* a->senders */
 } sender_t;
 
 typedef struct pend {
@@ -85,8 +86,8 @@ struct amqp {
   pn_message_t *pm;
   char *buf;
   size_t bufcap;
-  aep_t *eps;
-  sender_t *senders;
+  nh_queue_t eps;                /* newest first */
+  nh_queue_t senders;            /* one per address, this connection's; newest first */
   rec_t *buckets[NH_BUCKETS];
   uint64_t next_id;
   pend_t *pend;                  /* settlements waiting for the open transaction */
@@ -108,7 +109,7 @@ struct amqp {
   void *status_data;
   void (*shutdown_cb)(void *);
   void *shutdown_data;
-  struct aprobe *probes;
+  nh_queue_t probes;             /* struct aprobe (nh_amqp_topo.c), newest first */
   nh_sb_t *sb;                   /* Service Bus profile */
   uv_timer_t sb_refresh;         /* puts the tokens again before they expire */
   int sb_timer;

@@ -4,6 +4,7 @@
  * sections 2 and 6). Requests are matched to replies by message-id / correlation-id. */
 #include "nh_amqp_int.h"
 #include "core/nh_log.h"
+#include "core/nh_queue.h"
 #include "core/nh_util.h"
 
 #include <curl/curl.h>
@@ -25,21 +26,21 @@ typedef struct sb_req {
   char *bytes;        /* encoded, waiting for credit */
   size_t len;
   struct sb_node *node;
-  struct sb_req *next;
+  nh_queue_t entry;              /* sb->reqs */
 } sb_req_t;
 
 typedef struct sb_node {   /* one request/response node: $cbs or <entity>/$management */
   char *address;
   char reply[64];
   pn_link_t *snd, *rcv;
-  struct sb_node *next;
+  nh_queue_t entry;              /* sb->nodes */
 } sb_node_t;
 
 struct nh_sb {
   const nh_amqp_url_t *url;
   pn_session_t *ssn;
-  sb_node_t *nodes;
-  sb_req_t *reqs;
+  nh_queue_t nodes;              /* this connection's; newest first */
+  nh_queue_t reqs;               /* unanswered, newest first */
   pn_message_t *pm;
   uint64_t seq;
   char *buf;
@@ -81,6 +82,8 @@ nh_sb_t *nh_sb_new(const nh_amqp_url_t *url)
 {
   nh_sb_t *sb = nh_xcalloc(1, sizeof *sb);
   sb->url = url;
+  nh_queue_init(&sb->nodes);
+  nh_queue_init(&sb->reqs);
   sb->pm = pn_message();
   return sb;
 }
@@ -88,9 +91,9 @@ nh_sb_t *nh_sb_new(const nh_amqp_url_t *url)
 /* Unanswered requests end with status -1 (no answer) so their owners can let go. */
 static void reqs_drop(nh_sb_t *sb)
 {
-  while (sb->reqs) {
-    sb_req_t *r = sb->reqs;
-    sb->reqs = r->next;
+  while (!nh_queue_empty(&sb->reqs)) {
+    sb_req_t *r = nh_queue_data(nh_queue_head(&sb->reqs), sb_req_t, entry);
+    nh_queue_remove(&r->entry);
     r->done(r->data, -1, NULL);
     free(r->bytes);
     free(r);
@@ -101,9 +104,9 @@ void nh_sb_down(nh_sb_t *sb)
 {
   sb->ssn = NULL;
   reqs_drop(sb);   /* unanswered: the next connection starts over */
-  while (sb->nodes) {
-    sb_node_t *n = sb->nodes;
-    sb->nodes = n->next;
+  while (!nh_queue_empty(&sb->nodes)) {
+    sb_node_t *n = nh_queue_data(nh_queue_head(&sb->nodes), sb_node_t, entry);
+    nh_queue_remove(&n->entry);
     free(n->address);
     free(n);
   }
@@ -126,8 +129,11 @@ void nh_sb_up(nh_sb_t *sb, pn_session_t *ssn)
 
 static sb_node_t *node_for(nh_sb_t *sb, const char *address)
 {
-  for (sb_node_t *n = sb->nodes; n; n = n->next)
+  nh_queue_t *q;
+  nh_queue_foreach(q, &sb->nodes) {
+    sb_node_t *n = nh_queue_data(q, sb_node_t, entry);
     if (strcmp(n->address, address) == 0) return n;
+  }
   sb_node_t *n = nh_xcalloc(1, sizeof *n);
   n->address = nh_xstrdup(address);
   char id[37], name[600];
@@ -146,14 +152,16 @@ static sb_node_t *node_for(nh_sb_t *sb, const char *address)
   pn_link_set_rcv_settle_mode(n->rcv, PN_RCV_FIRST);
   pn_link_open(n->rcv);
   pn_link_flow(n->rcv, 64);
-  n->next = sb->nodes;
-  sb->nodes = n;
+  nh_queue_insert_head(&sb->nodes, &n->entry);
   return n;
 }
 
 static void flush_node(nh_sb_t *sb, sb_node_t *n)
 {
-  for (sb_req_t *r = sb->reqs; r && pn_link_credit(n->snd) > 0; r = r->next) {
+  nh_queue_t *q;
+  nh_queue_foreach(q, &sb->reqs) {
+    if (pn_link_credit(n->snd) <= 0) break;
+    sb_req_t *r = nh_queue_data(q, sb_req_t, entry);
     if (r->node != n || !r->bytes) continue;
     pn_delivery(n->snd, pn_dtag(r->id, strlen(r->id)));
     pn_link_send(n->snd, r->bytes, r->len);
@@ -190,8 +198,7 @@ static void request(nh_sb_t *sb, const char *address, void (*done)(void *, int, 
     r->len = size;
     break;
   }
-  r->next = sb->reqs;
-  sb->reqs = r;
+  nh_queue_insert_head(&sb->reqs, &r->entry);
   flush_node(sb, n);
 }
 
@@ -288,8 +295,15 @@ int nh_sb_event(nh_sb_t *sb, pn_event_t *e)
 {
   pn_link_t *l = pn_event_link(e);
   if (!l) return 0;
-  sb_node_t *n = sb->nodes;
-  while (n && n->snd != l && n->rcv != l) n = n->next;
+  sb_node_t *n = NULL;
+  nh_queue_t *q;
+  nh_queue_foreach(q, &sb->nodes) {
+    sb_node_t *m = nh_queue_data(q, sb_node_t, entry);
+    if (m->snd == l || m->rcv == l) {
+      n = m;
+      break;
+    }
+  }
   if (!n) return 0;
   switch (pn_event_type(e)) {
   case PN_LINK_FLOW:
@@ -305,13 +319,16 @@ int nh_sb_event(nh_sb_t *sb, pn_event_t *e)
     if (decoded != NH_OK) break;
     pn_atom_t corr = pn_message_get_correlation_id(sb->pm);
     if (corr.type != PN_STRING) break;
-    sb_req_t **pp = &sb->reqs;
-    while (*pp && !(strlen((*pp)->id) == corr.u.as_bytes.size &&
-                    memcmp((*pp)->id, corr.u.as_bytes.start, corr.u.as_bytes.size) == 0))
-      pp = &(*pp)->next;
-    if (!*pp) break;
-    sb_req_t *r = *pp;
-    *pp = r->next;
+    sb_req_t *r = NULL;
+    nh_queue_foreach(q, &sb->reqs) {
+      sb_req_t *c = nh_queue_data(q, sb_req_t, entry);
+      if (strlen(c->id) == corr.u.as_bytes.size && memcmp(c->id, corr.u.as_bytes.start, corr.u.as_bytes.size) == 0) {
+        r = c;
+        break;
+      }
+    }
+    if (!r) break;
+    nh_queue_remove(&r->entry);
     int status = 0;
     char *desc = app_text(sb->pm, "status-description", &status);
     if (!desc) desc = app_text(sb->pm, "statusDescription", &status);

@@ -21,20 +21,13 @@ typedef struct aprobe {
   nh_rmq_probe_t *h;
   void (*done)(void *, int, const char *);
   void *data;
-  struct aprobe *next;
+  nh_queue_t node;               /* a->probes */
 } aprobe_t;
-
-static void aprobe_unlink(aprobe_t *p)
-{
-  aprobe_t **pp = &p->a->probes;
-  while (*pp && *pp != p) pp = &(*pp)->next;
-  if (*pp) *pp = p->next;
-}
 
 static void aprobe_done(void *data, int found, const char *why)
 {
   aprobe_t *p = data;
-  aprobe_unlink(p);
+  nh_queue_remove(&p->node);
   p->done(p->data, found, why);
   free(p);
 }
@@ -53,16 +46,15 @@ int nh_amqp_probe(nh_transport_t *t, const char *event_type, const char *to, voi
     free(p);
     return NH_EFAIL;
   }
-  p->next = a->probes;
-  a->probes = p;
+  nh_queue_insert_head(&a->probes, &p->node);
   return NH_OK;
 }
 
 void nh_amqp_probes_cancel(amqp_t *a)
 {
-  while (a->probes) {
-    aprobe_t *p = a->probes;
-    a->probes = p->next;
+  while (!nh_queue_empty(&a->probes)) {
+    aprobe_t *p = nh_queue_data(nh_queue_head(&a->probes), aprobe_t, node);
+    nh_queue_remove(&p->node);
     nh_rmq_probe_cancel(p->h);
     p->done(p->data, -1, "the transport is shutting down");
     free(p);
@@ -142,8 +134,11 @@ void nh_amqp_topic_token(void *data, int code, const char *desc)
 void nh_amqp_check_ready(amqp_t *a)
 {
   if (a->ready_sent || !a->ssn) return;
-  for (aep_t *ep = a->eps; ep; ep = ep->next)
+  nh_queue_t *q;
+  nh_queue_foreach(q, &a->eps) {
+    const aep_t *ep = nh_queue_data(q, aep_t, node);
     if (!ep->declared || !ep->attached) return;
+  }
   a->ready_sent = 1;
   nh_amqp_status(a, NH_AMQP_READY, a->url.display);
 }
@@ -227,8 +222,11 @@ void nh_amqp_sb_refresh(uv_timer_t *h)
   if (!a->ssn) return;
   nh_log_debug("amqp", "refreshing the Service Bus tokens");
   nh_sb_put_token(a->sb, a->url.exchange, nh_amqp_topic_token, a);
-  for (aep_t *ep = a->eps; ep; ep = ep->next)
+  nh_queue_t *q;
+  nh_queue_foreach(q, &a->eps) {
+    aep_t *ep = nh_queue_data(q, aep_t, node);
     if (!ep->reply && ep->declared) nh_sb_put_token(a->sb, ep->entity, sub_token, ep);
+  }
   if (a->conn) nh_amqp_conn_flush(a->conn);
 }
 

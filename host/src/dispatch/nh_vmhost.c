@@ -1,0 +1,202 @@
+/* The VM host: the callbacks the Lua side calls the dispatcher through (nh_vm_host_t),
+ * registering endpoints, publishing, settling hand-offs, and the end of a handler task.
+ * A task's end comes as what happened to it (nh_task_result_t); what that means for the
+ * event, which outcome and which error type, is decided here, not in lua/. */
+#include "nh_bridge.h"
+#include "nh_dispatch_int.h"
+#include "core/nh_log.h"
+#include "core/nh_util.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static int pending_has(nh_dispatch_t *d, const char *name)
+{
+  for (nh_endpoint_t *ep = d->pending_eps; ep; ep = ep->next)
+    if (strcmp(ep->name, name) == 0) return 1;
+  return 0;
+}
+
+static int host_register_endpoint(void *data, nh_vm_t *vm, lua_State *L, const char *name, int opts, nh_error_t *err)
+{
+  nh_dispatch_t *d = data;
+  nh_endpoint_t *have = nh_dispatch_find_endpoint(d, name);
+  /* A reload re-registers the endpoints of the generation it replaces; anything else
+   * with a taken name is a second definition. */
+  if (have && !have->retired && (pending_has(d, name) || !d->reloading || have->vm != d->reloading))
+    return nh_error_set(err, NH_EUSAGE, "endpoint %s is already defined by another adapter", name);
+  nh_endpoint_t *ep = nh_xcalloc(1, sizeof *ep);
+  ep->name = nh_xstrdup(name);
+  ep->vm = vm;
+  if (nh_endpoint_parse(ep, L, opts, err)) {
+    nh_endpoint_free(ep);
+    return NH_EUSAGE;
+  }
+  ep->next = d->pending_eps;
+  d->pending_eps = ep;
+  return NH_OK;
+}
+
+/* A MessageId the publisher chose: 1 if it was published within the dedup window
+ * (said in the log), 0 if not, NH_EFAIL. claim: record it in the open transaction. */
+int nh_dispatch_pub_dedup(nh_dispatch_t *d, const char *who, const char *message_id, int claim)
+{
+  int64_t now = nh_time_now_ms(), at = 0;
+  int rc = claim ? nh_store_published_claim(d->store, message_id, now, now - NH_DEDUP_WINDOW_MS, &at)
+                 : nh_store_published_seen(d->store, message_id, now - NH_DEDUP_WINDOW_MS, &at);
+  if (rc < 0) return NH_EFAIL;
+  int seen = claim ? rc == 0 : rc == 1;
+  if (seen) {
+    char when[40];
+    nh_time_iso8601(at, when, sizeof when);
+    nh_log_info("dispatch", "%s: MessageId %s was already published at %s (within the dedup window of 24 h): "
+                "not published again", who, message_id, when);
+  }
+  return seen;
+}
+
+static int host_publish(void *data, void *task_data, const char *type, const char *body, size_t body_len,
+                        const char *session, const char *correlation_id, const char *to, const char *given_id,
+                        char message_id[37], int *duplicate, nh_error_t *err)
+{
+  nh_dispatch_t *d = data;
+  nh_uuid_v7(message_id);
+  nh_job_t *job = task_data;
+  if (job) {
+    /* The claim is made when the outcome commits (a failed handler claims nothing);
+     * what the caller is told now is whether the id is already taken. */
+    if (given_id && (*duplicate = nh_dispatch_pub_dedup(d, job->ep->name, given_id, 0)) < 0)
+      return nh_error_set(err, NH_EFAIL, "store: %s", nh_store_errmsg(d->store));
+    if (given_id && *duplicate) return NH_OK;
+    /* Sent only when the handler's outcome commits: a failed handler publishes nothing. */
+    nh_pub_t *p = nh_xcalloc(1, sizeof *p);
+    p->type = nh_xstrdup(type);
+    p->body = nh_xstrndup(body, body_len);
+    p->body_len = body_len;
+    p->session = nh_xstrdup(session);
+    p->correlation_id = nh_xstrdup(correlation_id);
+    p->to = nh_xstrdup(to);
+    p->given_id = nh_xstrdup(given_id);
+    memcpy(p->message_id, message_id, 37);
+    *job->pubs_tail = p;
+    job->pubs_tail = &p->next;
+    return NH_OK;
+  }
+  nh_msg_t m;
+  memset(&m, 0, sizeof m);
+  char sess[37], corr[37];
+  nh_uuid_v7(sess);
+  nh_uuid_v7(corr);
+  m.session_id = (char *)(session ? session : sess);
+  m.message_id = (char *)(given_id ? given_id : message_id);
+  m.event_type = (char *)type;
+  m.type = NH_MT_EVENT;
+  m.correlation_id = (char *)(correlation_id ? correlation_id : corr);
+  m.body = (char *)body;
+  m.body_len = body_len;
+  m.enqueued_at = nh_time_now_ms();
+  if (nh_store_begin(d->store)) return nh_error_set(err, NH_EFAIL, "store busy: %s", nh_store_errmsg(d->store));
+  if (given_id && (*duplicate = nh_dispatch_pub_dedup(d, "publish", given_id, 1)) != 0) {
+    nh_store_rollback(d->store);
+    if (*duplicate < 0) return nh_error_set(err, NH_EFAIL, "store: %s", nh_store_errmsg(d->store));
+    return NH_OK;
+  }
+  int copies = 0;
+  if (d->tr->vt->send(d->tr, &m, to, &copies, err)) {
+    nh_store_rollback(d->store);
+    return NH_EFAIL;
+  }
+  if (nh_store_commit(d->store)) return nh_error_set(err, NH_EFAIL, "store commit failed");
+  if (copies == 0) nh_log_warn("dispatch", "published %s but no endpoint subscribes to it", type);
+  if (d->started) nh_dispatch_kick(d);
+  return NH_OK;
+}
+
+static void failed(nh_outcome_t *o, char *text, const char *type)
+{
+  o->kind = NH_OUT_FAILED;
+  o->error_text = text;
+  o->error_type = nh_xstrdup(type);
+}
+
+/* What the end of a handler task means for its event (docs/design.md section 6): the
+ * outcome the runner returned, or a failure whose error type says how the task died. */
+static void task_outcome(nh_task_result_t *r, nh_outcome_t *o)
+{
+  char buf[160];
+  switch (r->status) {
+  case NH_TASK_OK:
+    switch (r->returned) {
+    case NH_RUNNER_OUTCOME:
+      *o = r->out;
+      nh_outcome_init(&r->out);
+      return;
+    case NH_RUNNER_NO_OUTCOME:
+      failed(o, nh_xstrdup("internal error: the nimbus runner returned no outcome"), "HostError");
+      return;
+    case NH_RUNNER_UNKNOWN_STATUS:
+      failed(o, nh_xstrdup("internal error: the nimbus runner returned no known status"), "HostError");
+      return;
+    }
+    break;
+  case NH_TASK_ERROR: {
+    /* An error the runner's xpcall did not catch (out of memory, or the runner itself):
+     * its first line is the text, the whole traceback the stack. */
+    const char *tb = r->error_msg;
+    const char *nl = tb ? strchr(tb, '\n') : NULL;
+    failed(o, tb ? nh_xstrndup(tb, nl ? (size_t)(nl - tb) : strlen(tb)) : nh_xstrdup("(unknown error)"),
+           r->error == NH_TASK_ERR_MEMORY ? "MemoryLimit" : "LuaError");
+    o->error_stack = nh_xstrdup(tb);
+    return;
+  }
+  case NH_TASK_KILLED:
+    switch (r->kill) {
+    case NH_KILL_CPU_BUDGET:
+      snprintf(buf, sizeof buf, "CPU budget exceeded: the handler ran %.3g s without yielding", r->cpu_budget_s);
+      failed(o, nh_xstrdup(buf), "CpuBudgetExceeded");
+      return;
+    case NH_KILL_DEADLINE:
+    case NH_KILL_NONE:
+      break;
+    }
+    snprintf(buf, sizeof buf, "deadline exceeded: the handler ran longer than %.3g s", r->deadline_s);
+    failed(o, nh_xstrdup(buf), "DeadlineExceeded");
+    return;
+  case NH_TASK_CANCELLED:
+    break;
+  }
+  o->kind = NH_OUT_CANCELLED;   /* the host ended it (nh_renew.c, a stop, a closed VM): nh_dispatch_apply decides */
+}
+
+static void host_task_done(void *data, void *task_data, nh_task_result_t *r)
+{
+  nh_job_t *job = task_data;
+  nh_outcome_clear(&job->out);
+  task_outcome(r, &job->out);
+  nh_task_result_clear(r);
+  job->task = NULL;
+  nh_dispatch_job_finished(data, job);
+}
+
+static int host_pending_handoffs(void *data, lua_State *L, const char *endpoint, nh_error_t *err)
+{
+  nh_dispatch_t *d = data;
+  return nh_bridge_push_handoffs(L, d->store, endpoint, err);
+}
+
+static int host_handoff(void *data, const nh_handoff_req_t *req, nh_error_t *err)
+{
+  nh_dispatch_t *d = data;
+  int rc = nh_bridge_handoff(d->store, d->tr, req, err);
+  if (rc == NH_OK && d->started) nh_dispatch_kick(d);
+  return rc;
+}
+
+const nh_vm_host_t *nh_dispatch_vm_host(nh_dispatch_t *d, nh_vm_host_t *h)
+{
+  nh_vm_host_t host = { d, host_register_endpoint, host_publish, host_task_done, host_pending_handoffs,
+                        host_handoff, nh_dispatch_request, nh_dispatch_request_cancel,
+                        nh_dispatch_set_retention };
+  *h = host;
+  return h;
+}
