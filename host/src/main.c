@@ -1,5 +1,6 @@
 /* nimbus-host: CLI entry. Subcommands are in src/cli/. */
 #include "cli/nh_cli.h"
+#include "core/nh_runtime.h"
 #include "dispatch/nh_bridge.h"
 #include "lua/nh_vm.h"
 
@@ -15,10 +16,10 @@
 static int run_script(int argc, char **argv)
 {
   if (argc < 3) return nh_usage_error("-l", "missing script: nimbus-host -l SCRIPT.lua [ARGS]");
-  uv_loop_t loop;
-  uv_loop_init(&loop);
-  int rc = nh_vm_run_script(&loop, argv[2], argc - 3, argv + 3, nh_vm_lua_dir(argv[0]), nh_bridge_script_host());
-  uv_loop_close(&loop);
+  nh_runtime_t rt;
+  nh_runtime_init(&rt);
+  int rc = nh_vm_run_script(&rt.loop, argv[2], argc - 3, argv + 3, nh_vm_lua_dir(argv[0]), nh_bridge_script_host());
+  nh_runtime_close(&rt);
   return rc;
 }
 

@@ -7,6 +7,7 @@
 #include "nh_test_sql.h"
 
 #include "core/nh_log.h"
+#include "core/nh_runtime.h"
 #include "core/nh_util.h"
 #include "dispatch/nh_dispatch.h"
 #include "lua/nh_vm.h"
@@ -21,7 +22,7 @@
 /* ---------------------------------------------------------------- fixture */
 
 typedef struct env {
-  uv_loop_t loop;
+  nh_runtime_t rt;   /* its loop: rt.loop */
   nh_store_t *store;
   nh_transport_t *tr;
   nh_dispatch_t *d;
@@ -52,7 +53,7 @@ static void loop_finish(uv_loop_t *loop)
   }
 }
 
-/* Stops and frees everything; returns uv_loop_close's result. Never asserts: it also
+/* Stops and frees everything; returns nh_runtime_close's result. Never asserts: it also
  * runs as the cleanup of a failed test, with tasks possibly still suspended. */
 static int env_teardown(env_t *e)
 {
@@ -61,16 +62,16 @@ static int env_teardown(env_t *e)
     e->stopped = 0;
     nh_dispatch_stop(e->d, 0, on_stopped, e);
     int64_t deadline = nh_test_mono_ms() + WAIT_MS;
-    while (!e->stopped && nh_test_mono_ms() < deadline) uv_run(&e->loop, UV_RUN_ONCE);
+    while (!e->stopped && nh_test_mono_ms() < deadline) uv_run(&e->rt.loop, UV_RUN_ONCE);
     nh_dispatch_free(e->d);
     e->d = NULL;
   }
-  if (e->loop_ok) loop_finish(&e->loop);
+  if (e->loop_ok) loop_finish(&e->rt.loop);
   if (e->tr) e->tr->vt->close(e->tr);
   e->tr = NULL;
   nh_store_close(e->store);
   e->store = NULL;
-  if (e->loop_ok) rc = uv_loop_close(&e->loop);
+  if (e->loop_ok) rc = nh_runtime_close(&e->rt);
   e->loop_ok = 0;
   nh_log_set_level(NH_LOG_INFO);
   return rc;
@@ -101,9 +102,9 @@ static env_t *env_start(const char *adapter_body)
   if (nh_store_open(&e->store, nh_test_path("nimbus.db"), NH_STORE_CREATE, &err)) FAIL("store: %s", err.msg);
   e->tr = nh_embedded_new(nh_store_db(e->store), "test-host", &err);
   if (!e->tr) FAIL("transport: %s", err.msg);
-  ASSERT_EQ_INT(uv_loop_init(&e->loop), 0);
+  ASSERT_EQ_INT(nh_runtime_init(&e->rt), 0);
   e->loop_ok = 1;
-  e->d = nh_dispatch_new(&e->loop, e->store, e->tr, nh_vm_lua_dir(NULL));
+  e->d = nh_dispatch_new(&e->rt.loop, e->store, e->tr, nh_vm_lua_dir(NULL));
   if (nh_dispatch_load(e->d, adapter, &err)) FAIL("load adapter: %s", err.msg);
   if (nh_dispatch_start(e->d, &err)) FAIL("start: %s", err.msg);
   return e;
@@ -114,7 +115,7 @@ static env_t *env_start(const char *adapter_body)
     int64_t nh_dl_ = nh_test_mono_ms() + (ms);                                                     \
     while (!(cond)) {                                                                              \
       if (nh_test_mono_ms() > nh_dl_) FAIL("timed out after %d ms waiting for %s", (ms), #cond);    \
-      uv_run(&(e)->loop, UV_RUN_ONCE);                                                             \
+      uv_run(&(e)->rt.loop, UV_RUN_ONCE);                                                             \
     }                                                                                              \
   } while (0)
 #define WAIT_FOR(e, cond) WAIT_FOR_MS(e, cond, WAIT_MS)
@@ -123,7 +124,7 @@ static env_t *env_start(const char *adapter_body)
  * after the state it would follow from has been reached). */
 static void spin(env_t *e, int iterations)
 {
-  for (int i = 0; i < iterations; i++) uv_run(&e->loop, UV_RUN_NOWAIT);
+  for (int i = 0; i < iterations; i++) uv_run(&e->rt.loop, UV_RUN_NOWAIT);
 }
 
 /* Graceful stop (drain), then teardown; the loop must close with no handle left. */
@@ -978,8 +979,9 @@ TEST(load_rejects_bad_adapters)
                                         "max_attempts must be an integer from 1", "unknown option transient.tries",
                                         "base must be a number of seconds" };
   for (int i = 0; i < 7; i++) {
-    uv_loop_t loop;
-    ASSERT_EQ_INT(uv_loop_init(&loop), 0);
+    nh_runtime_t rt;
+    ASSERT_EQ_INT(nh_runtime_init(&rt), 0);
+    uv_loop_t *loop = &rt.loop;
     nh_store_t *s = NULL;
     nh_error_t err = {0};
     ASSERT_EQ_INT(nh_store_open(&s, nh_test_path("nimbus.db"), NH_STORE_CREATE, &err), NH_OK);
@@ -988,16 +990,16 @@ TEST(load_rejects_bad_adapters)
     char src[512];
     snprintf(src, sizeof src, "local nimbus = require('nimbus')\n%s", bad[i]);
     ASSERT_EQ_INT(nh_test_write_file(nh_test_path("adapter.lua"), src), 0);
-    nh_dispatch_t *d = nh_dispatch_new(&loop, s, tr, nh_vm_lua_dir(NULL));
+    nh_dispatch_t *d = nh_dispatch_new(loop, s, tr, nh_vm_lua_dir(NULL));
     memset(&err, 0, sizeof err);
     ASSERT_EQ_INT(nh_dispatch_load(d, nh_test_path("adapter.lua"), &err), NH_EUSAGE);
     ASSERT_CONTAINS(err.msg, expect[i]);
     ASSERT_EQ_INT(nh_dispatch_endpoint_count(d), 0);
     nh_dispatch_free(d);
-    loop_finish(&loop);
+    loop_finish(loop);
     tr->vt->close(tr);
     nh_store_close(s);
-    ASSERT_EQ_INT(uv_loop_close(&loop), 0);
+    ASSERT_EQ_INT(nh_runtime_close(&rt), 0);
   }
 }
 

@@ -9,6 +9,7 @@
 #include "core/nh_failgroup.h"
 #include "store/nh_store.h"
 #include "store/nh_store_schema.h"
+#include "core/nh_runtime.h"
 #include "dispatch/nh_checkpointer.h"
 
 #include <sqlite3.h>
@@ -919,9 +920,9 @@ TEST(checkpoint_file_copies_the_wal_of_a_new_store)
 TEST(wal_starts_over_while_the_host_commits_without_pause)
 {
   nh_store_t *s = open_store("steady.db");
-  uv_loop_t loop;
-  ASSERT_EQ_INT(uv_loop_init(&loop), 0);
-  nh_checkpointer_t *c = nh_checkpointer_start(&loop, s);
+  nh_runtime_t rt;
+  ASSERT_EQ_INT(nh_runtime_init(&rt), 0);
+  nh_checkpointer_t *c = nh_checkpointer_start(&rt.loop, s);
   char wal[PATH_MAX];
   snprintf(wal, sizeof wal, "%s-wal", nh_test_path("steady.db"));
   off_t largest = 0;
@@ -934,13 +935,12 @@ TEST(wal_starts_over_while_the_host_commits_without_pause)
       put_audit(s, "Ep", eid, eid, NH_ST_COMPLETED, 1000 + n);
     }
     ASSERT_EQ_INT(nh_store_commit(s), NH_OK);
-    uv_run(&loop, UV_RUN_NOWAIT);
+    uv_run(&rt.loop, UV_RUN_NOWAIT);
     struct stat sb;
     if (stat(wal, &sb) == 0 && sb.st_size > largest) largest = sb.st_size;
   }
   nh_checkpointer_stop(c);
-  ASSERT_EQ_INT(uv_run(&loop, UV_RUN_DEFAULT), 0);
-  ASSERT_EQ_INT(uv_loop_close(&loop), 0);
+  ASSERT_EQ_INT(nh_runtime_close(&rt), 0);
   ASSERT_EQ_INT(q1i(nh_store_db(s), "SELECT count(*) FROM audit"), n);
   ASSERT_CMP_INT((long long)largest, <, 2LL * 8000 * 4120);
   nh_store_close(s);

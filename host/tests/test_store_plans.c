@@ -4,6 +4,7 @@
  * grows with traffic makes the cost of a pump grow with the backlog; this test fails on
  * one and prints the statement with its plan. */
 #include "nh_test.h"
+#include "core/nh_runtime.h"
 
 #include "core/nh_log.h"
 #include "net/nh_http_client.h"
@@ -69,9 +70,9 @@ TEST(every_prepared_statement_is_bounded_by_an_index)
   nh_transport_t *emb = nh_embedded_new(nh_store_db(s), "test:1:plans", &err);
   ASSERT_TRUE(emb != NULL);
   emb->on_message = on_msg;
-  uv_loop_t loop;
-  uv_loop_init(&loop);
-  nh_transport_t *amqp = nh_amqp_new(&loop, s, "amqp://guest:guest@127.0.0.1:1", "test:1:amqp", NULL, NULL, &err);
+  nh_runtime_t rt;
+  nh_runtime_init(&rt);
+  nh_transport_t *amqp = nh_amqp_new(&rt.loop, s, "amqp://guest:guest@127.0.0.1:1", "test:1:amqp", NULL, NULL, &err);
   if (!amqp) FAIL("nh_amqp_new: %s", err.msg);
 
   sqlite3 *db = nh_store_db(s);
@@ -91,12 +92,10 @@ TEST(every_prepared_statement_is_bounded_by_an_index)
   ASSERT_CMP_INT(checked, >=, 50);
   ASSERT_EQ_INT(bad_count, 0);
   nh_amqp_shutdown(amqp, NULL, NULL);   /* closes the (never opened) connection's timers */
-  uv_run(&loop, UV_RUN_DEFAULT);
+  uv_run(&rt.loop, UV_RUN_DEFAULT);
   amqp->vt->close(amqp);
   emb->vt->close(emb);
-  nh_http_client_close();   /* the AMQP transport's management API client */
-  uv_run(&loop, UV_RUN_DEFAULT);
-  ASSERT_EQ_INT(uv_loop_close(&loop), 0);
+  ASSERT_EQ_INT(nh_runtime_close(&rt), 0);   /* with the management API's HTTP client */
   nh_store_close(s);
 }
 

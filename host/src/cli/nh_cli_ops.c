@@ -3,9 +3,9 @@
  * as control messages through the event's own session queue, so the host that owns
  * the endpoint applies them in order with the session's other work. */
 #include "nh_cli.h"
+#include "core/nh_runtime.h"
 #include "core/nh_util.h"
 #include "dispatch/nh_operator.h"
-#include "net/nh_http_client.h"
 #include "store/nh_store.h"
 #include "transport/nh_amqp.h"
 #include "transport/nh_embedded.h"
@@ -174,8 +174,9 @@ static int publish_amqp(const char *url, const char *store_path, nh_msg_t *m, co
     fprintf(stderr, "nimbus-host publish: %s\n", err.msg);
     return err.code == NH_EUSAGE ? NH_EXIT_USAGE : NH_EXIT_FAIL;
   }
-  uv_loop_t loop;
-  uv_loop_init(&loop);
+  nh_runtime_t rt;
+  nh_runtime_init(&rt);
+  uv_loop_t *loop = &rt.loop;
   amqp_pub_t p;
   memset(&p, 0, sizeof p);
   p.store = store;
@@ -185,13 +186,13 @@ static int publish_amqp(const char *url, const char *store_path, nh_msg_t *m, co
   char owner[200], hostn[128] = "localhost";
   gethostname(hostn, sizeof hostn - 1);
   snprintf(owner, sizeof owner, "%s:%ld:publish", hostn, (long)getpid());
-  p.tr = nh_amqp_new(&loop, store, url, owner, pub_status, &p, &err);
+  p.tr = nh_amqp_new(loop, store, url, owner, pub_status, &p, &err);
   int rc = NH_EXIT_OK;
   if (!p.tr) {
     fprintf(stderr, "nimbus-host publish: --transport: %s\n", err.msg);
     rc = err.code == NH_EUSAGE ? NH_EXIT_USAGE : NH_EXIT_FAIL;
   } else {
-    uv_timer_init(&loop, &p.poll);
+    uv_timer_init(loop, &p.poll);
     p.poll.data = &p;
     p.polling = 1;
     uv_timer_start(&p.poll, pub_poll, 5, 5);
@@ -200,12 +201,12 @@ static int publish_amqp(const char *url, const char *store_path, nh_msg_t *m, co
       if (err.code == NH_ENOTFOUND) pub_probed(&p, 1, NULL);   /* management=none: nobody to ask */
       else pub_fail(&p, err.msg);
     }
-    uv_run(&loop, UV_RUN_DEFAULT);
+    uv_run(loop, UV_RUN_DEFAULT);
     if (p.sent && !p.failed && nh_store_begin(store) == NH_OK)   /* deletes the accepted outbox row */
       nh_store_commit(store);
     p.tr->vt->close(p.tr);
-    nh_http_client_close();
-    uv_run(&loop, UV_RUN_DEFAULT);
+    nh_runtime_close_parts(&rt);   /* the management API's HTTP client */
+    uv_run(loop, UV_RUN_DEFAULT);
     if (p.failed) {
       fprintf(stderr, "nimbus-host publish: %s\n", p.why);
       rc = NH_EXIT_FAIL;
@@ -213,8 +214,8 @@ static int publish_amqp(const char *url, const char *store_path, nh_msg_t *m, co
       printf("%s\n", m->message_id);   /* a duplicate too: the caller's id, already published */
     }
   }
+  nh_runtime_close(&rt);
   nh_store_close(store);
-  uv_loop_close(&loop);
   return rc;
 }
 

@@ -1,11 +1,10 @@
 /* `nimbus-host run ADAPTER.lua...`: owns the loop for the host's lifetime. */
 #include "nh_cli.h"
 #include "core/nh_log.h"
+#include "core/nh_runtime.h"
 #include "core/nh_util.h"
 #include "dispatch/nh_dispatch.h"
-#include "lua/nh_lasync.h"
 #include "lua/nh_vm.h"
-#include "net/nh_http_client.h"
 #include "store/nh_store.h"
 #include "transport/nh_amqp.h"
 #include "transport/nh_embedded.h"
@@ -145,20 +144,21 @@ int nh_cmd_run(int argc, char **argv, int first)
   }
   char owner[200];
   owner_id(owner, sizeof owner);
-  uv_loop_t loop;
-  uv_loop_init(&loop);
-  host_t h = { .loop = &loop, .store = a.store, .no_reload = nh_args_has(&a, "--no-reload") };
+  nh_runtime_t rt;   /* the loop and what lives per loop: closed below, in one place */
+  nh_runtime_init(&rt);
+  uv_loop_t *loop = &rt.loop;
+  host_t h = { .loop = loop, .store = a.store, .no_reload = nh_args_has(&a, "--no-reload") };
   h.amqp = nh_amqp_is_url(transport);
-  nh_transport_t *tr = h.amqp ? nh_amqp_new(&loop, store, transport, owner, on_amqp_status, &h, &err)
+  nh_transport_t *tr = h.amqp ? nh_amqp_new(loop, store, transport, owner, on_amqp_status, &h, &err)
                               : nh_embedded_new(nh_store_db(store), owner, &err);
   if (!tr) {
     fprintf(stderr, "nimbus-host: %s%s: %s\n", h.amqp ? "--transport " : "store ", h.amqp ? "" : a.store, err.msg);
     nh_store_close(store);
-    uv_loop_close(&loop);
+    nh_runtime_close(&rt);
     return err.code == NH_EUSAGE ? NH_EXIT_USAGE : NH_EXIT_FAIL;
   }
   h.tr = tr;
-  h.d = nh_dispatch_new(&loop, store, tr, nh_vm_lua_dir(argv[0]));
+  h.d = nh_dispatch_new(loop, store, tr, nh_vm_lua_dir(argv[0]));
   if (retention_ms > 0) nh_dispatch_set_retention_fixed(h.d, retention_ms);
   nh_dispatch_set_owner(h.d, owner);
   int status = NH_EXIT_OK;
@@ -177,9 +177,9 @@ int nh_cmd_run(int argc, char **argv, int first)
     status = NH_EXIT_FAIL;
   }
   if (status == NH_EXIT_OK) {
-    uv_signal_init(&loop, &h.sigint);
-    uv_signal_init(&loop, &h.sigterm);
-    uv_signal_init(&loop, &h.sighup);
+    uv_signal_init(loop, &h.sigint);
+    uv_signal_init(loop, &h.sigterm);
+    uv_signal_init(loop, &h.sighup);
     h.sigint.data = h.sigterm.data = h.sighup.data = &h;
     uv_signal_start(&h.sigint, on_signal, SIGINT);
     uv_signal_start(&h.sigterm, on_signal, SIGTERM);
@@ -188,19 +188,17 @@ int nh_cmd_run(int argc, char **argv, int first)
     nh_dispatch_describe(h.d, h.desc, sizeof h.desc);
     if (h.amqp) nh_amqp_start(tr);   /* logs ready: once connected */
     else log_ready(&h, "embedded");
-    nh_lasync_set_loop_running(1);
-    uv_run(&loop, UV_RUN_DEFAULT);
-    nh_lasync_set_loop_running(0);
+    nh_runtime_run(&rt, UV_RUN_DEFAULT);
     nh_log_info("host", "stopped");
     status = h.status;
   } else if (h.amqp) {
     nh_amqp_shutdown(tr, NULL, NULL);
   }
   nh_dispatch_free(h.d);
-  nh_http_client_close();
-  uv_run(&loop, UV_RUN_DEFAULT);   /* close callbacks */
+  nh_runtime_close_parts(&rt);     /* the HTTP client, before the loop runs the close callbacks */
+  uv_run(loop, UV_RUN_DEFAULT);
   tr->vt->close(tr);
+  if (nh_runtime_close(&rt)) nh_log_warn("host", "event loop closed with handles still open");
   nh_store_close(store);
-  if (uv_loop_close(&loop) != 0) nh_log_warn("host", "event loop closed with handles still open");
   return status;
 }

@@ -561,11 +561,20 @@ void nh_dispatch_stop(nh_dispatch_t *d, int64_t drain_ms, void (*on_stopped)(voi
   pump(d);
 }
 
-/* The struct embeds its handles, so it is freed by the last close callback. */
+/* The struct embeds its handles, so it is freed by the last close callback: each close
+ * counts itself in, each callback out (no count kept by hand beside the list). */
 static void on_handle_closed(uv_handle_t *h)
 {
   nh_dispatch_t *d = h->data;
   if (--d->closing == 0) free(d);
+}
+
+static void close_handle(nh_dispatch_t *d, void *handle)
+{
+  uv_handle_t *h = handle;
+  h->data = d;
+  d->closing++;
+  uv_close(h, on_handle_closed);
 }
 
 void nh_dispatch_free(nh_dispatch_t *d)
@@ -599,14 +608,13 @@ void nh_dispatch_free(nh_dispatch_t *d)
   d->owner = NULL;
   nh_checkpointer_stop(d->ckpt);
   d->ckpt = NULL;
-  d->closing = 7;
-  uv_close((uv_handle_t *)&d->presence_timer, on_handle_closed);
-  uv_close((uv_handle_t *)&d->retention_timer, on_handle_closed);
-  uv_close((uv_handle_t *)&d->reload_timer, on_handle_closed);
-  uv_close((uv_handle_t *)&d->renew_timer, on_handle_closed);
-  uv_close((uv_handle_t *)&d->idle, on_handle_closed);
-  uv_close((uv_handle_t *)&d->timer, on_handle_closed);
-  uv_close((uv_handle_t *)&d->drain_timer, on_handle_closed);
+  close_handle(d, &d->presence_timer);
+  close_handle(d, &d->retention_timer);
+  close_handle(d, &d->reload_timer);
+  close_handle(d, &d->renew_timer);
+  close_handle(d, &d->idle);
+  close_handle(d, &d->timer);
+  close_handle(d, &d->drain_timer);
 }
 
 int nh_dispatch_endpoint_count(nh_dispatch_t *d)

@@ -80,7 +80,7 @@ static int l_publish(lua_State *L)
                          "not in interpreter mode");
   /* Only a handler's publishes wait for its outcome; others are sent at once. */
   /* The running task, not L's: a coroutine created inside a handler publishes for it. */
-  nh_task_t *t = nh_task_running();
+  nh_task_t *t = nh_task_running(L);
   if (t && nh_task_kind(t) != NH_TASK_KIND_HANDLER) t = NULL;
   char mid[37];
   int duplicate = 0;
@@ -118,7 +118,7 @@ static int l_handoff(lua_State *L)
     .endpoint = opt_str(L, 3), .session_id = opt_str(L, 4), .message_id = opt_str(L, 5), .result = opt_str(L, 6),
     .store = opt_str(L, 7), .error_text = opt_str(L, 8), .error_type = opt_str(L, 9),
   };
-  nh_task_t *t = nh_task_running();
+  nh_task_t *t = nh_task_running(L);
   req.actor = t ? nh_task_kind_name(nh_task_kind(t)) : "script";
   if (!vm->host.handoff) return luaL_error(L, "hand-offs can only be settled inside a running host or a script");
   nh_error_t err = {0};

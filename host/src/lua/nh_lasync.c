@@ -3,6 +3,7 @@
 #include "nh_task.h"
 #include "nh_vm_int.h"
 #include "core/nh_log.h"
+#include "core/nh_runtime.h"
 #include "core/nh_util.h"
 
 #include <lauxlib.h>
@@ -105,16 +106,13 @@ static void run_done(nh_task_t *t, nh_task_status_t status, int nres)
 
 /* nimbus.run(fn, ...): for plain scripts (nimbus-host -l): runs fn(...) as a task and
  * drives the loop until it ends; returns its results or raises its error. */
-static int loop_running;
-void nh_lasync_set_loop_running(int on) { loop_running = on; }
-
 static int l_run(lua_State *L)
 {
   luaL_checktype(L, 1, LUA_TFUNCTION);
-  if (loop_running)
+  if (nh_runtime_of(nh_lua_loop(L))->running)
     return luaL_error(L, "nimbus.run drives the event loop and cannot be called while the host runs it "
                          "(use nimbus.spawn)");
-  if (nh_task_running() || nh_task_of(L))
+  if (nh_task_running(L) || nh_task_of(L))
     return luaL_error(L, "nimbus.run drives the event loop and cannot be called from a task; "
                          "call the function directly or use nimbus.spawn");
   int n = lua_gettop(L);

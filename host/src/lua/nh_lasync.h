@@ -8,8 +8,6 @@ typedef struct nh_vm nh_vm_t;
 
 /* Adds sleep, spawn, run and every to the table at the top of the stack. */
 void nh_lasync_register(lua_State *L);
-/* The host's loop is running (nimbus.run would re-enter it): refuse nimbus.run. */
-void nh_lasync_set_loop_running(int on);
 /* Stops and releases the VM's periodic timers (before its tasks are cancelled). */
 void nh_lasync_close(nh_vm_t *vm);
 /* The VM and loop a Lua state belongs to (stored in the registry at creation). */

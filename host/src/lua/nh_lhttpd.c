@@ -20,7 +20,10 @@
 #include "nh_vm.h"
 #include "nh_lasync.h"
 #include "nh_task.h"
+#include "nh_vm_int.h"
 #include "core/nh_log.h"
+#include "core/nh_queue.h"
+#include "core/nh_runtime.h"
 #include "core/nh_util.h"
 #include "net/nh_httpd.h"
 
@@ -34,7 +37,7 @@
 typedef struct lserver {
   nh_httpd_t *h;          /* NULL once closed */
   nh_vm_t *vm;
-  struct lserver *next;   /* all open servers of the process (for nh_lhttpd_quiesce_vm) */
+  nh_queue_t node;        /* the runtime's open servers (for nh_lhttpd_quiesce_vm) */
   int self_ref, fn_ref;
   double timeout_s, cpu_budget_s;
   int port;
@@ -159,21 +162,20 @@ static void on_request(void *data, nh_httpd_req_t *r)
 
 static lserver_t *check_server(lua_State *L) { return luaL_checkudata(L, 1, SERVER_MT); }
 
-static lserver_t *servers;
+/* The open servers of a runtime: its list under this key. */
+static const char servers_key = 's';
+static nh_queue_t *servers(uv_loop_t *loop) { return nh_runtime_list(nh_runtime_of(loop), &servers_key); }
 
-static void server_unlink(lserver_t *ls)
-{
-  for (lserver_t **p = &servers; *p; p = &(*p)->next)
-    if (*p == ls) {
-      *p = ls->next;
-      return;
-    }
-}
+/* Harmless on a server not on the list (never started, or closed already). */
+static void server_unlink(lserver_t *ls) { nh_queue_remove(&ls->node); }
 
 void nh_lhttpd_quiesce_vm(nh_vm_t *vm)
 {
-  for (lserver_t *ls = servers; ls; ls = ls->next)
+  nh_queue_t *q;
+  nh_queue_foreach(q, servers(vm->loop)) {
+    lserver_t *ls = nh_queue_data(q, lserver_t, node);
     if (ls->vm == vm && ls->h) nh_httpd_quiesce(ls->h);
+  }
 }
 
 static void server_stop(lua_State *L, lserver_t *ls)
@@ -241,6 +243,7 @@ static int l_listen(lua_State *L)
 
   lserver_t *ls = lua_newuserdatauv(L, sizeof *ls, 0);
   memset(ls, 0, sizeof *ls);
+  nh_queue_init(&ls->node);
   ls->fn_ref = ls->self_ref = LUA_NOREF;
   ls->vm = nh_lua_vm(L);
   ls->timeout_s = timeout;
@@ -262,8 +265,7 @@ static int l_listen(lua_State *L)
     return 3;
   }
   ls->port = nh_httpd_port(ls->h);
-  ls->next = servers;
-  servers = ls;
+  nh_queue_insert_head(servers(nh_lua_loop(L)), &ls->node);
   lua_pushvalue(L, 1);
   ls->fn_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   lua_pushvalue(L, -1);

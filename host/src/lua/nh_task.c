@@ -3,8 +3,10 @@
  * deadline; tasks started later or yielding without an operation wait in a FIFO ready
  * list that a uv_idle runs once per loop iteration. */
 #include "nh_task.h"
+#include "nh_lasync.h"
 #include "nh_vm_int.h"
 #include "core/nh_log.h"
+#include "core/nh_runtime.h"
 #include "core/nh_util.h"
 
 #include <lauxlib.h>
@@ -14,11 +16,12 @@
 #define NH_DEFAULT_CPU_BUDGET_S 1.0
 #define NH_HOOK_COUNT 10000       /* instructions between budget checks */
 
-/* The task being resumed right now (one thread, so at most one). The hook uses it
- * because coroutines created inside a task inherit the hook but not the task. */
-static nh_task_t *running_task;
+/* The task being resumed right now is the runtime's (its loop's: one thread, so at most
+ * one). The hook uses it because coroutines created inside a task inherit the hook but
+ * not the task. */
+static nh_task_t *running_of(nh_vm_t *vm) { return nh_runtime_of(vm->loop)->task; }
 
-nh_task_t *nh_task_running(void) { return running_task; }
+nh_task_t *nh_task_running(lua_State *L) { return running_of(nh_lua_vm(L)); }
 
 const char *nh_task_kind_name(nh_task_kind_t k)
 {
@@ -80,7 +83,7 @@ static void task_end(nh_task_t *t, nh_task_status_t status, int nres)
 static void budget_hook(lua_State *L, lua_Debug *ar)
 {
   (void)ar;
-  nh_task_t *t = running_task;
+  nh_task_t *t = nh_task_running(L);
   if (!t) return;
   if (t->kill == NH_KILL_NONE) {
     if (uv_hrtime() - t->resume_ns <= t->cpu_budget_ns) return;
@@ -153,14 +156,15 @@ static void task_resume(nh_task_t *t, int nargs)
   nh_vm_t *vm = t->vm;
   lua_State *co = t->co;
   int nres = 0;
-  nh_task_t *outer = running_task;   /* NULL: resumes only happen from loop callbacks */
-  running_task = t;
+  nh_runtime_t *rt = nh_runtime_of(vm->loop);
+  nh_task_t *outer = rt->task;   /* NULL: resumes only happen from loop callbacks */
+  rt->task = t;
   vm->in_task++;
   t->resume_ns = uv_hrtime();
   lua_sethook(co, budget_hook, LUA_MASKCOUNT, NH_HOOK_COUNT);
   int rc = lua_resume(co, vm->L, nargs, &nres);
   vm->in_task--;
-  running_task = outer;
+  rt->task = outer;
   if (rc == LUA_YIELD) {
     lua_pop(co, nres);
     if (t->kill != NH_KILL_NONE) {
@@ -213,7 +217,7 @@ nh_task_t *nh_task_check(lua_State *L, const char *what)
   if (!t) {
     luaL_error(L, "%s must be called from a task (a handler, middleware, status checker, HTTP route or "
                   "nimbus.spawn function), not from %s",
-               what, running_task ? "a coroutine created inside one" : "the main chunk");
+               what, nh_task_running(L) ? "a coroutine created inside one" : "the main chunk");
     return NULL;
   }
   if (!lua_isyieldable(L)) {

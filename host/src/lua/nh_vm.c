@@ -525,8 +525,6 @@ int nh_vm_run_script(uv_loop_t *loop, const char *script, int argc, char **argv,
     }
   }
   uv_run(loop, UV_RUN_DEFAULT);
-  nh_vm_close(vm);
-  nh_http_client_close();
-  uv_run(loop, UV_RUN_DEFAULT);
+  nh_vm_close(vm);   /* its handles close with the runtime (the caller's) */
   return status;
 }

@@ -51,6 +51,6 @@ struct nh_vm {
 
 int nh_vm_pcall(lua_State *L, int nargs, int nres, nh_error_t *err);
 void nh_lapi_open(nh_vm_t *vm);
-nh_task_t *nh_task_running(void);
+nh_task_t *nh_task_running(lua_State *L);
 
 #endif

@@ -1,9 +1,10 @@
-/* The HTTP client of nh_http_client.h: one curl multi handle per process, bound to the
- * loop of its first request, a uv_poll per socket and a uv_timer for curl's timeouts.
+/* The HTTP client of nh_http_client.h: one curl multi handle per runtime (its loop's),
+ * closed with it, a uv_poll per socket and a uv_timer for curl's timeouts.
  * http and https only; response bodies over 64 MiB fail with EMSGSIZE. */
 #include "nh_http_client.h"
 #include "core/nh_log.h"
 #include "core/nh_queue.h"
+#include "core/nh_runtime.h"
 #include "core/nh_util.h"
 
 #include <ctype.h>
@@ -22,24 +23,30 @@ struct nh_http_call {
   nh_http_res_t res;
   size_t cap;
   int too_big;
-  nh_queue_t node;              /* client.calls */
+  struct client *client;
+  nh_queue_t node;              /* client->calls */
 };
 
-/* One multi handle per process, bound to the loop of its first request. */
-static struct {
+/* One multi handle per runtime (the loop's), made at its first request and closed with
+ * the runtime: a part of it (core/nh_runtime.h). */
+typedef struct client {
+  nh_rt_part_t part;
   uv_loop_t *loop;
   CURLM *multi;
   uv_timer_t timer;
-  int open;
   nh_queue_t calls;             /* in flight, newest first */
-} client;
+} client_t;
+
+static const char client_key = 'h';   /* its part's key: the address */
+static int curl_users;                /* clients open: curl's global state lives while any does */
 
 typedef struct sock_ctx {
   uv_poll_t poll;
   curl_socket_t fd;
+  client_t *client;
 } sock_ctx_t;
 
-static void check_done(void);
+static void check_done(client_t *client);
 
 static void poll_cb(uv_poll_t *h, int status, int events)
 {
@@ -48,8 +55,8 @@ static void poll_cb(uv_poll_t *h, int status, int events)
   if (status < 0) flags = CURL_CSELECT_ERR;
   if (events & UV_READABLE) flags |= CURL_CSELECT_IN;
   if (events & UV_WRITABLE) flags |= CURL_CSELECT_OUT;
-  curl_multi_socket_action(client.multi, s->fd, flags, &running);
-  check_done();
+  curl_multi_socket_action(s->client->multi, s->fd, flags, &running);
+  check_done(s->client);
 }
 
 static void poll_closed(uv_handle_t *h) { free(h->data); }
@@ -57,25 +64,26 @@ static void poll_closed(uv_handle_t *h) { free(h->data); }
 static int socket_cb(CURL *easy, curl_socket_t fd, int what, void *userp, void *sockp)
 {
   (void)easy;
-  (void)userp;
+  client_t *client = userp;
   sock_ctx_t *s = sockp;
   if (what == CURL_POLL_REMOVE) {
     if (s) {
       uv_poll_stop(&s->poll);
       uv_close((uv_handle_t *)&s->poll, poll_closed);
-      curl_multi_assign(client.multi, fd, NULL);
+      curl_multi_assign(client->multi, fd, NULL);
     }
     return 0;
   }
   if (!s) {
     s = nh_xcalloc(1, sizeof *s);
     s->fd = fd;
-    if (uv_poll_init_socket(client.loop, &s->poll, fd) != 0) {
+    s->client = client;
+    if (uv_poll_init_socket(client->loop, &s->poll, fd) != 0) {
       free(s);
       return -1;
     }
     s->poll.data = s;
-    curl_multi_assign(client.multi, fd, s);
+    curl_multi_assign(client->multi, fd, s);
   }
   int events = 0;
   if (what & CURL_POLL_IN) events |= UV_READABLE;
@@ -86,36 +94,45 @@ static int socket_cb(CURL *easy, curl_socket_t fd, int what, void *userp, void *
 
 static void timer_fired(uv_timer_t *h)
 {
-  (void)h;
+  client_t *client = h->data;
   int running = 0;
-  curl_multi_socket_action(client.multi, CURL_SOCKET_TIMEOUT, 0, &running);
-  check_done();
+  curl_multi_socket_action(client->multi, CURL_SOCKET_TIMEOUT, 0, &running);
+  check_done(client);
 }
 
 static int timer_cb(CURLM *multi, long timeout_ms, void *userp)
 {
   (void)multi;
-  (void)userp;
-  if (timeout_ms < 0) uv_timer_stop(&client.timer);
-  else uv_timer_start(&client.timer, timer_fired, (uint64_t)timeout_ms, 0);   /* 0: next iteration */
+  client_t *client = userp;
+  if (timeout_ms < 0) uv_timer_stop(&client->timer);
+  else uv_timer_start(&client->timer, timer_fired, (uint64_t)timeout_ms, 0);   /* 0: next iteration */
   return 0;
 }
 
-static int client_open(uv_loop_t *loop, nh_error_t *err)
+static void client_close(nh_rt_part_t *part);
+
+static client_t *client_open(uv_loop_t *loop, nh_error_t *err)
 {
-  if (client.open) {
-    if (client.loop != loop) return nh_error_set(err, NH_EFAIL, "the HTTP client serves one event loop");
-    return NH_OK;
+  nh_runtime_t *rt = nh_runtime_of(loop);
+  nh_rt_part_t *part = nh_runtime_part(rt, &client_key);
+  if (part) return nh_queue_data(part, client_t, part);
+  if (curl_users == 0 && curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
+    nh_error_set(err, NH_EFAIL, "libcurl failed to start");
+    return NULL;
   }
-  if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) return nh_error_set(err, NH_EFAIL, "libcurl failed to start");
-  client.loop = loop;
-  client.multi = curl_multi_init();
-  curl_multi_setopt(client.multi, CURLMOPT_SOCKETFUNCTION, socket_cb);
-  curl_multi_setopt(client.multi, CURLMOPT_TIMERFUNCTION, timer_cb);
-  uv_timer_init(loop, &client.timer);
-  nh_queue_init(&client.calls);
-  client.open = 1;
-  return NH_OK;
+  curl_users++;
+  client_t *client = nh_xcalloc(1, sizeof *client);
+  client->loop = loop;
+  client->multi = curl_multi_init();
+  curl_multi_setopt(client->multi, CURLMOPT_SOCKETFUNCTION, socket_cb);
+  curl_multi_setopt(client->multi, CURLMOPT_SOCKETDATA, client);
+  curl_multi_setopt(client->multi, CURLMOPT_TIMERFUNCTION, timer_cb);
+  curl_multi_setopt(client->multi, CURLMOPT_TIMERDATA, client);
+  uv_timer_init(loop, &client->timer);
+  client->timer.data = client;
+  nh_queue_init(&client->calls);
+  nh_runtime_add_part(rt, &client->part, &client_key, client_close);
+  return client;
 }
 
 static size_t body_cb(char *ptr, size_t size, size_t n, void *userp)
@@ -175,7 +192,7 @@ static size_t header_cb(char *ptr, size_t size, size_t n, void *userp)
 static void call_free(nh_http_call_t *c)
 {
   nh_queue_remove(&c->node);
-  curl_multi_remove_handle(client.multi, c->easy);
+  curl_multi_remove_handle(c->client->multi, c->easy);
   curl_easy_cleanup(c->easy);
   curl_slist_free_all(c->hdrs);
   free(c->req_body);
@@ -211,11 +228,11 @@ static void set_error(nh_http_call_t *c, CURLcode rc, const char *detail)
   snprintf(c->res.error, sizeof c->res.error, "%s", detail && *detail ? detail : curl_easy_strerror(rc));
 }
 
-static void check_done(void)
+static void check_done(client_t *client)
 {
   CURLMsg *msg;
   int left;
-  while ((msg = curl_multi_info_read(client.multi, &left))) {
+  while ((msg = curl_multi_info_read(client->multi, &left))) {
     if (msg->msg != CURLMSG_DONE) continue;
     nh_http_call_t *c = NULL;
     curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&c);
@@ -234,8 +251,10 @@ static void check_done(void)
 nh_http_call_t *nh_http_request(uv_loop_t *loop, const nh_http_req_t *req, nh_http_done_cb cb, void *data,
                                 nh_error_t *err)
 {
-  if (client_open(loop, err)) return NULL;
+  client_t *client = client_open(loop, err);
+  if (!client) return NULL;
   nh_http_call_t *c = nh_xcalloc(1, sizeof *c);
+  c->client = client;
   c->cb = cb;
   c->data = data;
   c->easy = curl_easy_init();
@@ -269,8 +288,8 @@ nh_http_call_t *nh_http_request(uv_loop_t *loop, const nh_http_req_t *req, nh_ht
   c->hdrs = curl_slist_append(c->hdrs, "Expect:");
   for (int i = 0; i < req->nheaders; i++) c->hdrs = curl_slist_append(c->hdrs, req->headers[i]);
   curl_easy_setopt(e, CURLOPT_HTTPHEADER, c->hdrs);
-  nh_queue_insert_head(&client.calls, &c->node);
-  CURLMcode mrc = curl_multi_add_handle(client.multi, e);
+  nh_queue_insert_head(&client->calls, &c->node);
+  CURLMcode mrc = curl_multi_add_handle(client->multi, e);
   if (mrc != CURLM_OK) {
     nh_error_set(err, NH_EFAIL, "HTTP client: %s", curl_multi_strerror(mrc));
     call_free(c);
@@ -283,18 +302,18 @@ void nh_http_cancel(nh_http_call_t *c) { call_free(c); }
 
 static void timer_closed(uv_handle_t *h)
 {
-  (void)h;
-  curl_multi_cleanup(client.multi);
-  client.multi = NULL;
-  curl_global_cleanup();
+  client_t *client = h->data;
+  curl_multi_cleanup(client->multi);   /* closes the sockets of its connection cache */
+  free(client);
+  if (--curl_users == 0) curl_global_cleanup();
 }
 
-void nh_http_client_close(void)
+/* The runtime closes it: calls in flight are abandoned (their callbacks do not run). */
+static void client_close(nh_rt_part_t *part)
 {
-  if (!client.open) return;
-  while (!nh_queue_empty(&client.calls))
-    call_free(nh_queue_data(nh_queue_head(&client.calls), nh_http_call_t, node));
-  client.open = 0;
-  uv_timer_stop(&client.timer);
-  uv_close((uv_handle_t *)&client.timer, timer_closed);
+  client_t *client = nh_queue_data(part, client_t, part);
+  while (!nh_queue_empty(&client->calls))
+    call_free(nh_queue_data(nh_queue_head(&client->calls), nh_http_call_t, node));
+  uv_timer_stop(&client->timer);
+  uv_close((uv_handle_t *)&client->timer, timer_closed);
 }

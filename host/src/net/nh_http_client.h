@@ -38,7 +38,5 @@ nh_http_call_t *nh_http_request(uv_loop_t *loop, const nh_http_req_t *req, nh_ht
                                 nh_error_t *err);
 /* Abandons a call: the callback will not run. */
 void nh_http_cancel(nh_http_call_t *call);
-/* Cancels everything and closes the client's handles (run the loop afterwards). */
-void nh_http_client_close(void);
 
 #endif

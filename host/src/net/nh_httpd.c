@@ -17,6 +17,7 @@
 #include "nh_httpd.h"
 #include "core/nh_log.h"
 #include "core/nh_queue.h"
+#include "core/nh_runtime.h"
 #include "core/nh_util.h"
 
 #include <microhttpd.h>
@@ -84,17 +85,20 @@ struct nh_httpd {
   nh_queue_t reg_node;             /* registry, while listening */
 };
 
-/* Servers of this process that listen now (all VM generations). */
-static nh_queue_t registry = NH_QUEUE_INITIALIZER(registry);
+/* Servers of this runtime that listen now (all VM generations): the runtime's list
+ * under this key. */
+static const char registry_key = 'r';
+static nh_queue_t *registry(uv_loop_t *loop) { return nh_runtime_list(nh_runtime_of(loop), &registry_key); }
 
 /* Harmless when s is not registered (quiesced already, or never started). */
 static void reg_remove(nh_httpd_t *s) { nh_queue_remove(&s->reg_node); }
 
 /* Another generation of this process (a VM being replaced) listens on this address. */
-static int listening_here(const struct sockaddr *sa, socklen_t len, const void *owner, const char *key)
+static int listening_here(uv_loop_t *loop, const struct sockaddr *sa, socklen_t len, const void *owner,
+                          const char *key)
 {
-  nh_queue_t *q;
-  nh_queue_foreach(q, &registry) {
+  nh_queue_t *q, *reg = registry(loop);
+  nh_queue_foreach(q, reg) {
     const nh_httpd_t *s = nh_queue_data(q, nh_httpd_t, reg_node);
     if (s->bound_len == len && memcmp(&s->bound, sa, len) == 0 && s->owner != owner && key && s->owner_key &&
         strcmp(s->owner_key, key) == 0)
@@ -446,7 +450,7 @@ nh_httpd_t *nh_httpd_start(uv_loop_t *loop, const nh_httpd_opts_t *o, nh_error_t
    * so the port never stops listening. It would also let a second process share the
    * port silently, so unless this process already listens there, a plain probe bind
    * first reports a port taken by anyone else. */
-  if (o->port != 0 && !listening_here(&addr.sa, alen, o->owner, o->owner_key)) {
+  if (o->port != 0 && !listening_here(loop, &addr.sa, alen, o->owner, o->owner_key)) {
     int probe = socket(addr.sa.sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (probe >= 0) {
       setsockopt(probe, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
@@ -523,7 +527,7 @@ nh_httpd_t *nh_httpd_start(uv_loop_t *loop, const nh_httpd_opts_t *o, nh_error_t
   uv_poll_start(&s->poll, UV_READABLE, poll_cb);
   uv_unref((uv_handle_t *)&s->poll);
   uv_unref((uv_handle_t *)&s->timer);
-  nh_queue_insert_head(&registry, &s->reg_node);
+  nh_queue_insert_head(registry(loop), &s->reg_node);
   return s;
 }
 
