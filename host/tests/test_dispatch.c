@@ -63,7 +63,7 @@ static int env_teardown(env_t *e)
     nh_dispatch_stop(e->d, 0, on_stopped, e);
     int64_t deadline = nh_test_mono_ms() + WAIT_MS;
     while (!e->stopped && nh_test_mono_ms() < deadline) uv_run(&e->rt.loop, UV_RUN_ONCE);
-    nh_dispatch_free(e->d);
+    nh_dispatch_close(e->d);
     e->d = NULL;
   }
   if (e->loop_ok) loop_finish(&e->rt.loop);
@@ -100,11 +100,11 @@ static env_t *env_start(const char *adapter_body)
 
   nh_error_t err = {0};
   if (nh_store_open(&e->store, nh_test_path("nimbus.db"), NH_STORE_CREATE, &err)) FAIL("store: %s", err.msg);
-  e->tr = nh_embedded_new(nh_store_db(e->store), "test-host", &err);
+  e->tr = nh_embedded_init(nh_store_db(e->store), "test-host", &err);
   if (!e->tr) FAIL("transport: %s", err.msg);
   ASSERT_EQ_INT(nh_runtime_init(&e->rt), 0);
   e->loop_ok = 1;
-  e->d = nh_dispatch_new(&e->rt.loop, e->store, e->tr, nh_vm_lua_dir(NULL));
+  e->d = nh_dispatch_init(&e->rt.loop, e->store, e->tr, nh_vm_lua_dir(NULL));
   if (nh_dispatch_load(e->d, adapter, &err)) FAIL("load adapter: %s", err.msg);
   if (nh_dispatch_start(e->d, &err)) FAIL("start: %s", err.msg);
   return e;
@@ -985,17 +985,17 @@ TEST(load_rejects_bad_adapters)
     nh_store_t *s = NULL;
     nh_error_t err = {0};
     ASSERT_EQ_INT(nh_store_open(&s, nh_test_path("nimbus.db"), NH_STORE_CREATE, &err), NH_OK);
-    nh_transport_t *tr = nh_embedded_new(nh_store_db(s), "test-host", &err);
+    nh_transport_t *tr = nh_embedded_init(nh_store_db(s), "test-host", &err);
     ASSERT_NOT_NULL(tr);
     char src[512];
     snprintf(src, sizeof src, "local nimbus = require('nimbus')\n%s", bad[i]);
     ASSERT_EQ_INT(nh_test_write_file(nh_test_path("adapter.lua"), src), 0);
-    nh_dispatch_t *d = nh_dispatch_new(loop, s, tr, nh_vm_lua_dir(NULL));
+    nh_dispatch_t *d = nh_dispatch_init(loop, s, tr, nh_vm_lua_dir(NULL));
     memset(&err, 0, sizeof err);
     ASSERT_EQ_INT(nh_dispatch_load(d, nh_test_path("adapter.lua"), &err), NH_EUSAGE);
     ASSERT_CONTAINS(err.msg, expect[i]);
     ASSERT_EQ_INT(nh_dispatch_endpoint_count(d), 0);
-    nh_dispatch_free(d);
+    nh_dispatch_close(d);
     loop_finish(loop);
     tr->vt->close(tr);
     nh_store_close(s);

@@ -63,8 +63,8 @@ static proc_t *proc_open(const char *owner)
   nh_test_on_cleanup(proc_free, p);
   nh_error_t err = {0};
   if (nh_store_open(&p->store, nh_test_path("nimbus.db"), NH_STORE_CREATE, &err)) FAIL("store open: %s", err.msg);
-  p->tr = nh_embedded_new(nh_store_db(p->store), owner, &err);
-  if (!p->tr) FAIL("nh_embedded_new: %s", err.msg);
+  p->tr = nh_embedded_init(nh_store_db(p->store), owner, &err);
+  if (!p->tr) FAIL("nh_embedded_init: %s", err.msg);
   p->tr->on_message = on_msg;
   p->tr->cb_data = p;
   return p;

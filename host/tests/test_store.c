@@ -939,7 +939,7 @@ TEST(wal_starts_over_while_the_host_commits_without_pause)
     struct stat sb;
     if (stat(wal, &sb) == 0 && sb.st_size > largest) largest = sb.st_size;
   }
-  nh_checkpointer_stop(c);
+  nh_checkpointer_close(c);
   ASSERT_EQ_INT(nh_runtime_close(&rt), 0);
   ASSERT_EQ_INT(q1i(nh_store_db(s), "SELECT count(*) FROM audit"), n);
   ASSERT_CMP_INT((long long)largest, <, 2LL * 8000 * 4120);

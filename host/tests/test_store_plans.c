@@ -67,13 +67,13 @@ TEST(every_prepared_statement_is_bounded_by_an_index)
   nh_store_t *s = NULL;
   nh_error_t err = {0};
   ASSERT_EQ_INT(nh_store_open(&s, nh_test_path("plans.db"), NH_STORE_CREATE, &err), NH_OK);
-  nh_transport_t *emb = nh_embedded_new(nh_store_db(s), "test:1:plans", &err);
+  nh_transport_t *emb = nh_embedded_init(nh_store_db(s), "test:1:plans", &err);
   ASSERT_TRUE(emb != NULL);
   emb->on_message = on_msg;
   nh_runtime_t rt;
   nh_runtime_init(&rt);
-  nh_transport_t *amqp = nh_amqp_new(&rt.loop, s, "amqp://guest:guest@127.0.0.1:1", "test:1:amqp", NULL, NULL, &err);
-  if (!amqp) FAIL("nh_amqp_new: %s", err.msg);
+  nh_transport_t *amqp = nh_amqp_init(&rt.loop, s, "amqp://guest:guest@127.0.0.1:1", "test:1:amqp", NULL, NULL, &err);
+  if (!amqp) FAIL("nh_amqp_init: %s", err.msg);
 
   sqlite3 *db = nh_store_db(s);
   int checked = 0, bad_count = 0;
@@ -91,7 +91,7 @@ TEST(every_prepared_statement_is_bounded_by_an_index)
   /* store + embedded + amqp: the count guards against the loop silently seeing none */
   ASSERT_CMP_INT(checked, >=, 50);
   ASSERT_EQ_INT(bad_count, 0);
-  nh_amqp_shutdown(amqp, NULL, NULL);   /* closes the (never opened) connection's timers */
+  nh_amqp_stop(amqp, NULL, NULL);   /* closes the (never opened) connection's timers */
   uv_run(&rt.loop, UV_RUN_DEFAULT);
   amqp->vt->close(amqp);
   emb->vt->close(emb);

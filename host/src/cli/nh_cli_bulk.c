@@ -247,7 +247,7 @@ int nh_cli_bulk(int kind, const nh_args_t *a)
 
   char emb_owner[64];
   snprintf(emb_owner, sizeof emb_owner, "cli:%ld", (long)getpid());
-  nh_transport_t *tr = nh_embedded_new(nh_store_db(s), emb_owner, &err);
+  nh_transport_t *tr = nh_embedded_init(nh_store_db(s), emb_owner, &err);
   if (!tr) {
     fprintf(stderr, "nimbus-host %s: %s\n", cmd, err.msg);
     nh_store_close(s);

@@ -32,7 +32,7 @@ static int open_ctx(cli_ctx_t *c, const char *cmd, const char *path, int create)
   }
   char owner[64];
   snprintf(owner, sizeof owner, "cli:%ld", (long)getpid());
-  c->tr = nh_embedded_new(nh_store_db(c->store), owner, &err);
+  c->tr = nh_embedded_init(nh_store_db(c->store), owner, &err);
   if (!c->tr) {
     fprintf(stderr, "nimbus-host %s: %s\n", cmd, err.msg);
     nh_store_close(c->store);
@@ -81,7 +81,7 @@ static void pub_finish(amqp_pub_t *p)
   if (p->done) return;
   p->done = 1;
   if (p->polling) uv_close((uv_handle_t *)&p->poll, NULL);
-  nh_amqp_shutdown(p->tr, NULL, NULL);
+  nh_amqp_stop(p->tr, NULL, NULL);
 }
 
 static void pub_fail(amqp_pub_t *p, const char *why)
@@ -186,7 +186,7 @@ static int publish_amqp(const char *url, const char *store_path, nh_msg_t *m, co
   char owner[200], hostn[128] = "localhost";
   gethostname(hostn, sizeof hostn - 1);
   snprintf(owner, sizeof owner, "%s:%ld:publish", hostn, (long)getpid());
-  p.tr = nh_amqp_new(loop, store, url, owner, pub_status, &p, &err);
+  p.tr = nh_amqp_init(loop, store, url, owner, pub_status, &p, &err);
   int rc = NH_EXIT_OK;
   if (!p.tr) {
     fprintf(stderr, "nimbus-host publish: --transport: %s\n", err.msg);

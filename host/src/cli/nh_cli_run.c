@@ -45,7 +45,7 @@ static void on_stopped(void *data)
   host_t *h = data;
   close_signals(h);
   /* the broker connection outlives the drain: the last settlements go out first */
-  if (h->amqp) nh_amqp_shutdown(h->tr, NULL, NULL);
+  if (h->amqp) nh_amqp_stop(h->tr, NULL, NULL);
 }
 
 static void log_ready(host_t *h, const char *transport)
@@ -149,8 +149,8 @@ int nh_cmd_run(int argc, char **argv, int first)
   uv_loop_t *loop = &rt.loop;
   host_t h = { .loop = loop, .store = a.store, .no_reload = nh_args_has(&a, "--no-reload") };
   h.amqp = nh_amqp_is_url(transport);
-  nh_transport_t *tr = h.amqp ? nh_amqp_new(loop, store, transport, owner, on_amqp_status, &h, &err)
-                              : nh_embedded_new(nh_store_db(store), owner, &err);
+  nh_transport_t *tr = h.amqp ? nh_amqp_init(loop, store, transport, owner, on_amqp_status, &h, &err)
+                              : nh_embedded_init(nh_store_db(store), owner, &err);
   if (!tr) {
     fprintf(stderr, "nimbus-host: %s%s: %s\n", h.amqp ? "--transport " : "store ", h.amqp ? "" : a.store, err.msg);
     nh_store_close(store);
@@ -158,7 +158,7 @@ int nh_cmd_run(int argc, char **argv, int first)
     return err.code == NH_EUSAGE ? NH_EXIT_USAGE : NH_EXIT_FAIL;
   }
   h.tr = tr;
-  h.d = nh_dispatch_new(loop, store, tr, nh_vm_lua_dir(argv[0]));
+  h.d = nh_dispatch_init(loop, store, tr, nh_vm_lua_dir(argv[0]));
   if (retention_ms > 0) nh_dispatch_set_retention_fixed(h.d, retention_ms);
   nh_dispatch_set_owner(h.d, owner);
   int status = NH_EXIT_OK;
@@ -192,9 +192,9 @@ int nh_cmd_run(int argc, char **argv, int first)
     nh_log_info("host", "stopped");
     status = h.status;
   } else if (h.amqp) {
-    nh_amqp_shutdown(tr, NULL, NULL);
+    nh_amqp_stop(tr, NULL, NULL);
   }
-  nh_dispatch_free(h.d);
+  nh_dispatch_close(h.d);
   nh_runtime_close_parts(&rt);     /* the HTTP client, before the loop runs the close callbacks */
   uv_run(loop, UV_RUN_DEFAULT);
   tr->vt->close(tr);

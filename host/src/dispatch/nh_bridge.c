@@ -78,7 +78,7 @@ static int open_both(const char *path, nh_store_t **s, nh_transport_t **t, nh_er
   if (nh_store_open(s, store_path(path), 0, err)) return err->code;
   char owner[64];
   snprintf(owner, sizeof owner, "script:%ld", (long)getpid());
-  *t = nh_embedded_new(nh_store_db(*s), owner, err);
+  *t = nh_embedded_init(nh_store_db(*s), owner, err);
   if (!*t) {
     nh_store_close(*s);
     return NH_EFAIL;

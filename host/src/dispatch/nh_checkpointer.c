@@ -106,7 +106,7 @@ void nh_checkpointer_kick(nh_checkpointer_t *c)
   if (c && c->pages > 0) start_copy(c);
 }
 
-void nh_checkpointer_stop(nh_checkpointer_t *c)
+void nh_checkpointer_close(nh_checkpointer_t *c)
 {
   if (!c) return;
   nh_store_set_wal_hook(c->store, NULL, NULL);

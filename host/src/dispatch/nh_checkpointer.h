@@ -14,6 +14,6 @@ nh_checkpointer_t *nh_checkpointer_start(uv_loop_t *loop, nh_store_t *store);
 void nh_checkpointer_kick(nh_checkpointer_t *c);
 /* Gives the store back sqlite's own checkpoints; a copy under way finishes on the loop
  * (uv_run after this returns lets it), then the checkpointer is freed. */
-void nh_checkpointer_stop(nh_checkpointer_t *c);
+void nh_checkpointer_close(nh_checkpointer_t *c);
 
 #endif

@@ -411,7 +411,7 @@ static void pump(nh_dispatch_t *d)
 
 /* ---------------------------------------------------------------- lifecycle */
 
-nh_dispatch_t *nh_dispatch_new(uv_loop_t *loop, nh_store_t *store, nh_transport_t *transport, const char *lua_dir)
+nh_dispatch_t *nh_dispatch_init(uv_loop_t *loop, nh_store_t *store, nh_transport_t *transport, const char *lua_dir)
 {
   nh_dispatch_t *d = nh_xcalloc(1, sizeof *d);
   d->loop = loop;
@@ -465,7 +465,7 @@ void nh_dispatch_collect_types(void *data, const char *endpoint, const char *con
 int nh_dispatch_load(nh_dispatch_t *d, const char *adapter_path, nh_error_t *err)
 {
   nh_vm_host_t host;
-  nh_vm_t *vm = nh_vm_new(d->loop, adapter_path, d->lua_dir, nh_dispatch_vm_host(d, &host), err);
+  nh_vm_t *vm = nh_vm_init(d->loop, adapter_path, d->lua_dir, nh_dispatch_vm_host(d, &host), err);
   if (!vm || nh_vm_subscriptions(vm, nh_dispatch_collect_types, d, err)) {
     while (d->pending_eps) {
       nh_endpoint_t *ep = d->pending_eps;
@@ -577,7 +577,7 @@ static void close_handle(nh_dispatch_t *d, void *handle)
   uv_close(h, on_handle_closed);
 }
 
-void nh_dispatch_free(nh_dispatch_t *d)
+void nh_dispatch_close(nh_dispatch_t *d)
 {
   if (!d) return;
   nh_dispatch_unwatch(d);
@@ -606,7 +606,7 @@ void nh_dispatch_free(nh_dispatch_t *d)
   d->lua_dir = NULL;
   free(d->owner);
   d->owner = NULL;
-  nh_checkpointer_stop(d->ckpt);
+  nh_checkpointer_close(d->ckpt);
   d->ckpt = NULL;
   close_handle(d, &d->presence_timer);
   close_handle(d, &d->retention_timer);

@@ -13,7 +13,10 @@
 
 typedef struct nh_dispatch nh_dispatch_t;
 
-nh_dispatch_t *nh_dispatch_new(uv_loop_t *loop, nh_store_t *store, nh_transport_t *transport, const char *lua_dir);
+/* Lifecycle, libuv's words (docs/architecture.md): init (no I/O yet), start, stop
+ * (graceful, a callback when done), close (handles closed; memory freed by the last
+ * close callback, so run the loop afterwards). */
+nh_dispatch_t *nh_dispatch_init(uv_loop_t *loop, nh_store_t *store, nh_transport_t *transport, const char *lua_dir);
 /* Loads one adapter file into its own VM and registers its endpoints. */
 int nh_dispatch_load(nh_dispatch_t *d, const char *adapter_path, nh_error_t *err);
 /* Subscribes endpoints and starts pulling work. */
@@ -27,7 +30,9 @@ void nh_dispatch_set_owner(nh_dispatch_t *d, const char *owner);
 /* Stops taking new work, lets running tasks finish until `drain_ms`, then cancels the
  * rest without settling; calls on_stopped once everything is committed. */
 void nh_dispatch_stop(nh_dispatch_t *d, int64_t drain_ms, void (*on_stopped)(void *), void *data);
-void nh_dispatch_free(nh_dispatch_t *d);
+/* Closes the VMs and every handle (after nh_dispatch_stop's callback, or instead of it
+ * when starting failed). */
+void nh_dispatch_close(nh_dispatch_t *d);
 /* Hot reload: watch the adapters' directories (debounced), and reload on request
  * (SIGHUP). A reload builds new VMs; on any load error the running ones keep serving. */
 int nh_dispatch_watch(nh_dispatch_t *d, nh_error_t *err);

@@ -109,7 +109,7 @@ static int reload_one(nh_dispatch_t *d, nh_adapter_t *a, nh_error_t *err)
 {
   nh_vm_host_t host;
   d->reloading = a->vm;
-  nh_vm_t *vm = nh_vm_new(d->loop, a->path, d->lua_dir, nh_dispatch_vm_host(d, &host), err);
+  nh_vm_t *vm = nh_vm_init(d->loop, a->path, d->lua_dir, nh_dispatch_vm_host(d, &host), err);
   if (vm && nh_vm_subscriptions(vm, nh_dispatch_collect_types, d, err)) {
     nh_vm_close(vm);
     vm = NULL;

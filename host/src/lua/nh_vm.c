@@ -247,7 +247,7 @@ static int load_run_ref(nh_vm_t *vm, nh_error_t *err)
   return NH_OK;
 }
 
-nh_vm_t *nh_vm_new(uv_loop_t *loop, const char *adapter_path, const char *lua_dir, const nh_vm_host_t *host,
+nh_vm_t *nh_vm_init(uv_loop_t *loop, const char *adapter_path, const char *lua_dir, const nh_vm_host_t *host,
                    nh_error_t *err)
 {
   nh_vm_t *vm = vm_create(loop, adapter_path, lua_dir, host);

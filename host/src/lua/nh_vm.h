@@ -60,7 +60,7 @@ typedef struct nh_task_args {
 /* Creates a VM, sets package.path (lua_dir, then the adapter's directory) and loads the
  * adapter. On failure returns NULL with "file:line: message" in err. host may be NULL
  * (interpreter mode). */
-nh_vm_t *nh_vm_new(uv_loop_t *loop, const char *adapter_path, const char *lua_dir, const nh_vm_host_t *host,
+nh_vm_t *nh_vm_init(uv_loop_t *loop, const char *adapter_path, const char *lua_dir, const nh_vm_host_t *host,
                    nh_error_t *err);
 /* Interpreter mode: runs `script` with the global `arg` set as lua.c does. Returns the
  * process exit status. */

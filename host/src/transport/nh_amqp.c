@@ -723,7 +723,7 @@ static void conn_closed(void *data)
   }
 }
 
-void nh_amqp_shutdown(nh_transport_t *t, void (*done)(void *), void *data)
+void nh_amqp_stop(nh_transport_t *t, void (*done)(void *), void *data)
 {
   amqp_t *a = (amqp_t *)t;
   int held = 0;
@@ -799,7 +799,7 @@ static const nh_transport_vtbl_t amqp_vtbl = {
   .probe = nh_amqp_vt_probe,
 };
 
-nh_transport_t *nh_amqp_new(uv_loop_t *loop, nh_store_t *store, const char *url, const char *owner,
+nh_transport_t *nh_amqp_init(uv_loop_t *loop, nh_store_t *store, const char *url, const char *owner,
                             nh_amqp_status_cb cb, void *cb_data, nh_error_t *err)
 {
   amqp_t *a = nh_xcalloc(1, sizeof *a);
@@ -822,7 +822,7 @@ nh_transport_t *nh_amqp_new(uv_loop_t *loop, nh_store_t *store, const char *url,
   }
   if (nh_sqlite_migrate(a->db, "amqp", amqp_migrations, (int)(sizeof amqp_migrations / sizeof amqp_migrations[0]),
                         err) ||
-      !(a->emb = nh_embedded_new(a->db, owner, err))) {
+      !(a->emb = nh_embedded_init(a->db, owner, err))) {
     nh_amqp_url_clear(&a->url);
     free(a->owner);
     free(a);
@@ -839,7 +839,7 @@ nh_transport_t *nh_amqp_new(uv_loop_t *loop, nh_store_t *store, const char *url,
   if (a->url.servicebus) a->sb = nh_sb_new(&a->url);
   a->pm = pn_message();
   nh_amqp_conn_cbs_t cbs = { on_up, on_event, on_down };
-  a->conn = nh_amqp_conn_new(loop, &a->url, owner, &cbs, a);
+  a->conn = nh_amqp_conn_init(loop, &a->url, owner, &cbs, a);
   nh_store_set_txn_hook(store, txn_hook, a);
   return &a->base;
 }

@@ -26,13 +26,13 @@ int nh_amqp_is_url(const char *s);
 
 /* Parses the URL and prepares the transport; nothing connects before nh_amqp_start.
  * amqp[s]://user:password@host[:port][/vhost][?management=URL&ca=FILE&verify=0&idle=S&exchange=NAME] */
-nh_transport_t *nh_amqp_new(uv_loop_t *loop, nh_store_t *store, const char *url, const char *owner,
+nh_transport_t *nh_amqp_init(uv_loop_t *loop, nh_store_t *store, const char *url, const char *owner,
                             nh_amqp_status_cb cb, void *cb_data, nh_error_t *err);
 /* Connects (and reconnects with backoff until stopped). Call after subscribing. */
 void nh_amqp_start(nh_transport_t *t);
 /* Closes the connection cleanly (after the last disposition is written) and every
  * handle; `done` runs when the transport no longer holds the loop. */
-void nh_amqp_shutdown(nh_transport_t *t, void (*done)(void *), void *data);
+void nh_amqp_stop(nh_transport_t *t, void (*done)(void *), void *data);
 /* Drops this process's unsent outbox rows (a publish that failed for good). */
 int nh_amqp_outbox_discard(nh_transport_t *t);
 /* Messages in the store's outbox not yet accepted by the broker. */

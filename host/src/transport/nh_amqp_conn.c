@@ -438,7 +438,7 @@ static void try_connect(nh_amqp_conn_t *c)
   }
 }
 
-nh_amqp_conn_t *nh_amqp_conn_new(uv_loop_t *loop, const nh_amqp_url_t *url, const char *container,
+nh_amqp_conn_t *nh_amqp_conn_init(uv_loop_t *loop, const nh_amqp_url_t *url, const char *container,
                                  const nh_amqp_conn_cbs_t *cbs, void *data)
 {
   nh_amqp_conn_t *c = nh_xcalloc(1, sizeof *c);

@@ -41,7 +41,7 @@ typedef struct nh_amqp_conn_cbs {
   void (*on_down)(void *data, const char *why, int fatal);
 } nh_amqp_conn_cbs_t;
 
-nh_amqp_conn_t *nh_amqp_conn_new(uv_loop_t *loop, const nh_amqp_url_t *url, const char *container,
+nh_amqp_conn_t *nh_amqp_conn_init(uv_loop_t *loop, const nh_amqp_url_t *url, const char *container,
                                  const nh_amqp_conn_cbs_t *cbs, void *data);
 void nh_amqp_conn_start(nh_amqp_conn_t *c);
 /* Runs proton's events and writes what it produced; call after changing link state. */

@@ -472,7 +472,7 @@ static const nh_transport_vtbl_t embedded_vtbl = {
   .close = emb_close,
 };
 
-nh_transport_t *nh_embedded_new(sqlite3 *db, const char *owner, nh_error_t *err)
+nh_transport_t *nh_embedded_init(sqlite3 *db, const char *owner, nh_error_t *err)
 {
   if (nh_sqlite_migrate(db, "embedded", embedded_migrations,
                         (int)(sizeof embedded_migrations / sizeof embedded_migrations[0]), err))

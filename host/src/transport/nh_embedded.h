@@ -8,7 +8,7 @@
 
 /* `db` is shared with the store so settlement joins the store transaction; `owner`
  * names this process in session locks. */
-nh_transport_t *nh_embedded_new(sqlite3 *db, const char *owner, nh_error_t *err);
+nh_transport_t *nh_embedded_init(sqlite3 *db, const char *owner, nh_error_t *err);
 
 /* Called for each copy a send queues: the endpoint and the EventId it got. */
 typedef void (*nh_embedded_sent_cb)(void *data, const char *endpoint, const char *event_id);
