@@ -57,9 +57,7 @@ void nh_dispatch_job_finished(nh_dispatch_t *d, nh_job_t *job)
 {
   nh_queue_remove(&job->run_node);
   d->running--;
-  job->next = NULL;
-  *d->done_tail = job;
-  d->done_tail = &job->next;
+  nh_queue_insert_tail(&d->done, &job->done_node);
   nh_dispatch_kick(d);
 }
 
@@ -69,10 +67,11 @@ static nh_job_t *job_new(nh_dispatch_t *d, nh_endpoint_t *ep, nh_job_src_t src)
   job->d = d;
   job->ep = ep;
   job->src = src;
-  job->pubs_tail = &job->pubs;
+  nh_queue_init(&job->pubs);
   nh_outcome_init(&job->out);
   nh_queue_init(&job->run_node);
   nh_queue_init(&job->fresh_node);
+  nh_queue_init(&job->done_node);
   return job;
 }
 
@@ -295,13 +294,11 @@ static void maybe_stopped(nh_dispatch_t *d);
 /* Writes each finished job's effects in its own savepoint. Returns the jobs to keep
  * for another attempt (their writes failed); drops jobs whose lock was lost or that
  * failed too often (their messages are delivered again: nothing was recorded). */
-static void apply_done(nh_dispatch_t *d, nh_job_t **applied, nh_job_t **retry)
+static void apply_done(nh_dispatch_t *d, nh_queue_t *applied, nh_queue_t *retry)
 {
-  nh_job_t *job = d->done;
-  d->done = NULL;
-  d->done_tail = &d->done;
-  while (job) {
-    nh_job_t *next = job->next;
+  while (!nh_queue_empty(&d->done)) {
+    nh_job_t *job = nh_queue_data(nh_queue_head(&d->done), nh_job_t, done_node);
+    nh_queue_remove(&job->done_node);
     int rc = nh_store_savepoint(d->store) ? NH_EFAIL : nh_dispatch_apply(d, job);
     if (rc == NH_OK && nh_store_savepoint_end(d->store)) rc = NH_EFAIL;
     else if (rc != NH_OK) nh_store_savepoint_rollback(d->store);
@@ -316,34 +313,30 @@ static void apply_done(nh_dispatch_t *d, nh_job_t **applied, nh_job_t **retry)
         if (job->src == NH_JOB_QUEUE) d->tr->vt->settle(d->tr, &job->msg, NH_SETTLE_RELEASE, 0, NULL);
         else if (rc != NH_ESTATE) d->tr->vt->unlock_session(d->tr, job->ep->name, job->msg.session_id);
       }
-      job->next = *applied;
-      *applied = job;
+      nh_queue_insert_tail(applied, &job->done_node);
     } else {
-      job->next = *retry;
-      *retry = job;
+      nh_queue_insert_tail(retry, &job->done_node);
     }
-    job = next;
   }
 }
 
-static void free_jobs(nh_job_t *job)
+static void free_jobs(nh_queue_t *jobs)
 {
-  while (job) {
-    nh_job_t *next = job->next;
+  while (!nh_queue_empty(jobs)) {
+    nh_job_t *job = nh_queue_data(nh_queue_head(jobs), nh_job_t, done_node);
+    nh_queue_remove(&job->done_node);
     job->ep->in_flight--;
     nh_job_free(job);
-    job = next;
   }
 }
 
-static void requeue_done(nh_dispatch_t *d, nh_job_t *jobs)
+/* Back on the done queue, in their order, for the next pump. */
+static void requeue_done(nh_dispatch_t *d, nh_queue_t *jobs)
 {
-  while (jobs) {
-    nh_job_t *next = jobs->next;
-    jobs->next = NULL;
-    *d->done_tail = jobs;
-    d->done_tail = &jobs->next;
-    jobs = next;
+  while (!nh_queue_empty(jobs)) {
+    nh_queue_t *q = nh_queue_head(jobs);
+    nh_queue_remove(q);
+    nh_queue_insert_tail(&d->done, q);
   }
 }
 
@@ -352,8 +345,10 @@ static void pump(nh_dispatch_t *d)
   if (d->pumping) return;
   d->pumping = 1;
   int64_t now = nh_time_now_ms();
-  int fetched = 0, had_done = d->done != NULL, ok = 0;
-  nh_job_t *applied = NULL, *retry = NULL;
+  int fetched = 0, had_done = !nh_queue_empty(&d->done), ok = 0;
+  nh_queue_t applied, retry;
+  nh_queue_init(&applied);
+  nh_queue_init(&retry);
   if (nh_store_begin(d->store) == NH_OK) {
     apply_done(d, &applied, &retry);
     ok = 1;
@@ -367,28 +362,24 @@ static void pump(nh_dispatch_t *d)
     d->pumped += (uint64_t)fetched;
   }
   if (ok) {
-    free_jobs(applied);
-    requeue_done(d, retry);
+    free_jobs(&applied);
+    requeue_done(d, &retry);
     start_fresh(d);
     if (d->nretiring) nh_dispatch_close_retired(d, 0);
   } else {
     /* Nothing of this batch happened (a full disk, say): every finished job stays queued
      * and is applied again; fetched messages are fetched again later. */
-    requeue_done(d, applied);
-    requeue_done(d, retry);
+    requeue_done(d, &applied);
+    requeue_done(d, &retry);
     discard_fresh(d);
     nh_log_error("dispatch", "store transaction failed; retrying in 1 s");
-    if (d->force_stop) {
-      free_jobs(d->done);
-      d->done = NULL;
-      d->done_tail = &d->done;
-    }
+    if (d->force_stop) free_jobs(&d->done);
   }
   d->pumping = 0;
 
   if (d->stopping) {
     maybe_stopped(d);
-    if (d->done) {
+    if (!nh_queue_empty(&d->done)) {
       if (ok) nh_dispatch_kick(d);
       else uv_timer_start(&d->timer, timer_cb, 1000, 0);
     }
@@ -398,7 +389,7 @@ static void pump(nh_dispatch_t *d)
     uv_timer_start(&d->timer, timer_cb, 1000, 0);
     return;
   }
-  if (fetched > 0 || had_done || d->done) {
+  if (fetched > 0 || had_done || !nh_queue_empty(&d->done)) {
     d->poll_ms = NH_POLL_MIN_MS;
     nh_dispatch_kick(d);
     uv_timer_stop(&d->timer);
@@ -422,7 +413,7 @@ nh_dispatch_t *nh_dispatch_init(uv_loop_t *loop, nh_store_t *store, nh_transport
   nh_queue_init(&d->fresh);
   nh_queue_init(&d->running_jobs);
   nh_queue_init(&d->requests);
-  d->done_tail = &d->done;
+  nh_queue_init(&d->done);
   d->poll_ms = NH_POLL_MIN_MS;
   transport->on_message = on_message;
   transport->on_wake = wake;
@@ -507,7 +498,7 @@ int nh_dispatch_start(nh_dispatch_t *d, nh_error_t *err)
 
 static void maybe_stopped(nh_dispatch_t *d)
 {
-  if (!d->stopping || d->running > 0 || d->done || !d->on_stopped) return;
+  if (!d->stopping || d->running > 0 || !nh_queue_empty(&d->done) || !d->on_stopped) return;
   void (*cb)(void *) = d->on_stopped;
   d->on_stopped = NULL;
   uv_timer_stop(&d->drain_timer);
@@ -591,10 +582,10 @@ void nh_dispatch_close(nh_dispatch_t *d)
   nh_dispatch_requests_close(d);   /* after the VMs: their waiting tasks are gone */
   /* Cancelled tasks landed in `done`; they were released in the final pump or, if
    * the store failed, are simply dropped: their session locks expire. */
-  while (d->done) {
-    nh_job_t *n = d->done->next;
-    nh_job_free(d->done);
-    d->done = n;
+  while (!nh_queue_empty(&d->done)) {
+    nh_job_t *job = nh_queue_data(nh_queue_head(&d->done), nh_job_t, done_node);
+    nh_queue_remove(&job->done_node);
+    nh_job_free(job);
   }
   discard_fresh(d);
   while (d->endpoints) {

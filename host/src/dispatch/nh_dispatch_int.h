@@ -50,7 +50,7 @@ typedef struct nh_pub {
   char *given_id;                /* the handler's MessageId (nimbus.publish{message_id=}), else message_id */
   size_t body_len;
   char message_id[37];
-  struct nh_pub *next;
+  nh_queue_t node;               /* job->pubs */
 } nh_pub_t;
 
 typedef struct nh_job {
@@ -70,8 +70,8 @@ typedef struct nh_job {
   char *cancel_detail;           /* the error an is_alive raised */
   nh_queue_t run_node;           /* in d->running_jobs while the handler runs */
   nh_queue_t fresh_node;         /* in d->fresh between fetching and starting */
-  nh_pub_t *pubs, **pubs_tail;   /* publishes buffered until the outcome commits */
-  struct nh_job *next;           /* d->done */
+  nh_queue_t pubs;               /* nh_pub_t: publishes buffered until the outcome commits */
+  nh_queue_t done_node;          /* d->done, or a pump's applied and retry queues */
 } nh_job_t;
 
 struct nh_dispatch {
@@ -94,7 +94,7 @@ struct nh_dispatch {
   char reply_ep[48];             /* this process's reply queue: "_reply.<uuid>" */
   nh_queue_t requests;           /* nh_request.c: waiting for a reply, newest first */
   nh_queue_t fresh;              /* fetched in the open transaction, not started (nh_job_t.fresh_node) */
-  nh_job_t *done, **done_tail;   /* finished, effects not yet committed */
+  nh_queue_t done;               /* finished, effects not yet committed (FIFO) */
   int running;
   nh_queue_t running_jobs;       /* handlers in flight, their locks renewed (nh_job_t.run_node) */
   uint64_t renewals, renew_failures, cancellations;

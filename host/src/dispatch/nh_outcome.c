@@ -395,7 +395,9 @@ static int64_t transient_delay(int attempt)
 
 int nh_dispatch_flush_pubs(nh_dispatch_t *d, nh_job_t *job)
 {
-  for (nh_pub_t *p = job->pubs; p; p = p->next) {
+  nh_queue_t *q;
+  nh_queue_foreach(q, &job->pubs) {
+    nh_pub_t *p = nh_queue_data(q, nh_pub_t, node);
     nh_msg_t m;
     memset(&m, 0, sizeof m);
     char session[37];
@@ -598,12 +600,11 @@ void nh_job_free(nh_job_t *job)
   nh_msg_clear(&job->msg);
   nh_outcome_clear(&job->out);
   free(job->cancel_detail);
-  nh_pub_t *p = job->pubs;
-  while (p) {
-    nh_pub_t *n = p->next;
+  while (!nh_queue_empty(&job->pubs)) {
+    nh_pub_t *p = nh_queue_data(nh_queue_head(&job->pubs), nh_pub_t, node);
+    nh_queue_remove(&p->node);
     free(p->type); free(p->body); free(p->session); free(p->correlation_id); free(p->to); free(p->given_id);
     free(p);
-    p = n;
   }
   free(job);
 }

@@ -78,8 +78,7 @@ static int host_publish(void *data, void *task_data, const char *type, const cha
     p->to = nh_xstrdup(to);
     p->given_id = nh_xstrdup(given_id);
     memcpy(p->message_id, message_id, 37);
-    *job->pubs_tail = p;
-    job->pubs_tail = &p->next;
+    nh_queue_insert_tail(&job->pubs, &p->node);
     return NH_OK;
   }
   nh_msg_t m;
