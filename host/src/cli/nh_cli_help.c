@@ -15,6 +15,8 @@ void nh_cli_help_to(FILE *out)
     "                            [?management=URL|none&ca=FILE&verify=0&idle=S&exchange=NAME&profile=servicebus]\n"
     "      --log-format text|json   --log-level debug|info|warn|error   --no-reload\n"
     "      --retention AGE       delete resolved events older than AGE (7d) in the background\n"
+    "      --admin ADDR          operator HTTP API on ADDR (PORT or 127.0.0.1:PORT; 0: a free port; off by\n"
+    "                            default): GET /api/v1/endpoints, /events, /events/ID, /failures\n"
     "  nimbus-host publish TYPE [JSON|@file] [--session S] [--correlation-id C] [--to ENDPOINT] [--raw]\n"
     "      [--transport URL]     send over AMQP; returns once the broker accepted it\n"
     "      [--message-id ID]     idempotent: the same ID within 24 h is stored once\n"

@@ -1,5 +1,6 @@
 /* Read-only commands: events, show, sessions. */
 #include "nh_cli.h"
+#include "admin/nh_views.h"
 #include "core/nh_failgroup.h"
 #include "core/nh_util.h"
 #include "store/nh_store.h"
@@ -22,37 +23,6 @@ static int open_store(nh_store_t **s, const char *cmd, const char *path)
     return err.code == NH_EFAIL ? NH_EXIT_FAIL : NH_EXIT_USAGE;
   }
   return NH_EXIT_OK;
-}
-
-static json_t *jstr(const char *s) { return s ? json_string(s) : json_null(); }
-
-static json_t *jtime(int64_t ms)
-{
-  if (!ms) return json_null();
-  char buf[40];
-  nh_time_iso8601(ms, buf, sizeof buf);
-  return json_string(buf);
-}
-
-static json_t *audit_json(const nh_audit_t *a)
-{
-  json_t *o = json_object();
-  json_object_set_new(o, "endpoint", jstr(a->endpoint));
-  json_object_set_new(o, "event_id", jstr(a->event_id));
-  json_object_set_new(o, "session_id", jstr(a->session_id));
-  json_object_set_new(o, "event_type", jstr(a->event_type));
-  json_object_set_new(o, "status", jstr(a->status));
-  json_object_set_new(o, "sub_status", jstr(a->sub_status));
-  json_object_set_new(o, "error_text", jstr(a->error_text));
-  json_object_set_new(o, "error_type", jstr(a->error_type));
-  json_object_set_new(o, "handoff_reason", jstr(a->handoff_reason));
-  json_object_set_new(o, "external_job_id", jstr(a->external_job_id));
-  json_object_set_new(o, "expected_by", jtime(a->expected_by));
-  json_object_set_new(o, "message_id", jstr(a->message_id));
-  json_object_set_new(o, "retry_count", json_integer(a->retry_count));
-  json_object_set_new(o, "attempts", json_integer(a->attempts));
-  json_object_set_new(o, "updated_at", jtime(a->updated_at));
-  return o;
 }
 
 static void print_json_line(json_t *o)
@@ -137,7 +107,7 @@ static int print_event(void *data, const nh_audit_t *a)
   struct list_ctx *c = data;
   c->n++;
   if (c->json) {
-    print_json_line(audit_json(a));
+    print_json_line(nh_view_audit(a));
     return 0;
   }
   row_t r;
@@ -322,22 +292,11 @@ struct fail_ctx {
 static int print_group(void *data, const nh_failgroup_row_t *g)
 {
   struct fail_ctx *c = data;
-  char masked[512], first[40], last[40];
+  char masked[512], last[40];
   nh_failgroup_mask(g->sample_text, masked, sizeof masked);
-  nh_time_iso8601(g->first_ms, first, sizeof first);
   nh_time_iso8601(g->last_ms, last, sizeof last);
   if (c->json) {
-    json_t *o = json_object();
-    json_object_set_new(o, "group", json_string(g->group));
-    json_object_set_new(o, "endpoint", jstr(g->endpoint));
-    json_object_set_new(o, "error_type", jstr(g->error_type));
-    json_object_set_new(o, "message", json_string(masked));
-    json_object_set_new(o, "count", json_integer(g->count));
-    json_object_set_new(o, "first_seen", json_string(first));
-    json_object_set_new(o, "last_seen", json_string(last));
-    json_object_set_new(o, "sample_event_id", jstr(g->sample_event_id));
-    json_object_set_new(o, "sample_error_text", jstr(g->sample_text));
-    print_json_line(o);
+    print_json_line(nh_view_failgroup(g, masked));
   } else {
     if (c->n == 0) printf("%-12s  %8s  %-20s  %-16s  %-24s  %s\n", "GROUP", "COUNT", "ENDPOINT", "ERROR_TYPE",
                           "LAST_SEEN", "MESSAGE");
@@ -383,17 +342,7 @@ static int print_history(void *data, const nh_history_row_t *r)
   char ts[40];
   nh_time_iso8601(r->at, ts, sizeof ts);
   if (c->json) {
-    json_t *o = json_object();
-    json_object_set_new(o, "at", json_string(ts));
-    json_object_set_new(o, "message_id", jstr(r->message_id));
-    json_object_set_new(o, "message_type", jstr(r->message_type));
-    json_object_set_new(o, "status", jstr(r->status));
-    json_object_set_new(o, "detail", jstr(r->detail));
-    if (r->error_text) json_object_set_new(o, "error_text", jstr(r->error_text));
-    if (r->error_type) json_object_set_new(o, "error_type", jstr(r->error_type));
-    if (r->error_stack) json_object_set_new(o, "error_stack", jstr(r->error_stack));
-    if (r->previous_payload) json_object_set_new(o, "previous_payload", jstr(r->previous_payload));
-    json_array_append_new(c->arr, o);
+    json_array_append_new(c->arr, nh_view_history(r));
   } else {
     printf("  %s  %-24s  %-13s  %s\n", ts, r->message_type ? r->message_type : "-", r->status ? r->status : "-",
            r->detail ? r->detail : "");
@@ -435,13 +384,13 @@ int nh_cmd_show(int argc, char **argv)
     nh_session_state_clear(&st);
   }
   if (c.json) {
-    json_t *o = audit_json(&ev);
-    json_object_set_new(o, "next_attempt_at", jtime(next_attempt));
-    json_object_set_new(o, "correlation_id", jstr(ev.correlation_id));
-    json_object_set_new(o, "error_stack", jstr(ev.error_stack));
-    json_object_set_new(o, "payload", jstr(ev.payload));
-    json_object_set_new(o, "result", jstr(ev.result));
-    json_object_set_new(o, "created_at", jtime(ev.created_at));
+    json_t *o = nh_view_audit(&ev);
+    json_object_set_new(o, "next_attempt_at", nh_view_time(next_attempt));
+    json_object_set_new(o, "correlation_id", nh_view_str(ev.correlation_id));
+    json_object_set_new(o, "error_stack", nh_view_str(ev.error_stack));
+    json_object_set_new(o, "payload", nh_view_str(ev.payload));
+    json_object_set_new(o, "result", nh_view_str(ev.result));
+    json_object_set_new(o, "created_at", nh_view_time(ev.created_at));
     c.arr = json_array();
     nh_store_history_list(s, ev.endpoint, ev.event_id, print_history, &c);
     json_object_set_new(o, "history", c.arr);
@@ -487,10 +436,10 @@ static int print_session(void *data, const char *endpoint, const char *session, 
     json_t *o = json_object();
     json_object_set_new(o, "endpoint", json_string(endpoint));
     json_object_set_new(o, "session_id", json_string(session));
-    json_object_set_new(o, "blocked_by", jstr(st->blocked_by));
+    json_object_set_new(o, "blocked_by", nh_view_str(st->blocked_by));
     json_object_set_new(o, "draining", json_boolean(st->draining));
     json_object_set_new(o, "parked", json_integer(parked));
-    json_object_set_new(o, "retry_due", jtime(st->retry_due));
+    json_object_set_new(o, "retry_due", nh_view_time(st->retry_due));
     print_json_line(o);
   } else {
     if (c->n == 0) printf("%-20s  %-24s  %-36s  %-8s  %s\n", "ENDPOINT", "SESSION", "BLOCKED_BY", "PARKED", "STATE");

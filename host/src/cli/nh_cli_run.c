@@ -1,6 +1,7 @@
 /* `nimbus-host run ADAPTER.lua...`: owns the loop for the host's lifetime. */
 #include "nh_cli.h"
 #include "core/nh_log.h"
+#include "admin/nh_admin.h"
 #include "core/nh_runtime.h"
 #include "core/nh_util.h"
 #include "dispatch/nh_dispatch.h"
@@ -29,6 +30,7 @@ typedef struct host {
   const char *store;
   char desc[2048];
   int no_reload;
+  nh_admin_t *admin;             /* the operator API, when --admin asked for it */
 } host_t;
 
 static void close_signals(host_t *h)
@@ -130,8 +132,16 @@ int nh_cmd_run(int argc, char **argv, int first)
   if (retention && (retention_ms = nh_duration_parse_ms(retention)) <= 0)
     return nh_usage_error("run", "--retention %s: give the age after which resolved events are deleted, 1s or more "
                                  "(7d, 12h, 30m)", retention);
-  if (nh_args_has(&a, "--admin"))
-    return nh_usage_error("run", "--admin (the operator HTTP API) is not available yet");
+  /* The operator API: off unless asked for in this first part (docs/architecture.md,
+   * "Admin API"); the issue's default of 127.0.0.1:7070 comes with the console. */
+  char admin_host[256] = "";
+  int admin_port = 0, admin_off = 1;
+  const char *admin = nh_args_get(&a, "--admin");
+  if (admin) {
+    nh_error_t aerr = {0};
+    if (nh_admin_parse_addr(admin, admin_host, sizeof admin_host, &admin_port, &admin_off, &aerr))
+      return nh_usage_error("run", "%s", aerr.msg);
+  }
   for (int i = 0; i < a.npos; i++)
     if (access(a.pos[i], R_OK) != 0)
       return nh_usage_error("run", "cannot read adapter %s: no such file or not readable", a.pos[i]);
@@ -176,6 +186,10 @@ int nh_cmd_run(int argc, char **argv, int first)
     fprintf(stderr, "nimbus-host: %s\n", err.msg);
     status = NH_EXIT_FAIL;
   }
+  if (status == NH_EXIT_OK && !admin_off && !(h.admin = nh_admin_start(loop, store, admin_host, admin_port, &err))) {
+    fprintf(stderr, "nimbus-host: %s\n", err.msg);
+    status = NH_EXIT_USAGE;
+  }
   if (status == NH_EXIT_OK) {
     uv_signal_init(loop, &h.sigint);
     uv_signal_init(loop, &h.sigterm);
@@ -194,6 +208,7 @@ int nh_cmd_run(int argc, char **argv, int first)
   } else if (h.amqp) {
     nh_amqp_stop(tr, NULL, NULL);
   }
+  nh_admin_close(h.admin);
   nh_dispatch_close(h.d);
   nh_runtime_close_parts(&rt);     /* the HTTP client, before the loop runs the close callbacks */
   uv_run(loop, UV_RUN_DEFAULT);
