@@ -5,9 +5,15 @@
 local nh = require("nh")
 local cjson = require("cjson")
 
--- GET url: status code and decoded JSON body.
-local function get(url, method)
-  local r = nh.capture(("curl -sS --max-time 30 -X %s -w '\\n%%{http_code}' %s"):format(method or "GET", nh.q(url)))
+-- GET url (or another method, with a JSON body and headers): status code and decoded JSON body.
+local function get(url, method, body, headers)
+  local extra = ""
+  for _, h in ipairs(headers or (body and { "Content-Type: application/json" }) or {}) do
+    extra = extra .. " -H " .. nh.q(h)
+  end
+  if body then extra = extra .. " --data-binary " .. nh.q(body) end
+  local r = nh.capture(("curl -sS --max-time 30 -X %s%s -w '\\n%%{http_code}' %s"):format(method or "GET", extra,
+                       nh.q(url)))
   assert(r.code == 0, "curl failed: " .. r.err)
   local body, status = r.out:match("^(.*)\n(%d+)$")
   local ok, decoded = pcall(cjson.decode, body)
@@ -132,6 +138,52 @@ describe("admin API", function()
     assert.equal(404, status)
     status = get(base .. "/events", "DELETE")
     assert.equal(405, status)
+  end)
+
+  it("resubmits with an edited body and skips, as the CLI does; 409 says what the event is now", function()
+    start()
+    local a = sb:publish("Ok", { tag = "r1", fail = true }, { session = "s1" })
+    local b = sb:publish("Ok", { tag = "k1", fail = true }, { session = "s2" })
+    local ra, rb = sb:wait_message(a, "Failed"), sb:wait_message(b, "Failed")
+    local status, body = get(base .. "/events/" .. ra.event_id .. "/resubmit", "POST", '{"body": {"tag": "r1-fixed"}}')
+    assert.equal(202, status)
+    assert.equal("resubmit", body.queued)
+    assert.equal(ra.event_id, body.event.event_id)
+    -- a second one while the first waits, or once it is Completed: 409 with the event as it is
+    status, body = get(base .. "/events/" .. ra.event_id .. "/resubmit", "POST", "{}")
+    assert.equal(409, status)
+    assert.equal(ra.event_id, body.event.event_id)
+    sb:wait_event(ra.event_id, "Completed")
+    status, body = get(base .. "/events/" .. ra.event_id .. "/resubmit", "POST", "{}")
+    assert.equal(409, status)
+    assert.equal("Completed", body.event.status)
+    local _, shown = get(base .. "/events/" .. ra.event_id)
+    assert.equal("r1-fixed", shown.payload.tag)
+    assert.equal(1, sb:call_count("r1-fixed"))
+
+    status = get(base .. "/events/" .. rb.event_id .. "/skip", "POST", "{}")
+    assert.equal(202, status)
+    sb:wait_event(rb.event_id, "Skipped")
+    assert.equal(1, sb:call_count("k1"))   -- skipping never runs the handler
+  end)
+
+  it("takes actions only as JSON from its own origin, and says what is wrong with one", function()
+    start()
+    local a = sb:publish("Ok", { tag = "g1", fail = true }, { session = "s1" })
+    local ra = sb:wait_message(a, "Failed")
+    local url = base .. "/events/" .. ra.event_id .. "/resubmit"
+    assert.equal(415, (get(url, "POST", "{}", { "Content-Type: text/plain" })))
+    assert.equal(403, (get(url, "POST", "{}", { "Content-Type: application/json", "Origin: http://evil.example" })))
+    local status, body = get(url, "POST", '{"colour": 1}')
+    assert.equal(400, status)
+    assert.equal("colour", body.field)
+    status, body = get(url, "POST", '{"body": "not an object"}')
+    assert.equal(400, status)
+    assert.equal("body", body.field)
+    assert.equal(400, (get(url, "POST", "{not json")))
+    assert.equal(404, (get(base .. "/events/00000000-0000-0000-0000-000000000000/skip", "POST", "{}")))
+    assert.equal(405, (get(url)))
+    assert.equal("Failed", sb:row(ra.event_id).status)   -- none of these did anything
   end)
 
   it("refuses a bad --admin and a port in use at start, with the reason", function()

@@ -5,7 +5,9 @@
 #include "core/nh_failgroup.h"
 #include "core/nh_log.h"
 #include "core/nh_util.h"
+#include "dispatch/nh_operator.h"
 #include "net/nh_httpd.h"
+#include "transport/nh_embedded.h"
 
 #include <curl/curl.h>
 #include <jansson.h>
@@ -13,6 +15,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <unistd.h>
 
 #define NH_ADMIN_PAGE 100        /* events per page unless ?limit= */
 #define NH_ADMIN_PAGE_MAX 1000
@@ -20,6 +24,8 @@
 struct nh_admin {
   nh_httpd_t *h;
   nh_store_t *store;
+  nh_transport_t *queue;   /* operator requests go through the store's queue, as the CLI's do */
+  int port;
 };
 
 int nh_admin_parse_addr(const char *s, char *host, size_t hostlen, int *port, int *off, nh_error_t *err)
@@ -337,6 +343,129 @@ static void get_failures(nh_admin_t *a, nh_httpd_req_t *r, const params_t *p)
   answer(r, 200, o);
 }
 
+/* ---------------------------------------------------------------- actions */
+
+struct hdrs {
+  const char *want;
+  char *value;
+};
+
+static void on_header(void *ud, const char *key, size_t klen, const char *val, size_t vlen)
+{
+  struct hdrs *h = ud;
+  if (!h->value && strlen(h->want) == klen && strncasecmp(key, h->want, klen) == 0)
+    h->value = nh_xstrndup(val ? val : "", val ? vlen : 0);
+}
+
+static char *header(nh_httpd_req_t *r, const char *name)
+{
+  struct hdrs h = { name, NULL };
+  nh_httpd_req_headers(r, on_header, &h);
+  return h.value;
+}
+
+/* An action must come as JSON from this origin: a page of another site can post a form
+ * (text/plain, urlencoded) without asking, but not JSON, and its Origin names it. */
+static int action_allowed(nh_admin_t *a, nh_httpd_req_t *r)
+{
+  char *type = header(r, "Content-Type"), *origin = header(r, "Origin");
+  int json = type && strncasecmp(type, "application/json", 16) == 0;
+  char same1[64], same2[64];
+  snprintf(same1, sizeof same1, "http://127.0.0.1:%d", a->port);
+  snprintf(same2, sizeof same2, "http://localhost:%d", a->port);
+  int same = !origin || strcmp(origin, same1) == 0 || strcmp(origin, same2) == 0;
+  if (!json)
+    answer_error(r, 415, NULL, "actions take a JSON body: send Content-Type: application/json");
+  else if (!same)
+    answer_error(r, 403, NULL, "actions are taken from this API's own origin only, not from %s", origin);
+  free(type);
+  free(origin);
+  return json && same;
+}
+
+/* POST /api/v1/events/{id}/resubmit {"body": {...}?, "force": false} and
+ * POST /api/v1/events/{id}/skip {}: queued like the CLI's (nh_operator_submit: the same
+ * checks, one request per event at a time, the operator log), applied by the host that
+ * owns the endpoint. 202 with the event; 409 when the event cannot take it now. */
+static void post_action(nh_admin_t *a, nh_httpd_req_t *r, const char *id, nh_op_kind_t kind)
+{
+  if (!action_allowed(a, r)) return;
+  size_t len = 0;
+  const char *raw = nh_httpd_req_body(r, &len);
+  json_error_t jerr;
+  json_t *in = len ? json_loadb(raw, len, 0, &jerr) : json_object();
+  if (!in || !json_is_object(in)) {
+    answer_error(r, 400, NULL, "the body must be a JSON object%s%s", in ? "" : ": ", in ? "" : jerr.text);
+    json_decref(in);
+    return;
+  }
+  json_t *body = json_object_get(in, "body"), *force = json_object_get(in, "force");
+  const char *known[] = { "body", "force", NULL };
+  const char *key;
+  json_t *v;
+  json_object_foreach(in, key, v) {
+    int ok = 0;
+    for (int k = 0; known[k] && !ok; k++) ok = strcmp(key, known[k]) == 0 && (kind == NH_OP_RESUBMIT || k == 1);
+    if (!ok) {
+      answer_error(r, 400, key, "unknown field %s (%s)", key, kind == NH_OP_RESUBMIT ? "body, force" : "force");
+      json_decref(in);
+      return;
+    }
+  }
+  if ((body && !json_is_object(body)) || (force && !json_is_boolean(force))) {
+    answer_error(r, 400, body && !json_is_object(body) ? "body" : "force", "%s",
+                 body && !json_is_object(body) ? "body: the event's new JSON object" : "force: true or false");
+    json_decref(in);
+    return;
+  }
+  char *text = body ? json_dumps(body, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+  nh_op_req_t req = { .kind = kind, .event_id = id, .body = text, .actor = "admin API",
+                      .force = force && json_is_true(force) };
+  nh_audit_t ev;
+  memset(&ev, 0, sizeof ev);
+  nh_error_t err = {0};
+  int rc = nh_operator_submit(a->store, a->queue, &req, &ev, &err);
+  free(text);
+  json_decref(in);
+  if (rc) {
+    unsigned status = rc == NH_ESTATE ? 409 : rc == NH_EUSAGE ? 404 : 500;
+    if (rc == NH_ESTATE) {
+      /* what the event is now, for the caller to decide */
+      nh_audit_t now;
+      nh_error_t ferr = {0};
+      memset(&now, 0, sizeof now);
+      json_t *o = json_object();
+      json_object_set_new(o, "error", json_string(err.msg));
+      if (nh_store_audit_find(a->store, id, &now, &ferr) == NH_OK) {
+        json_object_set_new(o, "event", nh_view_audit(&now));
+        nh_audit_clear(&now);
+      }
+      answer(r, status, o);
+    } else {
+      answer_error(r, status, NULL, "%s", err.msg);
+    }
+    return;
+  }
+  json_t *o = json_object();
+  json_object_set_new(o, "queued", json_string(nh_operator_name(kind)));
+  json_object_set_new(o, "event", nh_view_audit(&ev));
+  json_object_set_new(o, "live_hosts", json_integer(nh_store_hosts_serving(a->store, ev.endpoint,
+                                                                             nh_time_now_ms() - 30000)));
+  nh_audit_clear(&ev);
+  answer(r, 202, o);
+}
+
+/* "/api/v1/events/ID/resubmit" -> ID (decoded) and the action; NULL when not an action. */
+static char *action_of(const char *rest, nh_op_kind_t *kind)
+{
+  const char *slash = strchr(rest, '/');
+  if (!slash || slash == rest) return NULL;
+  if (strcmp(slash, "/resubmit") == 0) *kind = NH_OP_RESUBMIT;
+  else if (strcmp(slash, "/skip") == 0) *kind = NH_OP_SKIP;
+  else return NULL;
+  return unescape(rest, (size_t)(slash - rest));
+}
+
 static void on_request(void *data, nh_httpd_req_t *r)
 {
   nh_admin_t *a = data;
@@ -348,9 +477,17 @@ static void on_request(void *data, nh_httpd_req_t *r)
   int known = strcmp(path, "/api/v1/endpoints") == 0 || strcmp(path, "/api/v1/events") == 0 ||
               strcmp(path, "/api/v1/failures") == 0 ||
               (strncmp(path, events_prefix, sizeof events_prefix - 1) == 0 && path[sizeof events_prefix - 1]);
-  if (!known) {
-    answer_error(r, 404, NULL, "no route %s %s (the API is under /api/v1: endpoints, events, events/ID, failures)",
-                 method, path);
+  nh_op_kind_t kind = NH_OP_RESUBMIT;
+  char *action_id = known && strncmp(path, events_prefix, sizeof events_prefix - 1) == 0
+                      ? action_of(path + sizeof events_prefix - 1, &kind) : NULL;
+  if (action_id) {
+    if (strcmp(method, "POST") != 0) answer_error(r, 405, NULL, "%s %s: actions are POST", method, path);
+    else post_action(a, r, action_id, kind);
+    free(action_id);
+  } else if (!known || (strncmp(path, events_prefix, sizeof events_prefix - 1) == 0 &&
+                        strchr(path + sizeof events_prefix - 1, '/'))) {
+    answer_error(r, 404, NULL, "no route %s %s (the API is under /api/v1: endpoints, events, events/ID, "
+                 "events/ID/resubmit, events/ID/skip, failures)", method, path);
   } else if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0) {
     answer_error(r, 405, NULL, "%s %s: only GET is served here", method, path);
   } else if (strcmp(path, "/api/v1/endpoints") == 0) {
@@ -375,6 +512,13 @@ nh_admin_t *nh_admin_start(uv_loop_t *loop, nh_store_t *store, const char *host,
   a->store = store;
   nh_httpd_opts_t o = { .host = host, .port = port, .max_body = 10u << 20, .on_request = on_request, .data = a,
                         .owner = a, .owner_key = "nimbus-admin" };
+  char owner[64];
+  snprintf(owner, sizeof owner, "admin:%ld", (long)getpid());
+  a->queue = nh_embedded_init(nh_store_db(store), owner, err);
+  if (!a->queue) {
+    free(a);
+    return NULL;
+  }
   char code[32] = "";
   a->h = nh_httpd_start(loop, &o, err, code);
   if (!a->h) {
@@ -382,18 +526,21 @@ nh_admin_t *nh_admin_start(uv_loop_t *loop, nh_store_t *store, const char *host,
     snprintf(why, sizeof why, "%s", err->msg);
     nh_error_set(err, NH_EUSAGE, "--admin %s:%d: %s%s", host, port, why,
                  strcmp(code, "EADDRINUSE") == 0 ? " (give another port with --admin, or --admin off)" : "");
+    a->queue->vt->close(a->queue);
     free(a);
     return NULL;
   }
-  nh_log_info("admin", "operator API on http://%s:%d/api/v1/", host, nh_httpd_port(a->h));
+  a->port = nh_httpd_port(a->h);
+  nh_log_info("admin", "operator API on http://%s:%d/api/v1/", host, a->port);
   return a;
 }
 
-int nh_admin_port(const nh_admin_t *a) { return nh_httpd_port(a->h); }
+int nh_admin_port(const nh_admin_t *a) { return a->port; }
 
 void nh_admin_close(nh_admin_t *a)
 {
   if (!a) return;
   nh_httpd_close(a->h);
+  a->queue->vt->close(a->queue);
   free(a);
 }

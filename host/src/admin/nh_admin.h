@@ -1,8 +1,9 @@
 /* The admin listener: the operator's HTTP API under /api/v1, served on the loop by the
  * same HTTP stack as nimbus.http.serve (net/nh_httpd.c), reading the host's store between
  * pumps. This first part answers the reads (endpoints with their counts, events with
- * filters and a cursor, one event with its history, failure groups); the actions, the
- * OpenAPI document, the stream and the page come next (docs/architecture.md, "Admin API"). */
+ * filters and a cursor, one event with its history, failure groups) and the single-event
+ * actions (resubmit, skip); bulk and hand-off actions, the OpenAPI document, the stream and
+ * the page come next (docs/architecture.md, "Admin API"). */
 #ifndef NH_ADMIN_H
 #define NH_ADMIN_H
 
