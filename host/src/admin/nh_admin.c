@@ -144,9 +144,6 @@ static const char *param_unknown(const params_t *p, const char *const *known)
 
 /* ---------------------------------------------------------------- routes */
 
-static const char *const statuses[] = { NH_ST_COMPLETED, NH_ST_FAILED, NH_ST_PENDING, NH_ST_DEFERRED,
-                                        NH_ST_DEADLETTERED, NH_ST_UNSUPPORTED, NH_ST_SKIPPED, NULL };
-
 struct ep_ctx {
   nh_admin_t *a;
   json_t *arr;
@@ -158,11 +155,11 @@ static int endpoint_counts(void *data, const char *endpoint)
   struct ep_ctx *c = data;
   json_t *o = json_object(), *counts = json_object();
   json_object_set_new(o, "endpoint", json_string(endpoint));
-  for (int i = 0; statuses[i]; i++) {
-    nh_event_filter_t f = { .endpoint = endpoint, .status = statuses[i] };
+  for (int i = 0; nh_store_statuses[i]; i++) {
+    nh_event_filter_t f = { .endpoint = endpoint, .status = nh_store_statuses[i] };
     int64_t n = nh_store_events_count(c->a->store, &f);
     if (n < 0) c->failed = 1;
-    json_object_set_new(counts, statuses[i], json_integer(n < 0 ? 0 : n));
+    json_object_set_new(counts, nh_store_statuses[i], json_integer(n < 0 ? 0 : n));
   }
   json_object_set_new(o, "counts", counts);
   json_object_set_new(o, "live_hosts",
@@ -185,14 +182,9 @@ static void get_endpoints(nh_admin_t *a, nh_httpd_req_t *r)
   answer(r, 200, o);
 }
 
-struct ev_ctx {
-  json_t *arr;
-};
-
 static int collect_event(void *data, const nh_audit_t *ev)
 {
-  struct ev_ctx *c = data;
-  json_array_append_new(c->arr, nh_view_audit(ev));
+  json_array_append_new(data, nh_view_audit(ev));
   return 0;
 }
 
@@ -261,16 +253,16 @@ static void get_events(nh_admin_t *a, nh_httpd_req_t *r, const params_t *p)
     f.after_rowid = v;
   }
   f.batch = (int)limit;   /* insert order, keyset on rowid: pages neither skip nor repeat rows */
-  struct ev_ctx c = { json_array() };
+  json_t *events = json_array();
   int64_t last = 0;
-  int n = nh_store_events(a->store, &f, collect_event, &c, &last);
+  int n = nh_store_events(a->store, &f, collect_event, events, &last);
   if (n < 0) {
-    json_decref(c.arr);
+    json_decref(events);
     answer_store_error(a, r);
     return;
   }
   json_t *o = json_object();
-  json_object_set_new(o, "events", c.arr);
+  json_object_set_new(o, "events", events);
   if (n == limit) {
     char next[32];
     snprintf(next, sizeof next, "%lld", (long long)last);
@@ -400,17 +392,13 @@ static void post_action(nh_admin_t *a, nh_httpd_req_t *r, const char *id, nh_op_
     return;
   }
   json_t *body = json_object_get(in, "body"), *force = json_object_get(in, "force");
-  const char *known[] = { "body", "force", NULL };
   const char *key;
   json_t *v;
   json_object_foreach(in, key, v) {
-    int ok = 0;
-    for (int k = 0; known[k] && !ok; k++) ok = strcmp(key, known[k]) == 0 && (kind == NH_OP_RESUBMIT || k == 1);
-    if (!ok) {
-      answer_error(r, 400, key, "unknown field %s (%s)", key, kind == NH_OP_RESUBMIT ? "body, force" : "force");
-      json_decref(in);
-      return;
-    }
+    if (strcmp(key, "force") == 0 || (kind == NH_OP_RESUBMIT && strcmp(key, "body") == 0)) continue;
+    answer_error(r, 400, key, "unknown field %s (%s)", key, kind == NH_OP_RESUBMIT ? "body, force" : "force");
+    json_decref(in);
+    return;
   }
   if ((body && !json_is_object(body)) || (force && !json_is_boolean(force))) {
     answer_error(r, 400, body && !json_is_object(body) ? "body" : "force", "%s",
@@ -455,17 +443,6 @@ static void post_action(nh_admin_t *a, nh_httpd_req_t *r, const char *id, nh_op_
   answer(r, 202, o);
 }
 
-/* "/api/v1/events/ID/resubmit" -> ID (decoded) and the action; NULL when not an action. */
-static char *action_of(const char *rest, nh_op_kind_t *kind)
-{
-  const char *slash = strchr(rest, '/');
-  if (!slash || slash == rest) return NULL;
-  if (strcmp(slash, "/resubmit") == 0) *kind = NH_OP_RESUBMIT;
-  else if (strcmp(slash, "/skip") == 0) *kind = NH_OP_SKIP;
-  else return NULL;
-  return unescape(rest, (size_t)(slash - rest));
-}
-
 static void on_request(void *data, nh_httpd_req_t *r)
 {
   nh_admin_t *a = data;
@@ -473,33 +450,35 @@ static void on_request(void *data, nh_httpd_req_t *r)
   const char *path = nh_httpd_req_path(r);
   params_t p = { 0 };
   nh_httpd_req_query(r, on_param, &p);
+  /* /api/v1/events/ID, /api/v1/events/ID/resubmit, /api/v1/events/ID/skip */
   static const char events_prefix[] = "/api/v1/events/";
-  int known = strcmp(path, "/api/v1/endpoints") == 0 || strcmp(path, "/api/v1/events") == 0 ||
-              strcmp(path, "/api/v1/failures") == 0 ||
-              (strncmp(path, events_prefix, sizeof events_prefix - 1) == 0 && path[sizeof events_prefix - 1]);
-  nh_op_kind_t kind = NH_OP_RESUBMIT;
-  char *action_id = known && strncmp(path, events_prefix, sizeof events_prefix - 1) == 0
-                      ? action_of(path + sizeof events_prefix - 1, &kind) : NULL;
-  if (action_id) {
-    if (strcmp(method, "POST") != 0) answer_error(r, 405, NULL, "%s %s: actions are POST", method, path);
-    else post_action(a, r, action_id, kind);
-    free(action_id);
-  } else if (!known || (strncmp(path, events_prefix, sizeof events_prefix - 1) == 0 &&
-                        strchr(path + sizeof events_prefix - 1, '/'))) {
+  size_t np = sizeof events_prefix - 1;
+  const char *id = strncmp(path, events_prefix, np) == 0 && path[np] && path[np] != '/' ? path + np : NULL;
+  const char *slash = id ? strchr(id, '/') : NULL;
+  int action = slash && (strcmp(slash, "/resubmit") == 0 || strcmp(slash, "/skip") == 0);
+  int read = !slash && (id || strcmp(path, "/api/v1/endpoints") == 0 || strcmp(path, "/api/v1/events") == 0 ||
+                        strcmp(path, "/api/v1/failures") == 0);
+  if (!action && !read) {
     answer_error(r, 404, NULL, "no route %s %s (the API is under /api/v1: endpoints, events, events/ID, "
                  "events/ID/resubmit, events/ID/skip, failures)", method, path);
+  } else if (action && strcmp(method, "POST") != 0) {
+    answer_error(r, 405, NULL, "%s %s: actions are POST", method, path);
+  } else if (action) {
+    char *eid = unescape(id, (size_t)(slash - id));
+    post_action(a, r, eid, strcmp(slash, "/skip") == 0 ? NH_OP_SKIP : NH_OP_RESUBMIT);
+    free(eid);
   } else if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0) {
     answer_error(r, 405, NULL, "%s %s: only GET is served here", method, path);
+  } else if (id) {
+    char *eid = unescape(id, strlen(id));
+    get_event(a, r, eid);
+    free(eid);
   } else if (strcmp(path, "/api/v1/endpoints") == 0) {
     get_endpoints(a, r);
   } else if (strcmp(path, "/api/v1/events") == 0) {
     get_events(a, r, &p);
-  } else if (strcmp(path, "/api/v1/failures") == 0) {
-    get_failures(a, r, &p);
   } else {
-    char *id = unescape(path + sizeof events_prefix - 1, strlen(path + sizeof events_prefix - 1));
-    get_event(a, r, id);
-    free(id);
+    get_failures(a, r, &p);
   }
   params_clear(&p);
 }
@@ -534,8 +513,6 @@ nh_admin_t *nh_admin_start(uv_loop_t *loop, nh_store_t *store, const char *host,
   nh_log_info("admin", "operator API on http://%s:%d/api/v1/", host, a->port);
   return a;
 }
-
-int nh_admin_port(const nh_admin_t *a) { return a->port; }
 
 void nh_admin_close(nh_admin_t *a)
 {

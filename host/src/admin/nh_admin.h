@@ -19,7 +19,6 @@ typedef struct nh_admin nh_admin_t;
 int nh_admin_parse_addr(const char *s, char *host, size_t hostlen, int *port, int *off, nh_error_t *err);
 /* Listens on host:port (a port in use is an error naming it). */
 nh_admin_t *nh_admin_start(uv_loop_t *loop, nh_store_t *store, const char *host, int port, nh_error_t *err);
-int nh_admin_port(const nh_admin_t *a);
 /* Closes the listener and its connections; the memory goes with the handles (run the loop). */
 void nh_admin_close(nh_admin_t *a);
 

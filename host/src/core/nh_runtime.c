@@ -23,8 +23,8 @@ int nh_runtime_init(nh_runtime_t *rt)
 
 nh_runtime_t *nh_runtime_of(uv_loop_t *loop)
 {
-  nh_runtime_t *rt = nh_queue_data(loop, nh_runtime_t, loop);
-  assert(rt->magic == NH_RUNTIME_MAGIC);
+  nh_runtime_t *rt = loop->data;   /* set by nh_runtime_init */
+  assert(rt && rt->magic == NH_RUNTIME_MAGIC);
   return rt;
 }
 

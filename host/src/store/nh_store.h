@@ -113,6 +113,8 @@ int nh_audit_retrying(const nh_audit_t *a);
 /* Rewrites the reason on a session's Deferred rows (the blocker changed during a replay). */
 int nh_store_audit_retext_deferred(nh_store_t *s, const char *endpoint, const char *session, const char *text);
 typedef int (*nh_audit_cb)(void *data, const nh_audit_t *a);
+/* Every audit status, as stored, NULL-terminated. */
+extern const char *const nh_store_statuses[];
 /* The audit status spelled as stored ("failed" -> "Failed"), or NULL if it is none. */
 const char *nh_store_status_canon(const char *status);
 /* Compatibility wrapper over nh_store_events: status matched case-insensitively. */

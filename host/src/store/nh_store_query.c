@@ -155,12 +155,13 @@ int64_t nh_store_events_count(nh_store_t *s, const nh_event_filter_t *f)
   return n;
 }
 
+const char *const nh_store_statuses[] = { NH_ST_COMPLETED, NH_ST_FAILED, NH_ST_PENDING, NH_ST_DEFERRED,
+                                          NH_ST_DEADLETTERED, NH_ST_UNSUPPORTED, NH_ST_SKIPPED, NULL };
+
 const char *nh_store_status_canon(const char *status)
 {
-  static const char *const known[] = { NH_ST_COMPLETED, NH_ST_FAILED, NH_ST_PENDING, NH_ST_DEFERRED,
-                                       NH_ST_DEADLETTERED, NH_ST_UNSUPPORTED, NH_ST_SKIPPED, NULL };
-  for (int i = 0; status && known[i]; i++)
-    if (strcasecmp(status, known[i]) == 0) return known[i];
+  for (int i = 0; status && nh_store_statuses[i]; i++)
+    if (strcasecmp(status, nh_store_statuses[i]) == 0) return nh_store_statuses[i];
   return NULL;
 }
 
