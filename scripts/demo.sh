@@ -12,6 +12,13 @@ mkdir -p "$DIR"
 export NIMBUS_STORE="$DIR/nimbus.db"
 LOG="$DIR/host.log"
 echo "CrmErpDemo: store $NIMBUS_STORE, host log $LOG (tail -f it in another terminal)"
+ADMIN=${NIMBUS_ADMIN:-127.0.0.1:7070}
+case "$ADMIN" in
+  off) ;;
+  *:0) echo "console: on a free port; the host log names it (operator API on ...)" ;;
+  *:*) echo "console: http://$ADMIN/console/" ;;
+  *) echo "console: http://127.0.0.1:$ADMIN/console/" ;;
+esac
 # Ctrl-C reaches the host too (same process group): it finishes its handlers and stops.
 trap '' INT
 if ! "$NH" samples/crm-erp/demo.lua --store "$NIMBUS_STORE" 2>>"$LOG"; then

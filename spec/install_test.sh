@@ -17,4 +17,21 @@ if [[ "$got" != "$want" ]]; then
   echo "0 passed, 1 failed"
   exit 1
 fi
-echo "1 passed, 0 failed"
+# ... and the console's files under <prefix>/share/nimbus-host/console
+cat > "$PREFIX/a.lua" <<'LUA'
+require("nimbus").endpoint("Ep"):on("T", function() end)
+LUA
+log="$PREFIX/host.log"
+env -u NIMBUS_CONSOLE_DIR "$PREFIX/bin/nimbus-host" "$PREFIX/a.lua" --store "$PREFIX/s.db" --admin 127.0.0.1:0 \
+  --no-reload >"$log" 2>&1 &
+pid=$!
+for _ in $(seq 1 200); do grep -q "operator API on" "$log" && break; sleep 0.05; done
+kill "$pid"; wait "$pid" || true
+want="files in $(cd "$PREFIX/share/nimbus-host/console" && pwd -P))"
+if ! grep -qF "$want" "$log"; then
+  echo "installed host did not serve the console from its prefix (want: $want):" >&2
+  cat "$log" >&2
+  echo "1 passed, 1 failed"
+  exit 1
+fi
+echo "2 passed, 0 failed"

@@ -57,6 +57,7 @@ int main(int argc, char **argv)
   if (strcmp(cmd, "sessions") == 0) return nh_cmd_sessions(argc, argv);
   if (strcmp(cmd, "failures") == 0) return nh_cmd_failures(argc, argv);
   if (strcmp(cmd, "purge") == 0) return nh_cmd_purge(argc, argv);
+  if (strcmp(cmd, "console") == 0) return nh_cmd_console(argc, argv);
   size_t len = strlen(cmd);
   if (len > 4 && strcmp(cmd + len - 4, ".lua") == 0) return nh_cmd_run(argc, argv, 1);
   if (cmd[0] == '-') {

@@ -762,8 +762,8 @@ TEST(processed_add_has)
 TEST(oplog_add)
 {
   nh_store_t *s = open_store("nimbus.db");
-  ASSERT_EQ_INT(nh_store_oplog_add(s, "skip", "Ep", "e1", "s1", "skip"), NH_OK);
-  ASSERT_EQ_INT(nh_store_oplog_add(s, "resubmit", "Ep", "e2", "s2", NULL), NH_OK);
+  ASSERT_EQ_INT(nh_store_oplog_add(s, NULL, "skip", "Ep", "e1", "s1", "skip"), NH_OK);
+  ASSERT_EQ_INT(nh_store_oplog_add(s, NULL, "resubmit", "Ep", "e2", "s2", NULL), NH_OK);
   sqlite3 *db = nh_store_db(s);
   ASSERT_EQ_INT(q1i(db, "SELECT count(*) FROM operator_log"), 2);
   ASSERT_EQ_STR(q1(db, "SELECT action || '|' || endpoint || '|' || event_id || '|' || session_id || '|' || detail"

@@ -117,6 +117,11 @@ TEST(operator_queries_use_the_index_of_their_filter)
     { .group = "0123456789ab" },
     { .group = "0123456789ab", .endpoint = "Ep", .status = NH_ST_FAILED, .limit = 10 },
     { .status = NH_ST_COMPLETED, .limit = 20 },
+    /* the console's pages: by the status index, then only the page's rows */
+    { .status = NH_ST_FAILED, .endpoint = "Ep", .batch = 100, .page = 1, .desc = 1, .after_rowid = 9 },
+    { .status_in = { NH_ST_FAILED, NH_ST_DEADLETTERED }, .endpoint = "Ep", .batch = 100, .page = 1,
+      .payload = "x", .error = "y" },
+    { .event_id = "e1", .type_in = { "A", "B" } },
   };
   for (size_t i = 0; i < sizeof filters / sizeof filters[0]; i++) {
     for (int count = 0; count < 2; count++) {

@@ -1,32 +1,17 @@
-/* The admin listener (nh_admin.h): routes, query parsing, JSON answers. Each request is
- * answered at once from the store (reads outside the pump's transaction, on the loop). */
-#include "nh_admin.h"
-#include "nh_views.h"
-#include "core/nh_failgroup.h"
+/* The admin listener (nh_admin.h): the route table, who may call what, the listener's
+ * life. Routes answer from the store on the loop thread, between pumps (no transaction of
+ * the pump is open then); bulk actions step a batch per loop turn. */
+#include "nh_admin_int.h"
+#include "nh_admin_tokens.h"
 #include "core/nh_log.h"
 #include "core/nh_util.h"
-#include "dispatch/nh_operator.h"
-#include "net/nh_httpd.h"
 #include "transport/nh_embedded.h"
 
-#include <curl/curl.h>
-#include <jansson.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <unistd.h>
-
-#define NH_ADMIN_PAGE 100        /* events per page unless ?limit= */
-#define NH_ADMIN_PAGE_MAX 1000
-
-struct nh_admin {
-  nh_httpd_t *h;
-  nh_store_t *store;
-  nh_transport_t *queue;   /* operator requests go through the store's queue, as the CLI's do */
-  int port;
-};
 
 int nh_admin_parse_addr(const char *s, char *host, size_t hostlen, int *port, int *off, nh_error_t *err)
 {
@@ -45,479 +30,263 @@ int nh_admin_parse_addr(const char *s, char *host, size_t hostlen, int *port, in
   if (hl >= hostlen) return nh_error_set(err, NH_EUSAGE, "--admin %s: the host is too long", s);
   snprintf(host, hostlen, "%.*s", (int)hl, s);
   if (!*host) snprintf(host, hostlen, "127.0.0.1");
-  /* No login yet: the API shows payloads, so it answers on this machine only. */
-  if (strcmp(host, "localhost") != 0 && strncmp(host, "127.", 4) != 0)
-    return nh_error_set(err, NH_EUSAGE, "--admin %s: only a loopback address (127.0.0.1 or localhost) for now: the "
-                        "API has no login yet", s);
   *port = (int)v;
   return NH_OK;
 }
 
-/* ---------------------------------------------------------------- answers */
-
-static void answer(nh_httpd_req_t *r, unsigned status, json_t *body)
+int nh_admin_is_loopback(const char *host)
 {
-  char *s = json_dumps(body, JSON_COMPACT | JSON_PRESERVE_ORDER);
-  json_decref(body);
-  static const nh_httpd_header_t hdrs[] = { { "Content-Type", "application/json" },
-                                            { "Cache-Control", "no-store" } };
-  nh_error_t err = {0};
-  nh_httpd_respond(r, status, hdrs, 2, s ? s : "{}", s ? strlen(s) : 2, &err);
-  free(s);
-}
-
-/* An error: {"error": message, "field": the query parameter at fault (when one is)}. */
-static void answer_error(nh_httpd_req_t *r, unsigned status, const char *field, const char *fmt, ...)
-  __attribute__((format(printf, 4, 5)));
-static void answer_error(nh_httpd_req_t *r, unsigned status, const char *field, const char *fmt, ...)
-{
-  char msg[512];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
-  json_t *o = json_object();
-  json_object_set_new(o, "error", json_string(msg));
-  if (field) json_object_set_new(o, "field", json_string(field));
-  answer(r, status, o);
-}
-
-static void answer_store_error(nh_admin_t *a, nh_httpd_req_t *r)
-{
-  answer_error(r, 500, NULL, "store: %s", nh_store_errmsg(a->store));
-}
-
-/* ---------------------------------------------------------------- query parameters */
-
-#define NH_ADMIN_PARAMS 8
-
-typedef struct params {
-  char *key[NH_ADMIN_PARAMS], *val[NH_ADMIN_PARAMS];
-  int n;
-  char *unknown;   /* the first parameter no route takes */
-} params_t;
-
-static char *unescape(const char *s, size_t len)
-{
-  int n = 0;
-  char *u = curl_easy_unescape(NULL, s, (int)len, &n);
-  char *out = u ? nh_xstrndup(u, (size_t)n) : nh_xstrndup(s, len);
-  curl_free(u);
-  return out;
-}
-
-static void on_param(void *ud, const char *key, size_t klen, const char *val, size_t vlen)
-{
-  params_t *p = ud;
-  if (p->n == NH_ADMIN_PARAMS) return;
-  p->key[p->n] = unescape(key, klen);
-  p->val[p->n] = val ? unescape(val, vlen) : nh_xstrdup("");
-  p->n++;
-}
-
-static void params_clear(params_t *p)
-{
-  for (int i = 0; i < p->n; i++) {
-    free(p->key[i]);
-    free(p->val[i]);
-  }
-  p->n = 0;
-}
-
-static const char *param(const params_t *p, const char *key)
-{
-  for (int i = 0; i < p->n; i++)
-    if (strcmp(p->key[i], key) == 0) return p->val[i];
-  return NULL;
-}
-
-/* The first parameter not in `known` (NULL-terminated), or NULL. */
-static const char *param_unknown(const params_t *p, const char *const *known)
-{
-  for (int i = 0; i < p->n; i++) {
-    int ok = 0;
-    for (int k = 0; known[k] && !ok; k++) ok = strcmp(p->key[i], known[k]) == 0;
-    if (!ok) return p->key[i];
-  }
-  return NULL;
+  return strcmp(host, "localhost") == 0 || strncmp(host, "127.", 4) == 0 || strcmp(host, "::1") == 0;
 }
 
 /* ---------------------------------------------------------------- routes */
 
-struct ep_ctx {
-  nh_admin_t *a;
-  json_t *arr;
-  int failed;
+typedef enum { PUBLIC, READER, OPERATOR } need_t;
+
+typedef struct route {
+  const char *method;
+  const char *pattern;   /* segments; "{}" takes one segment; a trailing "*" the rest */
+  need_t need;
+  int json;              /* the body must be JSON from this origin (actions, and NimBus's POST reads) */
+  nh_admin_route_fn fn;
+} route_t;
+
+static const route_t routes[] = {
+  { "GET", "/api/v1/endpoints", READER, 0, nh_admin_get_endpoints },
+  { "GET", "/api/v1/events", READER, 0, nh_admin_get_events },
+  { "GET", "/api/v1/events/{}", READER, 0, nh_admin_get_event },
+  { "GET", "/api/v1/sessions", READER, 0, nh_admin_get_sessions },
+  { "GET", "/api/v1/failures", READER, 0, nh_admin_get_failures },
+  { "GET", "/api/v1/whoami", READER, 0, nh_admin_get_whoami },
+  { "GET", "/api/v1/stream", READER, 0, nh_admin_get_stream },
+  { "GET", "/api/v1/openapi.json", PUBLIC, 0, nh_admin_get_openapi },
+  { "POST", "/api/v1/events/{}/resubmit", OPERATOR, 1, nh_admin_post_resubmit },
+  { "POST", "/api/v1/events/{}/skip", OPERATOR, 1, nh_admin_post_skip },
+  { "POST", "/api/v1/events/{}/handoff/complete", OPERATOR, 1, nh_admin_post_handoff_complete },
+  { "POST", "/api/v1/events/{}/handoff/fail", OPERATOR, 1, nh_admin_post_handoff_fail },
+  { "POST", "/api/v1/bulk/resubmit", OPERATOR, 1, nh_admin_post_bulk_resubmit },
+  { "POST", "/api/v1/bulk/skip", OPERATOR, 1, nh_admin_post_bulk_skip },
+  /* NimBus's operator API (docs/admin-api.md) */
+  { "POST", "/api/endpoint/status/count", READER, 1, nh_admin_nimbus_status_count },
+  { "POST", "/api/event/{}/getByFilter", READER, 1, nh_admin_nimbus_get_by_filter },
+  { "POST", "/api/event/resubmit/{}/{}", OPERATOR, 1, nh_admin_nimbus_resubmit },
+  { "POST", "/api/event/skip/{}/{}", OPERATOR, 1, nh_admin_nimbus_skip },
+  { "GET", "/healthz", PUBLIC, 0, nh_admin_get_health },
+  { "GET", "/readyz", PUBLIC, 0, nh_admin_get_ready },
+  { "GET", "/", PUBLIC, 0, nh_admin_get_static },
+  { "GET", "/console", PUBLIC, 0, nh_admin_get_static },
+  { "GET", "/console/*", PUBLIC, 0, nh_admin_get_static },
 };
 
-static int endpoint_counts(void *data, const char *endpoint)
+/* Matches path against pattern, filling c->cap with the {} segments (still escaped). */
+static int match(const char *pattern, const char *path, nh_admin_call_t *c, int keep)
 {
-  struct ep_ctx *c = data;
-  json_t *o = json_object(), *counts = json_object();
-  json_object_set_new(o, "endpoint", json_string(endpoint));
-  for (int i = 0; nh_store_statuses[i]; i++) {
-    nh_event_filter_t f = { .endpoint = endpoint, .status = nh_store_statuses[i] };
-    int64_t n = nh_store_events_count(c->a->store, &f);
-    if (n < 0) c->failed = 1;
-    json_object_set_new(counts, nh_store_statuses[i], json_integer(n < 0 ? 0 : n));
-  }
-  json_object_set_new(o, "counts", counts);
-  json_object_set_new(o, "live_hosts",
-                      json_integer(nh_store_hosts_serving(c->a->store, endpoint, nh_time_now_ms() - 30000)));
-  json_array_append_new(c->arr, o);
-  return c->failed;
-}
-
-/* GET /api/v1/endpoints: every endpoint with events, its count per status, its live hosts. */
-static void get_endpoints(nh_admin_t *a, nh_httpd_req_t *r)
-{
-  struct ep_ctx c = { a, json_array(), 0 };
-  if (nh_store_endpoints(a->store, endpoint_counts, &c) < 0 || c.failed) {
-    json_decref(c.arr);
-    answer_store_error(a, r);
-    return;
-  }
-  json_t *o = json_object();
-  json_object_set_new(o, "endpoints", c.arr);
-  answer(r, 200, o);
-}
-
-static int collect_event(void *data, const nh_audit_t *ev)
-{
-  json_array_append_new(data, nh_view_audit(ev));
-  return 0;
-}
-
-/* An endpoint the store knows, or 0 with the answer given. */
-struct known_ep {
-  const char *want;
-  int found;
-};
-
-static int match_endpoint(void *data, const char *endpoint)
-{
-  struct known_ep *k = data;
-  k->found = k->found || strcmp(k->want, endpoint) == 0;
-  return k->found;
-}
-
-/* GET /api/v1/events?endpoint=&status=&type=&session=&limit=&after=: oldest first, a page at a
- * time; `next` is the cursor of the following page (null on the last). */
-static void get_events(nh_admin_t *a, nh_httpd_req_t *r, const params_t *p)
-{
-  static const char *const known[] = { "endpoint", "status", "type", "session", "limit", "after", NULL };
-  const char *bad = param_unknown(p, known);
-  if (bad) {
-    answer_error(r, 400, bad, "unknown parameter %s (known: endpoint, status, type, session, limit, after)", bad);
-    return;
-  }
-  nh_event_filter_t f = { .endpoint = param(p, "endpoint"), .type = param(p, "type"), .session = param(p, "session") };
-  const char *status = param(p, "status");
-  if (status) {
-    f.status = nh_store_status_canon(status);
-    if (!f.status) {
-      answer_error(r, 400, "status", "unknown status %s (known: Completed, Failed, Pending, Deferred, DeadLettered, "
-                   "Unsupported, Skipped)", status);
-      return;
+  int ncap = 0;
+  const char *p = pattern, *s = path;
+  while (*p && *s) {
+    if (p[0] == '*') return 1;
+    if (p[0] == '{' && p[1] == '}') {
+      const char *end = strchr(s, '/');
+      size_t n = end ? (size_t)(end - s) : strlen(s);
+      if (!n || ncap == NH_ADMIN_CAPTURES) return 0;
+      if (keep) c->cap[ncap] = nh_admin_unescape(s, n);
+      ncap++;
+      s += n;
+      p += 2;
+      continue;
     }
+    if (*p != *s) return 0;
+    p++;
+    s++;
   }
-  if (f.endpoint) {
-    struct known_ep k = { f.endpoint, 0 };
-    if (nh_store_endpoints(a->store, match_endpoint, &k) < 0) {
-      answer_store_error(a, r);
-      return;
-    }
-    if (!k.found) {
-      answer_error(r, 400, "endpoint", "unknown endpoint %s (GET /api/v1/endpoints lists them)", f.endpoint);
-      return;
-    }
-  }
-  long limit = NH_ADMIN_PAGE;
-  const char *ls = param(p, "limit");
-  if (ls) {
-    char *end = NULL;
-    limit = strtol(ls, &end, 10);
-    if (!*ls || *end || limit < 1 || limit > NH_ADMIN_PAGE_MAX) {
-      answer_error(r, 400, "limit", "limit %s: a whole number from 1 to %d", ls, NH_ADMIN_PAGE_MAX);
-      return;
-    }
-  }
-  const char *after = param(p, "after");
-  if (after) {
-    char *end = NULL;
-    long long v = strtoll(after, &end, 10);
-    if (!*after || *end || v < 0) {
-      answer_error(r, 400, "after", "after %s: the cursor a previous page gave as next", after);
-      return;
-    }
-    f.after_rowid = v;
-  }
-  f.batch = (int)limit;   /* insert order, keyset on rowid: pages neither skip nor repeat rows */
-  json_t *events = json_array();
-  int64_t last = 0;
-  int n = nh_store_events(a->store, &f, collect_event, events, &last);
-  if (n < 0) {
-    json_decref(events);
-    answer_store_error(a, r);
-    return;
-  }
-  json_t *o = json_object();
-  json_object_set_new(o, "events", events);
-  if (n == limit) {
-    char next[32];
-    snprintf(next, sizeof next, "%lld", (long long)last);
-    json_object_set_new(o, "next", json_string(next));
-  } else {
-    json_object_set_new(o, "next", json_null());
-  }
-  answer(r, 200, o);
+  return (!*p && !*s) || strcmp(p, "*") == 0;
 }
 
-static int collect_history(void *data, const nh_history_row_t *row)
+static void on_param(void *ud, const char *key, size_t klen, const char *val, size_t vlen)
 {
-  json_array_append_new(data, nh_view_history(row));
-  return 0;
+  nh_admin_params_t *q = ud;
+  if (q->n == NH_ADMIN_PARAMS) return;
+  q->key[q->n] = nh_admin_unescape(key, klen);
+  q->val[q->n] = val ? nh_admin_unescape(val, vlen) : nh_xstrdup("");
+  q->n++;
 }
 
-/* GET /api/v1/events/{id}: the event (by id or a unique prefix of 8 or more characters),
- * its payload and its whole history. */
-static void get_event(nh_admin_t *a, nh_httpd_req_t *r, const char *id)
+static void call_clear(nh_admin_call_t *c)
 {
-  nh_audit_t ev;
-  memset(&ev, 0, sizeof ev);
-  nh_error_t err = {0};
-  if (nh_store_audit_find(a->store, id, &ev, &err)) {
-    answer_error(r, err.code == NH_ENOTFOUND ? 404 : err.code == NH_EUSAGE ? 400 : 500, NULL, "%s", err.msg);
-    return;
+  for (int i = 0; i < c->q.n; i++) {
+    free(c->q.key[i]);
+    free(c->q.val[i]);
   }
-  json_t *o = nh_view_audit(&ev);
-  json_object_set_new(o, "correlation_id", nh_view_str(ev.correlation_id));
-  json_object_set_new(o, "created_at", nh_view_time(ev.created_at));
-  json_t *payload = ev.payload ? json_loadb(ev.payload, nh_audit_payload_len(&ev), 0, NULL) : NULL;
-  json_object_set_new(o, "payload", payload ? payload : nh_view_str(ev.payload));
-  json_t *hist = json_array();
-  int rc = nh_store_history_list(a->store, ev.endpoint, ev.event_id, collect_history, hist);
-  json_object_set_new(o, "history", hist);
-  nh_audit_clear(&ev);
-  if (rc < 0) {
-    json_decref(o);
-    answer_store_error(a, r);
-    return;
-  }
-  answer(r, 200, o);
+  for (int i = 0; i < NH_ADMIN_CAPTURES; i++) free(c->cap[i]);
 }
 
-static int collect_group(void *data, const nh_failgroup_row_t *g)
+/* An action or a JSON read must come as JSON from this origin: a page of another site can
+ * post a form (text/plain, urlencoded) without asking, but not JSON, and its Origin names
+ * it. Same origin: the Origin is http:// + the Host the browser sent. 1 if allowed. */
+static int same_origin_json(nh_admin_call_t *c)
 {
-  char masked[512];
-  nh_failgroup_mask(g->sample_text, masked, sizeof masked);
-  json_array_append_new(data, nh_view_failgroup(g, masked));
-  return 0;
-}
-
-/* GET /api/v1/failures?endpoint=: the failure groups of unresolved events, largest first. */
-static void get_failures(nh_admin_t *a, nh_httpd_req_t *r, const params_t *p)
-{
-  static const char *const known[] = { "endpoint", NULL };
-  const char *bad = param_unknown(p, known);
-  if (bad) {
-    answer_error(r, 400, bad, "unknown parameter %s (known: endpoint)", bad);
-    return;
-  }
-  json_t *arr = json_array();
-  if (nh_store_failgroups(a->store, param(p, "endpoint"), collect_group, arr) < 0) {
-    json_decref(arr);
-    answer_store_error(a, r);
-    return;
-  }
-  json_t *o = json_object();
-  json_object_set_new(o, "groups", arr);
-  answer(r, 200, o);
-}
-
-/* ---------------------------------------------------------------- actions */
-
-struct hdrs {
-  const char *want;
-  char *value;
-};
-
-static void on_header(void *ud, const char *key, size_t klen, const char *val, size_t vlen)
-{
-  struct hdrs *h = ud;
-  if (!h->value && strlen(h->want) == klen && strncasecmp(key, h->want, klen) == 0)
-    h->value = nh_xstrndup(val ? val : "", val ? vlen : 0);
-}
-
-static char *header(nh_httpd_req_t *r, const char *name)
-{
-  struct hdrs h = { name, NULL };
-  nh_httpd_req_headers(r, on_header, &h);
-  return h.value;
-}
-
-/* An action must come as JSON from this origin: a page of another site can post a form
- * (text/plain, urlencoded) without asking, but not JSON, and its Origin names it. */
-static int action_allowed(nh_admin_t *a, nh_httpd_req_t *r)
-{
-  char *type = header(r, "Content-Type"), *origin = header(r, "Origin");
+  char *type = nh_admin_header(c->r, "Content-Type"), *origin = nh_admin_header(c->r, "Origin");
+  char *host = nh_admin_header(c->r, "Host");
   int json = type && strncasecmp(type, "application/json", 16) == 0;
-  char same1[64], same2[64];
-  snprintf(same1, sizeof same1, "http://127.0.0.1:%d", a->port);
-  snprintf(same2, sizeof same2, "http://localhost:%d", a->port);
-  int same = !origin || strcmp(origin, same1) == 0 || strcmp(origin, same2) == 0;
+  char same[320];
+  snprintf(same, sizeof same, "http://%s", host ? host : "");
+  int ok_origin = !origin || (host && strcmp(origin, same) == 0);
   if (!json)
-    answer_error(r, 415, NULL, "actions take a JSON body: send Content-Type: application/json");
-  else if (!same)
-    answer_error(r, 403, NULL, "actions are taken from this API's own origin only, not from %s", origin);
+    nh_admin_error(c->r, 415, NULL, "%s %s takes a JSON body: send Content-Type: application/json", c->method, c->path);
+  else if (!ok_origin)
+    nh_admin_error(c->r, 403, NULL, "actions are taken from this API's own origin only, not from %s", origin);
   free(type);
   free(origin);
-  return json && same;
+  free(host);
+  return json && ok_origin;
 }
 
-/* POST /api/v1/events/{id}/resubmit {"body": {...}?, "force": false} and
- * POST /api/v1/events/{id}/skip {}: queued like the CLI's (nh_operator_submit: the same
- * checks, one request per event at a time, the operator log), applied by the host that
- * owns the endpoint. 202 with the event; 409 when the event cannot take it now. */
-static void post_action(nh_admin_t *a, nh_httpd_req_t *r, const char *id, nh_op_kind_t kind)
+/* Who is calling and with what role; 1 with 401/403 answered when it may not. */
+static int refuse(nh_admin_call_t *c, need_t need)
 {
-  if (!action_allowed(a, r)) return;
-  size_t len = 0;
-  const char *raw = nh_httpd_req_body(r, &len);
-  json_error_t jerr;
-  json_t *in = len ? json_loadb(raw, len, 0, &jerr) : json_object();
-  if (!in || !json_is_object(in)) {
-    answer_error(r, 400, NULL, "the body must be a JSON object%s%s", in ? "" : ": ", in ? "" : jerr.text);
-    json_decref(in);
-    return;
+  if (need == PUBLIC) return 0;
+  if (!c->a->tokens) {
+    c->role = NH_ROLE_OPERATOR;
+    snprintf(c->who, sizeof c->who, "local");
+    return 0;
   }
-  json_t *body = json_object_get(in, "body"), *force = json_object_get(in, "force");
-  const char *key;
-  json_t *v;
-  json_object_foreach(in, key, v) {
-    if (strcmp(key, "force") == 0 || (kind == NH_OP_RESUBMIT && strcmp(key, "body") == 0)) continue;
-    answer_error(r, 400, key, "unknown field %s (%s)", key, kind == NH_OP_RESUBMIT ? "body, force" : "force");
-    json_decref(in);
-    return;
+  char *token = NULL, *auth = nh_admin_header(c->r, "Authorization");
+  if (auth && strncasecmp(auth, "Bearer ", 7) == 0) token = nh_xstrdup(auth + 7);
+  else if (!auth && strcmp(c->path, "/api/v1/stream") == 0 && nh_admin_param(c, "access_token"))
+    token = nh_xstrdup(nh_admin_param(c, "access_token"));
+  free(auth);
+  const nh_admin_token_t *t = token ? nh_admin_tokens_find(c->a->tokens, token) : NULL;
+  free(token);
+  if (!t) {
+    nh_admin_error(c->r, 401, NULL, "this listener needs a login: send Authorization: Bearer TOKEN (a token of "
+                   "--admin-token-file)");
+    return 1;
   }
-  if ((body && !json_is_object(body)) || (force && !json_is_boolean(force))) {
-    answer_error(r, 400, body && !json_is_object(body) ? "body" : "force", "%s",
-                 body && !json_is_object(body) ? "body: the event's new JSON object" : "force: true or false");
-    json_decref(in);
-    return;
+  c->role = t->role;
+  snprintf(c->who, sizeof c->who, "%s", t->name);
+  if (need == OPERATOR && t->role != NH_ROLE_OPERATOR) {
+    nh_admin_error(c->r, 403, NULL, "%s is a reader: %s %s needs an operator token", t->name, c->method, c->path);
+    return 1;
   }
-  char *text = body ? json_dumps(body, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
-  nh_op_req_t req = { .kind = kind, .event_id = id, .body = text, .actor = "admin API",
-                      .force = force && json_is_true(force) };
-  nh_audit_t ev;
-  memset(&ev, 0, sizeof ev);
-  nh_error_t err = {0};
-  int rc = nh_operator_submit(a->store, a->queue, &req, &ev, &err);
-  free(text);
-  json_decref(in);
-  if (rc) {
-    unsigned status = rc == NH_ESTATE ? 409 : rc == NH_EUSAGE ? 404 : 500;
-    if (rc == NH_ESTATE) {
-      /* what the event is now, for the caller to decide */
-      nh_audit_t now;
-      nh_error_t ferr = {0};
-      memset(&now, 0, sizeof now);
-      json_t *o = json_object();
-      json_object_set_new(o, "error", json_string(err.msg));
-      if (nh_store_audit_find(a->store, id, &now, &ferr) == NH_OK) {
-        json_object_set_new(o, "event", nh_view_audit(&now));
-        nh_audit_clear(&now);
-      }
-      answer(r, status, o);
-    } else {
-      answer_error(r, status, NULL, "%s", err.msg);
-    }
-    return;
-  }
-  json_t *o = json_object();
-  json_object_set_new(o, "queued", json_string(nh_operator_name(kind)));
-  json_object_set_new(o, "event", nh_view_audit(&ev));
-  json_object_set_new(o, "live_hosts", json_integer(nh_store_hosts_serving(a->store, ev.endpoint,
-                                                                             nh_time_now_ms() - 30000)));
-  nh_audit_clear(&ev);
-  answer(r, 202, o);
+  return 0;
 }
 
 static void on_request(void *data, nh_httpd_req_t *r)
 {
-  nh_admin_t *a = data;
-  const char *method = nh_httpd_req_method(r);
-  const char *path = nh_httpd_req_path(r);
-  params_t p = { 0 };
-  nh_httpd_req_query(r, on_param, &p);
-  /* /api/v1/events/ID, /api/v1/events/ID/resubmit, /api/v1/events/ID/skip */
-  static const char events_prefix[] = "/api/v1/events/";
-  size_t np = sizeof events_prefix - 1;
-  const char *id = strncmp(path, events_prefix, np) == 0 && path[np] && path[np] != '/' ? path + np : NULL;
-  const char *slash = id ? strchr(id, '/') : NULL;
-  int action = slash && (strcmp(slash, "/resubmit") == 0 || strcmp(slash, "/skip") == 0);
-  int read = !slash && (id || strcmp(path, "/api/v1/endpoints") == 0 || strcmp(path, "/api/v1/events") == 0 ||
-                        strcmp(path, "/api/v1/failures") == 0);
-  if (!action && !read) {
-    answer_error(r, 404, NULL, "no route %s %s (the API is under /api/v1: endpoints, events, events/ID, "
-                 "events/ID/resubmit, events/ID/skip, failures)", method, path);
-  } else if (action && strcmp(method, "POST") != 0) {
-    answer_error(r, 405, NULL, "%s %s: actions are POST", method, path);
-  } else if (action) {
-    char *eid = unescape(id, (size_t)(slash - id));
-    post_action(a, r, eid, strcmp(slash, "/skip") == 0 ? NH_OP_SKIP : NH_OP_RESUBMIT);
-    free(eid);
-  } else if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0) {
-    answer_error(r, 405, NULL, "%s %s: only GET is served here", method, path);
-  } else if (id) {
-    char *eid = unescape(id, strlen(id));
-    get_event(a, r, eid);
-    free(eid);
-  } else if (strcmp(path, "/api/v1/endpoints") == 0) {
-    get_endpoints(a, r);
-  } else if (strcmp(path, "/api/v1/events") == 0) {
-    get_events(a, r, &p);
-  } else {
-    get_failures(a, r, &p);
+  nh_admin_call_t c = { .a = data, .r = r, .method = nh_httpd_req_method(r), .path = nh_httpd_req_path(r) };
+  nh_httpd_req_query(r, on_param, &c.q);
+  const route_t *hit = NULL;
+  int path_known = 0;
+  int head = strcmp(c.method, "HEAD") == 0;
+  for (size_t i = 0; i < sizeof routes / sizeof routes[0] && !hit; i++) {
+    if (!match(routes[i].pattern, c.path, &c, 0)) continue;
+    path_known = 1;
+    if (strcmp(routes[i].method, c.method) == 0 || (head && strcmp(routes[i].method, "GET") == 0)) hit = &routes[i];
   }
-  params_clear(&p);
+  if (!hit && path_known) {
+    nh_admin_error(r, 405, NULL, "%s %s: not a method this route takes (reads are GET, actions POST)", c.method,
+                   c.path);
+  } else if (!hit) {
+    nh_admin_error(r, 404, NULL, "no route %s %s (the API is under /api/v1, described by /api/v1/openapi.json; "
+                   "the console is at /console/)", c.method, c.path);
+  } else if (!refuse(&c, hit->need) && (!hit->json || same_origin_json(&c))) {
+    match(hit->pattern, c.path, &c, 1);
+    hit->fn(&c);
+  }
+  call_clear(&c);
+}
+
+void nh_admin_get_health(nh_admin_call_t *c)
+{
+  json_t *o = json_object();
+  json_object_set_new(o, "status", json_string("ok"));
+  nh_admin_answer(c->r, 200, o);
+}
+
+void nh_admin_get_ready(nh_admin_call_t *c)
+{
+  json_t *o = json_object();
+  json_object_set_new(o, "status", json_string(c->a->ready ? "ready" : "starting"));
+  nh_admin_answer(c->r, c->a->ready ? 200 : 503, o);
+}
+
+void nh_admin_get_whoami(nh_admin_call_t *c)
+{
+  json_t *o = json_object();
+  json_object_set_new(o, "name", json_string(c->who));
+  json_object_set_new(o, "role", json_string(c->role == NH_ROLE_OPERATOR ? "operator" : "reader"));
+  json_object_set_new(o, "login_required", json_boolean(c->a->tokens != NULL));
+  json_object_set_new(o, "console_only", json_boolean(c->a->console_only));
+  nh_admin_answer(c->r, 200, o);
 }
 
 /* ---------------------------------------------------------------- lifecycle */
 
-nh_admin_t *nh_admin_start(uv_loop_t *loop, nh_store_t *store, const char *host, int port, nh_error_t *err)
+nh_admin_t *nh_admin_start(uv_loop_t *loop, nh_store_t *store, const nh_admin_opts_t *opts, nh_error_t *err)
 {
   nh_admin_t *a = nh_xcalloc(1, sizeof *a);
+  a->loop = loop;
   a->store = store;
-  nh_httpd_opts_t o = { .host = host, .port = port, .max_body = 10u << 20, .on_request = on_request, .data = a,
-                        .owner = a, .owner_key = "nimbus-admin" };
+  a->console_only = opts->console_only;
+  snprintf(a->host, sizeof a->host, "%s", opts->host);
+  if (opts->token_file && !(a->tokens = nh_admin_tokens_load(opts->token_file, err))) {
+    free(a);
+    return NULL;
+  }
+  if (!a->tokens && !nh_admin_is_loopback(opts->host)) {
+    nh_error_set(err, NH_EUSAGE, "--admin %s:%d: a listener on a non-loopback address shows payloads and takes "
+                 "actions, so it needs logins: give --admin-token-file FILE (lines of TOKEN ROLE NAME, roles "
+                 "reader and operator), or listen on 127.0.0.1", opts->host, opts->port);
+    free(a);
+    return NULL;
+  }
   char owner[64];
   snprintf(owner, sizeof owner, "admin:%ld", (long)getpid());
   a->queue = nh_embedded_init(nh_store_db(store), owner, err);
   if (!a->queue) {
+    nh_admin_tokens_free(a->tokens);
     free(a);
     return NULL;
   }
+  a->console_dir = nh_admin_console_dir();
+  nh_httpd_opts_t o = { .host = opts->host, .port = opts->port, .max_body = 10u << 20, .on_request = on_request,
+                        .data = a, .owner = a, .owner_key = "nimbus-admin" };
   char code[32] = "";
   a->h = nh_httpd_start(loop, &o, err, code);
   if (!a->h) {
     char why[sizeof err->msg];
     snprintf(why, sizeof why, "%s", err->msg);
-    nh_error_set(err, NH_EUSAGE, "--admin %s:%d: %s%s", host, port, why,
-                 strcmp(code, "EADDRINUSE") == 0 ? " (give another port with --admin, or --admin off)" : "");
+    nh_error_set(err, NH_EUSAGE, "--admin %s:%d: %s%s", opts->host, opts->port, why,
+                 strcmp(code, "EADDRINUSE") == 0 ? " (another nimbus-host has the console there? give another port "
+                                                   "with --admin 127.0.0.1:PORT, or --admin off)" : "");
     a->queue->vt->close(a->queue);
+    nh_admin_tokens_free(a->tokens);
+    free(a->console_dir);
     free(a);
     return NULL;
   }
   a->port = nh_httpd_port(a->h);
-  nh_log_info("admin", "operator API on http://%s:%d/api/v1/", host, a->port);
+  nh_log_info("admin", "operator API on http://%s:%d/api/v1/, console http://%s:%d/console/ (%s%s)", opts->host,
+              a->port, opts->host, a->port, a->console_dir ? "files in " : "its files were not found: set NIMBUS_CONSOLE_DIR",
+              a->console_dir ? a->console_dir : "");
   return a;
+}
+
+void nh_admin_set_ready(nh_admin_t *a)
+{
+  if (a) a->ready = 1;
 }
 
 void nh_admin_close(nh_admin_t *a)
 {
   if (!a) return;
+  nh_admin_bulk_close(a);
+  nh_admin_stream_close(a);
   nh_httpd_close(a->h);
   a->queue->vt->close(a->queue);
+  nh_admin_tokens_free(a->tokens);
+  nh_admin_cache_clear(&a->endpoints_cache);
+  nh_admin_cache_clear(&a->failures_cache);
+  free(a->console_dir);
   free(a);
 }

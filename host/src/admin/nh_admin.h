@@ -1,9 +1,7 @@
-/* The admin listener: the operator's HTTP API under /api/v1, served on the loop by the
- * same HTTP stack as nimbus.http.serve (net/nh_httpd.c), reading the host's store between
- * pumps. This first part answers the reads (endpoints with their counts, events with
- * filters and a cursor, one event with its history, failure groups) and the single-event
- * actions (resubmit, skip); bulk and hand-off actions, the OpenAPI document, the stream and
- * the page come next (docs/architecture.md, "Admin API"). */
+/* The admin listener: the operator console and its API (docs/admin-api.md), served on the
+ * loop by the same HTTP stack as nimbus.http.serve (net/nh_httpd.c), reading the store
+ * between pumps. `nimbus-host run` starts one (default 127.0.0.1:7070), and so does
+ * `nimbus-host console` for a store without adapters. */
 #ifndef NH_ADMIN_H
 #define NH_ADMIN_H
 
@@ -14,12 +12,25 @@
 
 typedef struct nh_admin nh_admin_t;
 
-/* Parses --admin's value: "off", "PORT", ":PORT" or "HOST:PORT" (HOST an IPv4 address or
+#define NH_ADMIN_DEFAULT "127.0.0.1:7070"
+
+/* Parses --admin's value: "off", "PORT", ":PORT" or "HOST:PORT" (HOST an IP address or
  * "localhost"; the port 0 asks for a free one). Returns 0 and *off = 1 for "off". */
 int nh_admin_parse_addr(const char *s, char *host, size_t hostlen, int *port, int *off, nh_error_t *err);
-/* Listens on host:port (a port in use is an error naming it). */
-nh_admin_t *nh_admin_start(uv_loop_t *loop, nh_store_t *store, const char *host, int port, nh_error_t *err);
-/* Closes the listener and its connections; the memory goes with the handles (run the loop). */
+int nh_admin_is_loopback(const char *host);
+
+typedef struct nh_admin_opts {
+  const char *host;
+  int port;
+  const char *token_file;   /* --admin-token-file: required off loopback */
+  int console_only;         /* `nimbus-host console`: no adapters in this process */
+} nh_admin_opts_t;
+
+/* Listens (a port in use is an error naming it and what to do). */
+nh_admin_t *nh_admin_start(uv_loop_t *loop, nh_store_t *store, const nh_admin_opts_t *opts, nh_error_t *err);
+/* The adapters are loaded: /readyz answers 200 from now on. */
+void nh_admin_set_ready(nh_admin_t *a);
+/* Closes the listener, its streams and bulk runs; memory goes with the handles (run the loop). */
 void nh_admin_close(nh_admin_t *a);
 
 #endif

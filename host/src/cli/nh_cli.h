@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdio.h>
 
+#include "admin/nh_admin.h"
 #include "store/nh_store.h"
 
 #define NH_EXIT_OK 0
@@ -51,7 +52,17 @@ int nh_cli_valid_utf8(const char *s);
 int nh_cli_filter_parse(const nh_args_t *a, const char *cmd, nh_store_t *s, nh_event_filter_t *f);
 void nh_cli_filter_describe(const nh_event_filter_t *f, const nh_args_t *a, char *out, size_t len);
 
+/* The admin listener's address and logins: --admin ADDR (else $NIMBUS_ADMIN, else
+ * 127.0.0.1:7070; off) and --admin-token-file (nh_cli_console.c). An exit code. */
+typedef struct nh_admin_addr {
+  nh_admin_opts_t opts;
+  char host[256];
+  int off;
+} nh_admin_addr_t;
+int nh_cli_admin_addr(const nh_args_t *a, const char *cmd, nh_admin_addr_t *out);
+
 int nh_cmd_run(int argc, char **argv, int first);
+int nh_cmd_console(int argc, char **argv);
 int nh_cmd_publish(int argc, char **argv);
 int nh_cmd_events(int argc, char **argv);
 int nh_cmd_show(int argc, char **argv);

@@ -402,35 +402,39 @@ int nh_cmd_resubmit(int argc, char **argv)
 
 int nh_cmd_skip(int argc, char **argv)
 {
-  static const nh_opt_spec_t specs[] = { { "--all", 0 }, { "--dry-run", 0 }, NH_CLI_FILTER_OPTS, { NULL, 0 } };
+  static const nh_opt_spec_t specs[] = { { "--all", 0 }, { "--dry-run", 0 }, { "--reason", 1 }, NH_CLI_FILTER_OPTS,
+                                         { NULL, 0 } };
   nh_args_t a;
   int rc = nh_args_parse(&a, "skip", argc, argv, 2, specs);
   if (rc) return rc;
   if (nh_args_has(&a, "--all")) return nh_cli_bulk(NH_OP_SKIP, &a);
   if ((rc = single_or_bulk("skip", &a))) return rc;
-  nh_op_req_t req = { .kind = NH_OP_SKIP, .event_id = a.pos[0], .actor = "cli" };
+  nh_op_req_t req = { .kind = NH_OP_SKIP, .event_id = a.pos[0], .actor = "cli", .reason = nh_args_get(&a, "--reason") };
   return submit("skip", a.store, &req);
 }
 
 int nh_cmd_handoff(int argc, char **argv)
 {
-  static const nh_opt_spec_t specs[] = { { "--result", 1 }, { "--error", 1 }, { "--type", 1 }, { NULL, 0 } };
+  static const nh_opt_spec_t specs[] = { { "--result", 1 }, { "--error", 1 }, { "--type", 1 }, { "--reason", 1 },
+                                         { NULL, 0 } };
   nh_args_t a;
   int rc = nh_args_parse(&a, "handoff", argc, argv, 2, specs);
   if (rc) return rc;
   if (a.npos != 2 || (strcmp(a.pos[0], "complete") != 0 && strcmp(a.pos[0], "fail") != 0))
-    return nh_usage_error("handoff", "usage: handoff complete EVENT_ID [--result JSON] | handoff fail EVENT_ID --error TEXT [--type T]");
+    return nh_usage_error("handoff", "usage: handoff complete EVENT_ID [--result JSON] | handoff fail EVENT_ID --error "
+                                     "TEXT [--type T] [--reason WHY]");
   int complete = strcmp(a.pos[0], "complete") == 0;
   const char *etext = nh_args_get(&a, "--error");
   if (!complete && (!etext || !*etext)) return nh_usage_error("handoff", "handoff fail needs --error TEXT");
-  if (complete && (etext || nh_args_has(&a, "--type")))
-    return nh_usage_error("handoff", "--error and --type belong to handoff fail");
+  if (complete && (etext || nh_args_has(&a, "--type") || nh_args_has(&a, "--reason")))
+    return nh_usage_error("handoff", "--error, --type and --reason belong to handoff fail");
   if (!complete && nh_args_has(&a, "--result")) return nh_usage_error("handoff", "--result belongs to handoff complete");
   char *result = NULL;
   if (nh_args_has(&a, "--result") && !(result = nh_cli_json_arg("handoff", "--result", nh_args_get(&a, "--result"))))
     return NH_EXIT_USAGE;
   nh_op_req_t req = { .kind = complete ? NH_OP_HANDOFF_COMPLETE : NH_OP_HANDOFF_FAIL, .event_id = a.pos[1],
-                      .body = result, .error_text = etext, .error_type = nh_args_get(&a, "--type"), .actor = "cli" };
+                      .body = result, .error_text = etext, .error_type = nh_args_get(&a, "--type"), .actor = "cli",
+                      .reason = nh_args_get(&a, "--reason") };
   rc = submit(complete ? "handoff complete" : "handoff fail", a.store, &req);
   free(result);
   return rc;

@@ -105,7 +105,7 @@ int nh_cmd_run(int argc, char **argv, int first)
 {
   static const nh_opt_spec_t specs[] = {
     { "--transport", 1 }, { "--admin", 1 }, { "--log-format", 1 }, { "--no-reload", 0 }, { "--log-level", 1 },
-    { "--retention", 1 }, { NULL, 0 },
+    { "--retention", 1 }, { "--admin-token-file", 1 }, { NULL, 0 },
   };
   nh_args_t a;
   int rc = nh_args_parse(&a, "run", argc, argv, first, specs);
@@ -132,16 +132,8 @@ int nh_cmd_run(int argc, char **argv, int first)
   if (retention && (retention_ms = nh_duration_parse_ms(retention)) <= 0)
     return nh_usage_error("run", "--retention %s: give the age after which resolved events are deleted, 1s or more "
                                  "(7d, 12h, 30m)", retention);
-  /* The operator API: off unless asked for in this first part (docs/architecture.md,
-   * "Admin API"); the issue's default of 127.0.0.1:7070 comes with the console. */
-  char admin_host[256] = "";
-  int admin_port = 0, admin_off = 1;
-  const char *admin = nh_args_get(&a, "--admin");
-  if (admin) {
-    nh_error_t aerr = {0};
-    if (nh_admin_parse_addr(admin, admin_host, sizeof admin_host, &admin_port, &admin_off, &aerr))
-      return nh_usage_error("run", "%s", aerr.msg);
-  }
+  nh_admin_addr_t admin;
+  if ((rc = nh_cli_admin_addr(&a, "run", &admin))) return rc;
   for (int i = 0; i < a.npos; i++)
     if (access(a.pos[i], R_OK) != 0)
       return nh_usage_error("run", "cannot read adapter %s: no such file or not readable", a.pos[i]);
@@ -186,10 +178,11 @@ int nh_cmd_run(int argc, char **argv, int first)
     fprintf(stderr, "nimbus-host: %s\n", err.msg);
     status = NH_EXIT_FAIL;
   }
-  if (status == NH_EXIT_OK && !admin_off && !(h.admin = nh_admin_start(loop, store, admin_host, admin_port, &err))) {
+  if (status == NH_EXIT_OK && !admin.off && !(h.admin = nh_admin_start(loop, store, &admin.opts, &err))) {
     fprintf(stderr, "nimbus-host: %s\n", err.msg);
     status = NH_EXIT_USAGE;
   }
+  nh_admin_set_ready(h.admin);
   if (status == NH_EXIT_OK) {
     uv_signal_init(loop, &h.sigint);
     uv_signal_init(loop, &h.sigterm);

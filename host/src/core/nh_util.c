@@ -243,3 +243,16 @@ int nh_owner_dead(const char *owner)
   long pid = strtol(owner + n + 1, NULL, 10);
   return pid > 0 && kill((pid_t)pid, 0) != 0 && errno == ESRCH;
 }
+
+int nh_share_dir(const char *what, char *out, size_t len)
+{
+  char exe[4096];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n <= 0) return -1;
+  exe[n] = '\0';
+  char *slash = strrchr(exe, '/');
+  if (!slash) return -1;
+  *slash = '\0';
+  int w = snprintf(out, len, "%s/../share/nimbus-host/%s", exe, what);
+  return w < 0 || (size_t)w >= len ? -1 : 0;
+}

@@ -36,6 +36,10 @@ char *nh_xstrndup(const char *s, size_t n);
  * process on this machine that no longer runs (its leftovers can be taken over). */
 int nh_owner_dead(const char *owner);
 
+/* <directory of the running binary>/../share/nimbus-host/<what>, where `make install` puts
+ * the Lua runtime and the console; 0, or -1 when the binary's path is unknown. */
+int nh_share_dir(const char *what, char *out, size_t len);
+
 /* Reads a whole file; returns NULL and sets *err (static text) on failure. */
 char *nh_file_read(const char *path, size_t *len, const char **err);
 

@@ -94,13 +94,14 @@ int nh_operator_queue(nh_store_t *s, nh_transport_t *t, const nh_op_req_t *r, co
   m.error_text = (char *)r->error_text;
   m.error_type = (char *)r->error_type;
   m.enqueued_at = nh_time_now_ms();
-  char detail[160];
-  snprintf(detail, sizeof detail, "%s%s by %s", op_names[r->kind],
-           r->kind == NH_OP_RESUBMIT && r->body ? " with a new body" : "", r->actor ? r->actor : "operator");
+  char detail[640];
+  snprintf(detail, sizeof detail, "%s%s by %s%s%.400s", op_names[r->kind],
+           r->kind == NH_OP_RESUBMIT && r->body ? " with a new body" : "", r->actor ? r->actor : "operator",
+           r->reason && *r->reason ? ": " : "", r->reason ? r->reason : "");
   int copies = 0;
   if (t->vt->send(t, &m, ev->endpoint, &copies, err) ||
       nh_store_oppending_add(s, mid, ev->endpoint, ev->event_id, op_names[r->kind], ev->status) ||
-      (!r->no_oplog && nh_store_oplog_add(s, op_names[r->kind], ev->endpoint, ev->event_id, ev->session_id, detail)) ||
+      (!r->no_oplog && nh_store_oplog_add(s, r->who, op_names[r->kind], ev->endpoint, ev->event_id, ev->session_id, detail)) ||
       nh_store_history_add(s, ev->endpoint, ev->event_id, mid, nh_msg_type_name(m.type), "Requested", detail)) {
     if (!err->msg[0]) nh_error_set(err, NH_EFAIL, "store: cannot queue the request");
     return NH_EFAIL;

@@ -20,7 +20,9 @@ typedef struct nh_op_req {
   const char *body;            /* resubmit: new body; handoff complete: result JSON */
   const char *error_text;      /* handoff fail */
   const char *error_type;
-  const char *actor;           /* "cli", "checker NAME", "script": for the operator log */
+  const char *actor;           /* "cli", "checker NAME", "admin API": in the event's history */
+  const char *who;             /* the operator log's actor (an API token's name); NULL: the OS user */
+  const char *reason;          /* why (skip, a failed hand-off): kept in the history and the log */
   int no_oplog;                /* a bulk run logs itself once instead of once per event */
   int force;                   /* resubmit a Completed or Skipped event (runs its handler again) */
 } nh_op_req_t;

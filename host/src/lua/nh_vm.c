@@ -66,17 +66,7 @@ const char *nh_vm_lua_dir(const char *argv0)
   static char buf[PATH_MAX + 32];
   const char *env = getenv("NIMBUS_LUA_DIR");
   if (env && *env) return env;
-  char exe[PATH_MAX];
-  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-  if (n > 0) {
-    exe[n] = '\0';
-    char *slash = strrchr(exe, '/');
-    if (slash) {
-      *slash = '\0';
-      snprintf(buf, sizeof buf, "%s/../share/nimbus-host/lua", exe);
-      if (dir_has_nimbus(buf)) return buf;
-    }
-  }
+  if (nh_share_dir("lua", buf, sizeof buf) == 0 && dir_has_nimbus(buf)) return buf;
   (void)argv0;
   const char *src = src_lua_dir();
   return src ? src : "lua";

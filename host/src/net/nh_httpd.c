@@ -13,7 +13,16 @@
  *
  * Paths and query values reach us as sent: the unescape callback is the identity, so a
  * %2F inside one path segment stays inside that segment; the Lua side decodes after
- * splitting. */
+ * splitting.
+ *
+ * A stream (nh_httpd_stream_start) is a response from a content-reader callback of
+ * unknown size (chunked). The reader hands MHD what the application buffered; with
+ * nothing buffered it suspends the connection and returns 0 (MHD's way of waiting
+ * without spinning), and a write resumes it. A suspended connection is invisible to
+ * MHD, so its socket is watched for the peer's close by a uv_poll_t of its own (EPOLLRDHUP
+ * only: nothing is read there, MHD's epoll set is untouched). The response's free
+ * callback is the one place a stream ends: on_close, if the application still holds it,
+ * then the memory. */
 #include "nh_httpd.h"
 #include "core/nh_log.h"
 #include "core/nh_queue.h"
@@ -39,6 +48,9 @@
 /* A body over max_body is read and thrown away so the client gets its 413; past this
  * much more, the connection is simply closed. */
 #define NH_HTTPD_DISCARD_CAP (16u << 20)
+#define NH_HTTPD_DEFAULT_STREAM_MAX (1u << 20)
+/* The most a stream's reader is asked for at once (MHD's own buffer bounds it too). */
+#define NH_HTTPD_STREAM_BLOCK 16384
 
 enum req_state {
   R_BODY,      /* headers seen, collecting the body */
@@ -62,6 +74,21 @@ struct nh_httpd_req {
   nh_queue_t node;                 /* the server's live requests (srv->reqs) */
 };
 
+struct nh_httpd_stream {
+  nh_httpd_t *srv;
+  struct MHD_Connection *conn;     /* valid while MHD holds the response */
+  nh_queue_t node;                 /* srv->streams */
+  char *buf;
+  size_t off, len, cap, limit;     /* unsent bytes: buf[off..len) */
+  int app;                         /* the application holds the handle (until end or on_close) */
+  int ended;                       /* end the body once the buffer is sent */
+  int failed;                      /* dropped for not reading, or the peer closed: abort the body */
+  int suspended;                   /* parked by the reader with nothing to send */
+  uv_poll_t *hup;                  /* watches for the peer's close while suspended */
+  nh_httpd_stream_close_cb on_close;
+  void *ud;
+};
+
 struct nh_httpd {
   uv_loop_t *loop;
   struct MHD_Daemon *d;
@@ -71,6 +98,7 @@ struct nh_httpd {
   int port;
   size_t max_body;
   unsigned max_headers;
+  size_t stream_max;
   nh_httpd_request_cb on_request;
   void *data;
   int in_run;           /* inside MHD_run: stopping the daemon must wait */
@@ -78,6 +106,7 @@ struct nh_httpd {
   int inflight;         /* requests handed to the application and not yet sent */
   int quiesced;         /* no longer accepting (a retiring generation) */
   nh_queue_t reqs;                 /* live requests, newest first */
+  nh_queue_t streams;              /* streams whose response MHD still holds */
   struct sockaddr_storage bound;   /* for listening_here() */
   socklen_t bound_len;
   const void *owner;
@@ -294,12 +323,15 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
   vsnprintf(buf, sizeof buf, fmt, ap);
   size_t n = strlen(buf);
   while (n && (buf[n - 1] == '\n' || buf[n - 1] == '\r')) buf[--n] = '\0';
-  nh_log_info("httpd", "libmicrohttpd: %s", buf);
+  /* a stream whose client left ends its body with an error, on purpose: not news */
+  if (strstr(buf, "application error generating response")) nh_log_debug("httpd", "libmicrohttpd: %s", buf);
+  else nh_log_info("httpd", "libmicrohttpd: %s", buf);
 }
 
 /* ---------------------------------------------------------------- loop glue */
 
 static void do_close(nh_httpd_t *s);
+static void stream_resume(nh_httpd_stream_t *st, int kick_now);
 
 static void run_mhd(nh_httpd_t *s)
 {
@@ -366,6 +398,12 @@ static void do_close(nh_httpd_t *s)
       MHD_resume_connection(r->conn);
     }
     answered += r->state == R_READY;
+  }
+  /* Streams end now: resumed, their readers give what is buffered, then the end of the
+   * body (s->closing). The pass below sends it when the sockets take it. */
+  nh_queue_foreach(q, &s->streams) {
+    stream_resume(nh_queue_data(q, nh_httpd_stream_t, node), 0);
+    answered++;
   }
   /* Best effort: one last pass queues and writes the answers that are ready (the 503s
    * of routes cancelled because their VM is closing). New requests get 503 now. */
@@ -488,9 +526,11 @@ nh_httpd_t *nh_httpd_start(uv_loop_t *loop, const nh_httpd_opts_t *o, nh_error_t
   s->owner_key = o->owner_key ? strdup(o->owner_key) : NULL;
   s->max_body = o->max_body ? o->max_body : NH_HTTPD_DEFAULT_MAX_BODY;
   s->max_headers = o->max_headers ? o->max_headers : NH_HTTPD_DEFAULT_MAX_HEADERS;
+  s->stream_max = o->stream_max_buffer ? o->stream_max_buffer : NH_HTTPD_DEFAULT_STREAM_MAX;
   s->on_request = o->on_request;
   s->data = o->data;
   nh_queue_init(&s->reqs);
+  nh_queue_init(&s->streams);
   nh_queue_init(&s->reg_node);
 
   struct MHD_OptionItem ops[] = {
@@ -582,28 +622,55 @@ int nh_httpd_req_query(nh_httpd_req_t *r, nh_httpd_kv_cb cb, void *ud)
   return iterate(r, MHD_GET_ARGUMENT_KIND, cb, ud);
 }
 
-static struct MHD_Response *build_response(unsigned status, const nh_httpd_header_t *h, size_t nh, const char *body,
-                                           size_t len, nh_error_t *err)
+static int check_status(unsigned status, nh_error_t *err)
 {
-  if (status < 200 || status > 999) {
-    nh_error_set(err, NH_EUSAGE, "status %u is not a final HTTP status (200..999)", status);
-    return NULL;
-  }
-  struct MHD_Response *resp = MHD_create_response_from_buffer(len, (void *)(len ? body : ""), MHD_RESPMEM_MUST_COPY);
-  if (!resp) {
-    nh_error_set(err, NH_EFAIL, "out of memory building a response");
-    return NULL;
-  }
+  if (status >= 200 && status <= 999) return 0;
+  return nh_error_set(err, NH_EUSAGE, "status %u is not a final HTTP status (200..999)", status);
+}
+
+/* Adds the headers but Content-Length (MHD computes it, or chunks). 0, or -1 with err. */
+static int add_headers(struct MHD_Response *resp, const nh_httpd_header_t *h, size_t nh, nh_error_t *err)
+{
   for (size_t i = 0; i < nh; i++) {
     if (!h[i].name || !h[i].value) continue;
     if (strcasecmp(h[i].name, MHD_HTTP_HEADER_CONTENT_LENGTH) == 0) continue;
     if (MHD_add_response_header(resp, h[i].name, h[i].value) != MHD_YES) {
       nh_error_set(err, NH_EUSAGE, "invalid response header %s (empty value, space or newline in it?)", h[i].name);
-      MHD_destroy_response(resp);
-      return NULL;
+      return -1;
     }
   }
+  return 0;
+}
+
+static struct MHD_Response *build_response(unsigned status, const nh_httpd_header_t *h, size_t nh, const char *body,
+                                           size_t len, nh_error_t *err)
+{
+  if (check_status(status, err)) return NULL;
+  struct MHD_Response *resp = MHD_create_response_from_buffer(len, (void *)(len ? body : ""), MHD_RESPMEM_MUST_COPY);
+  if (!resp) {
+    nh_error_set(err, NH_EFAIL, "out of memory building a response");
+    return NULL;
+  }
+  if (add_headers(resp, h, nh, err)) {
+    MHD_destroy_response(resp);
+    return NULL;
+  }
   return resp;
+}
+
+/* Hands a built response to a waiting request: queued on the next MHD pass (at once when
+ * we are inside on_request). */
+static void req_answer(nh_httpd_req_t *r, struct MHD_Response *resp, unsigned status)
+{
+  nh_httpd_req_drop_body(r);
+  r->resp = resp;
+  r->status = status;
+  r->state = R_READY;
+  if (r->suspended) {
+    r->suspended = 0;
+    MHD_resume_connection(r->conn);
+    kick(r->srv);
+  }
 }
 
 int nh_httpd_respond(nh_httpd_req_t *r, unsigned status, const nh_httpd_header_t *headers, size_t nheaders,
@@ -621,14 +688,212 @@ int nh_httpd_respond(nh_httpd_req_t *r, unsigned status, const nh_httpd_header_t
     status = MHD_HTTP_INTERNAL_SERVER_ERROR;
     resp = json_error_response("{\"error\":\"internal error\"}");
   }
-  nh_httpd_req_drop_body(r);
-  r->resp = resp;
-  r->status = status;
-  r->state = R_READY;
-  if (r->suspended) {
-    r->suspended = 0;
-    MHD_resume_connection(r->conn);
-    kick(r->srv);
-  }
+  req_answer(r, resp, status);
   return rc;
+}
+
+/* ---------------------------------------------------------------- streams */
+
+static void hup_closed(uv_handle_t *h) { free(h); }
+
+/* Closed while the connection is still suspended, so its descriptor is still open (MHD
+ * closes it only after a resume): libuv's removal of it from the loop's epoll set cannot
+ * hit a reused descriptor number. */
+static void stream_unwatch(nh_httpd_stream_t *st)
+{
+  if (!st->hup) return;
+  uv_close((uv_handle_t *)st->hup, hup_closed);
+  st->hup = NULL;
+}
+
+static void stream_resume(nh_httpd_stream_t *st, int kick_now)
+{
+  if (!st->suspended) return;
+  stream_unwatch(st);
+  st->suspended = 0;
+  MHD_resume_connection(st->conn);
+  if (kick_now) kick(st->srv);
+}
+
+static void stream_drop_buffer(nh_httpd_stream_t *st)
+{
+  free(st->buf);
+  st->buf = NULL;
+  st->off = st->len = st->cap = 0;
+}
+
+/* The client closed its end (or the socket failed): abort the body, so MHD closes the
+ * connection and the free callback reports it. A client that half-closes and still reads
+ * is taken as gone too: an SSE client has nothing to send, closing is leaving. */
+static void on_hup(uv_poll_t *h, int status, int events)
+{
+  (void)status;
+  (void)events;
+  nh_httpd_stream_t *st = h->data;
+  st->failed = 1;
+  stream_drop_buffer(st);
+  stream_resume(st, 1);
+}
+
+/* Best effort: without the watch the peer's close is noticed at the next write. */
+static void stream_watch(nh_httpd_stream_t *st)
+{
+  const union MHD_ConnectionInfo *ci = MHD_get_connection_info(st->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+  if (!ci) return;
+  uv_poll_t *h = nh_xmalloc(sizeof *h);
+  if (uv_poll_init_socket(st->srv->loop, h, ci->connect_fd) != 0) {
+    free(h);
+    return;
+  }
+  h->data = st;
+  uv_unref((uv_handle_t *)h);
+  if (uv_poll_start(h, UV_DISCONNECT, on_hup) != 0) {
+    uv_close((uv_handle_t *)h, hup_closed);
+    return;
+  }
+  st->hup = h;
+}
+
+static ssize_t stream_read(void *cls, uint64_t pos, char *out, size_t max)
+{
+  (void)pos;
+  nh_httpd_stream_t *st = cls;
+  if (st->failed) return MHD_CONTENT_READER_END_WITH_ERROR;
+  size_t n = st->len - st->off;
+  if (n) {
+    if (n > max) n = max;
+    memcpy(out, st->buf + st->off, n);
+    st->off += n;
+    /* drained: the buffer is kept (at most the limit) for the next burst; letting it go
+     * and growing it again each time cost a page fault per 4 KiB, a tenth of a tick */
+    if (st->off == st->len) st->off = st->len = 0;
+    return (ssize_t)n;
+  }
+  if (st->ended || st->srv->closing) return MHD_CONTENT_READER_END_OF_STREAM;
+  /* nothing to send: rest until a write (0 with the connection suspended does not spin) */
+  MHD_suspend_connection(st->conn);
+  st->suspended = 1;
+  stream_watch(st);
+  return 0;
+}
+
+/* MHD let go of the response (sent, aborted, or the connection or server closed). */
+static void stream_released(void *cls)
+{
+  nh_httpd_stream_t *st = cls;
+  stream_unwatch(st);
+  nh_queue_remove(&st->node);
+  st->conn = NULL;
+  if (st->app) {
+    st->app = 0;
+    st->on_close(st->ud);
+  }
+  free(st->buf);
+  free(st);
+}
+
+/* Room for `more` bytes after the unsent ones (the caller checked the limit). */
+static void stream_reserve(nh_httpd_stream_t *st, size_t more)
+{
+  if (st->off && st->len + more > st->cap) {
+    memmove(st->buf, st->buf + st->off, st->len - st->off);
+    st->len -= st->off;
+    st->off = 0;
+  }
+  if (st->len + more <= st->cap) return;
+  size_t cap = st->cap ? st->cap : 4096;
+  while (cap < st->len + more) cap *= 2;
+  if (cap > st->limit) cap = st->limit;
+  st->buf = nh_xrealloc(st->buf, cap);
+  st->cap = cap;
+}
+
+nh_httpd_stream_t *nh_httpd_stream_start(nh_httpd_req_t *r, unsigned status, const nh_httpd_header_t *headers,
+                                         size_t nheaders, nh_httpd_stream_close_cb on_close, void *ud,
+                                         nh_error_t *err)
+{
+  if (!r->srv) {   /* orphaned: the connection or the server went away */
+    req_free(r);
+    nh_error_set(err, NH_ESTATE, "the client went away before the stream started");
+    return NULL;
+  }
+  if (r->state != R_WAIT) {
+    nh_error_set(err, NH_ESTATE, "request already answered");
+    return NULL;
+  }
+  nh_httpd_t *s = r->srv;
+  nh_httpd_stream_t *st = nh_xcalloc(1, sizeof *st);
+  st->srv = s;
+  st->conn = r->conn;
+  st->limit = s->stream_max;
+  st->on_close = on_close;
+  st->ud = ud;
+  nh_queue_init(&st->node);
+  struct MHD_Response *resp = NULL;
+  if (check_status(status, err) == 0) {
+    resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, NH_HTTPD_STREAM_BLOCK, stream_read, st,
+                                             stream_released);
+    if (!resp) nh_error_set(err, NH_EFAIL, "out of memory building a response");
+  }
+  if (resp && add_headers(resp, headers, nheaders, err)) {
+    MHD_destroy_response(resp);   /* frees st: stream_released, with st->app still 0 */
+    resp = NULL;
+    st = NULL;
+  }
+  if (!resp) {
+    free(st);
+    req_answer(r, json_error_response("{\"error\":\"internal error\"}"), MHD_HTTP_INTERNAL_SERVER_ERROR);
+    return NULL;
+  }
+  st->app = 1;
+  nh_queue_insert_tail(&s->streams, &st->node);
+  req_answer(r, resp, status);
+  /* a stream never ends by itself: it must not keep the loop (and the process) alive */
+  inflight_add(s, r, -1);
+  return st;
+}
+
+/* Drops a client that does not read. A connection blocked on a full socket is not
+ * suspended, and MHD would wait for it until its idle timeout: shutting the socket down
+ * (not closing it, MHD owns the descriptor) makes MHD's next send fail, so it closes the
+ * connection now and the free callback reports it. */
+static void stream_drop(nh_httpd_stream_t *st)
+{
+  nh_log_warn("httpd", "dropping a stream client that does not read (%zu bytes waiting, limit %zu)",
+              st->len - st->off, st->limit);
+  st->failed = 1;
+  stream_drop_buffer(st);
+  if (st->suspended) {
+    stream_resume(st, 1);
+    return;
+  }
+  const union MHD_ConnectionInfo *ci = MHD_get_connection_info(st->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+  if (ci) shutdown(ci->connect_fd, SHUT_RDWR);
+  kick(st->srv);
+}
+
+int nh_httpd_stream_write(nh_httpd_stream_t *st, const char *data, size_t len)
+{
+  if (!st->app || st->failed || st->ended || st->srv->closing) return -1;
+  if (!len) return 0;
+  size_t pending = st->len - st->off;   /* never above limit */
+  if (len > st->limit - pending) {
+    stream_drop(st);
+    return -1;
+  }
+  stream_reserve(st, len);
+  memcpy(st->buf + st->len, data, len);
+  st->len += len;
+  stream_resume(st, 1);
+  return 0;
+}
+
+size_t nh_httpd_stream_buffered(const nh_httpd_stream_t *st) { return st->len - st->off; }
+
+void nh_httpd_stream_end(nh_httpd_stream_t *st)
+{
+  if (!st || !st->app) return;
+  st->app = 0;
+  st->ended = 1;
+  stream_resume(st, 1);
 }

@@ -6,8 +6,9 @@
  * header count and Content-Length, collects the body (up to max_body), then calls
  * on_request with the connection suspended. The application answers, now or later,
  * with nh_httpd_respond; the connection is resumed and the response queued on the next
- * MHD pass. Every accepted request must get exactly one nh_httpd_respond call, even
- * after the server was closed (the request is then just freed). */
+ * MHD pass. Every accepted request must get exactly one nh_httpd_respond (or
+ * nh_httpd_stream_start) call, even after the server was closed (the request is then
+ * just freed). */
 #ifndef NH_HTTPD_H
 #define NH_HTTPD_H
 
@@ -30,6 +31,7 @@ typedef struct nh_httpd_opts {
   unsigned max_headers;        /* 0: 64. More request headers get 431 */
   unsigned idle_timeout_s;     /* idle keep-alive connections are closed after this; 0: 60 */
   unsigned max_connections;    /* 0: libmicrohttpd's default */
+  size_t stream_max_buffer;    /* bytes a stream may hold for a client that does not read; 0: 1 MiB */
   nh_httpd_request_cb on_request;
   void *data;
   /* The generation this server belongs to (a VM). A server may bind beside one of another
@@ -78,5 +80,42 @@ typedef struct nh_httpd_header {
  * Content-Length is computed; a Content-Length header is ignored. */
 int nh_httpd_respond(nh_httpd_req_t *r, unsigned status, const nh_httpd_header_t *headers, size_t nheaders,
                      const char *body, size_t len, nh_error_t *err);
+
+/* ---- streaming responses (Server-Sent Events)
+ *
+ * nh_httpd_stream_start answers a request with a body of unknown length (chunked) that
+ * the application writes piece by piece, on the loop, for as long as it likes. Writes are
+ * copied into the stream's buffer and sent as the client reads; the loop never waits. A
+ * client that does not read is dropped once the buffer would pass stream_max_buffer,
+ * so it cannot make the process grow (a drained buffer is kept for the next burst: a
+ * stream holds at most that much). While nothing is buffered the connection rests
+ * suspended, and the socket is watched for the peer's close, so a client that goes away
+ * is noticed at once rather than at the next write (a client that only half-closes is
+ * taken as gone too).
+ *
+ * on_close(ud) runs exactly once for a started stream that the application did not end
+ * itself: the client went away, it was dropped for not reading, or the server closed.
+ * It runs from the server's processing (or from nh_httpd_close), never from inside
+ * nh_httpd_stream_write. After on_close, or after nh_httpd_stream_end, the handle is
+ * gone: do not use it again. A stream does not keep the loop alive (it never ends by
+ * itself). */
+typedef struct nh_httpd_stream nh_httpd_stream_t;
+typedef void (*nh_httpd_stream_close_cb)(void *ud);
+
+/* Answers `r` with `status` and the headers (Content-Length is ignored), the body to
+ * follow by nh_httpd_stream_write. Returns NULL with a reason in err when the request's
+ * connection is gone already or the response cannot be built (a bad status or header:
+ * the client then gets a bare 500); either way the request is consumed, and on_close will
+ * not run. */
+nh_httpd_stream_t *nh_httpd_stream_start(nh_httpd_req_t *r, unsigned status, const nh_httpd_header_t *headers,
+                                         size_t nheaders, nh_httpd_stream_close_cb on_close, void *ud,
+                                         nh_error_t *err);
+/* Queues len bytes. 0, or -1 when the stream is no longer sending: the client is gone or
+ * was dropped now for not reading (on_close follows from the loop), or the server closed. */
+int nh_httpd_stream_write(nh_httpd_stream_t *s, const char *data, size_t len);
+/* Bytes written and not yet handed to the connection. */
+size_t nh_httpd_stream_buffered(const nh_httpd_stream_t *s);
+/* Ends the body once what is buffered has been sent; on_close will not run. */
+void nh_httpd_stream_end(nh_httpd_stream_t *s);
 
 #endif

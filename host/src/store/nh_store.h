@@ -125,6 +125,10 @@ int nh_store_audit_list(nh_store_t *s, const char *endpoint, const char *status,
  * each runs on the index of its most selective filter (status, session or group). */
 typedef struct nh_event_filter {
   const char *endpoint, *status, *session, *type;
+  /* Several statuses or types (either one: status/type, or these lists, NULL-terminated) */
+  const char *status_in[8], *type_in[8];
+  const char *event_id;           /* one event id (exact) */
+  const char *payload;            /* substring of the stored payload (case-sensitive; reads the rows) */
   const char *error;              /* substring of error_text, case-insensitive */
   const char *group;              /* failure group id (nh_failgroup_id) */
   int64_t since_ms, before_ms;    /* updated_at range, 0 = open */
@@ -139,6 +143,9 @@ typedef struct nh_event_filter {
    * matching row again for each batch: 94 ms a batch in a group of 100,000). */
   int batch;
   int64_t after_rowid;
+  int desc;                       /* batch newest first: rows before after_rowid (0: from the newest) */
+  int page;                       /* the batch is a reader's page (the API's lists), not a bulk batch */
+  int64_t rowid_from, rowid_to;   /* rowid in (from, to], when to is set (the page planner's probe) */
 } nh_event_filter_t;
 /* Calls cb per row in (created_at, rowid) order, or rowid order for a batch; a non-zero
  * return stops. Returns the number of rows passed to cb, or NH_EFAIL. `last_rowid`
@@ -276,8 +283,35 @@ int nh_store_oppending_has(nh_store_t *s, const char *endpoint, const char *even
 /* Removes the request; 1 and *expected_status (caller frees) if it was there, 0 if not. */
 int nh_store_oppending_take(nh_store_t *s, const char *message_id, char **expected_status);
 
-/* operator action log */
-int nh_store_oplog_add(nh_store_t *s, const char *action, const char *endpoint, const char *event_id,
-                       const char *session, const char *detail);
+/* operator action log; actor: who did it ("cli (alice)", "admin API (token ops-1)"); NULL:
+ * the operating-system user */
+int nh_store_oplog_add(nh_store_t *s, const char *actor, const char *action, const char *endpoint,
+                       const char *event_id, const char *session, const char *detail);
+
+/* ---- the operator console's reads (nh_store_console.c) */
+typedef struct nh_endpoint_stats {
+  int64_t blocked_sessions, handoffs_pending, handoffs_overdue;
+} nh_endpoint_stats_t;
+int nh_store_endpoint_stats(nh_store_t *s, const char *endpoint, int64_t now, nh_endpoint_stats_t *out);
+
+typedef struct nh_blocked_row {
+  const char *endpoint, *session_id, *blocked_by;
+  int64_t retry_due;                     /* 0: no retry scheduled */
+  const char *status, *sub_status, *event_type, *error_text, *handoff_reason;   /* the blocker's */
+  int64_t since;                         /* the blocker's last change */
+  int64_t parked;                        /* messages parked behind it */
+} nh_blocked_row_t;
+typedef int (*nh_blocked_cb)(void *data, const nh_blocked_row_t *r);
+/* Blocked sessions in (endpoint, session) order after the given key (NULL: from the
+ * start), at most `limit`. Returns the count passed to cb, or NH_EFAIL. */
+int nh_store_blocked_sessions(nh_store_t *s, const char *endpoint, const char *after_endpoint,
+                              const char *after_session, int limit, nh_blocked_cb cb, void *data);
+
+typedef struct nh_oplog_row {
+  int64_t at;
+  const char *actor, *action, *detail;
+} nh_oplog_row_t;
+typedef int (*nh_oplog_cb)(void *data, const nh_oplog_row_t *r);
+int nh_store_oplog_list(nh_store_t *s, const char *endpoint, const char *event_id, nh_oplog_cb cb, void *data);
 
 #endif

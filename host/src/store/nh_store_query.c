@@ -38,19 +38,36 @@ static void add(sqlbuf_t *b, const char *fmt, ...)
   b->len += (size_t)n;
 }
 
+/* column IN (:column0, ...) for a NULL-terminated list (status and type are both columns
+ * whose parameter name is their own: event_type is bound as :type0...). */
+static void in_list(sqlbuf_t *b, const char *name, const char *const *list)
+{
+  if (!list[0]) return;
+  add(b, " AND %s IN (", strcmp(name, "type") == 0 ? "event_type" : name);
+  for (int i = 0; i < 8 && list[i]; i++) add(b, "%s:%s%d", i ? ", " : "", name, i);
+  add(b, ")");
+}
+
 static void where(sqlbuf_t *b, const nh_event_filter_t *f)
 {
   add(b, " WHERE 1");
   if (f->status) add(b, " AND status = :status");
+  in_list(b, "status", f->status_in);
   if (f->endpoint) add(b, " AND endpoint = :endpoint");
   if (f->session) add(b, " AND session_id = :session");
   if (f->type) add(b, " AND event_type = :type");
+  in_list(b, "type", f->type_in);
+  if (f->event_id) add(b, " AND event_id = :event_id");
+  if (f->payload) add(b, " AND instr(payload, :payload) > 0");
   if (f->group) add(b, " AND fail_group = :group");
-  if (f->error) add(b, " AND instr(lower(error_text), lower(:error)) > 0");
+  /* LIKE is case-insensitive for ASCII, as strcasestr in nh_event_filter_match, and reads
+   * the text in place (lower() copied every error text: 39 ms against 26 over 100,000) */
+  if (f->error) add(b, " AND error_text LIKE :error ESCAPE '\\'");
   if (f->since_ms) add(b, " AND updated_at >= :since");
   if (f->before_ms) add(b, " AND updated_at < :before");
   if (f->cutoff_ms) add(b, " AND updated_at <= :cutoff");
-  if (f->after_rowid) add(b, " AND rowid > :after_rowid");
+  if (f->after_rowid) add(b, f->desc ? " AND rowid < :after_rowid" : " AND rowid > :after_rowid");
+  if (f->rowid_to) add(b, " AND rowid > :rowid_from AND rowid <= :rowid_to");
   for (int i = 0; i < 4 && f->not_status[i]; i++) add(b, " AND status <> :not%d", i);
   if (f->need_payload) add(b, " AND payload IS NOT NULL");
   if (f->without_request)
@@ -61,13 +78,26 @@ static void where(sqlbuf_t *b, const nh_event_filter_t *f)
 char *nh_store_events_sql(const nh_event_filter_t *f, int count)
 {
   sqlbuf_t b = { 0 };
-  if (count) {
+  if (count == 2) {   /* how many match, up to :limit */
+    add(&b, "SELECT count(*) FROM (SELECT 1 FROM audit");
+    where(&b, f);
+    add(&b, " LIMIT :limit)");
+  } else if (count) {
     add(&b, "SELECT count(*) FROM audit");
     where(&b, f);
+  } else if (f->batch > 0 && f->page && (f->status || f->status_in[0])) {
+    /* A reader's page filtered by status: the rowids come from the status index (it
+     * covers the filters) and only the page's rows are read. Ordered by rowid, sqlite
+     * would rather walk the whole table in that order: 100 ms for the newest 100 of
+     * 100,000 Failed events among 1,000,000, against 16 ms this way. */
+    add(&b, "SELECT " NH_AUDIT_COLS ", rowid AS rid FROM audit WHERE rowid IN (SELECT rowid FROM audit");
+    where(&b, f);
+    add(&b, f->desc ? " ORDER BY +rowid DESC LIMIT :batch)" : " ORDER BY +rowid LIMIT :batch)");
+    add(&b, f->desc ? " ORDER BY rowid DESC" : " ORDER BY rowid");
   } else if (f->batch > 0) {
     add(&b, "SELECT " NH_AUDIT_COLS ", rowid AS rid FROM audit");
     where(&b, f);
-    add(&b, " ORDER BY rowid LIMIT :batch");
+    add(&b, f->desc ? " ORDER BY rowid DESC LIMIT :batch" : " ORDER BY rowid LIMIT :batch");
   } else if (f->limit > 0) {
     /* the newest N, printed oldest first */
     add(&b, "SELECT * FROM (SELECT " NH_AUDIT_COLS ", rowid AS rid FROM audit");
@@ -108,12 +138,36 @@ static sqlite3_stmt *prepare(nh_store_t *s, const nh_event_filter_t *f, int coun
   bind_name(st, ":session", f->session);
   bind_name(st, ":type", f->type);
   bind_name(st, ":group", f->group);
-  bind_name(st, ":error", f->error);
+  bind_name(st, ":event_id", f->event_id);
+  bind_name(st, ":payload", f->payload);
+  for (int i = 0; i < 8; i++) {
+    char name[16];
+    snprintf(name, sizeof name, ":status%d", i);
+    bind_name(st, name, f->status_in[i]);
+    snprintf(name, sizeof name, ":type%d", i);
+    bind_name(st, name, f->type_in[i]);
+  }
+  if (f->error) {
+    /* the substring as a LIKE pattern: %, _ and the escape itself taken literally */
+    size_t n = strlen(f->error);
+    char *pat = nh_xmalloc(2 * n + 3), *o = pat;
+    *o++ = '%';
+    for (size_t i = 0; i < n; i++) {
+      if (f->error[i] == '%' || f->error[i] == '_' || f->error[i] == '\\') *o++ = '\\';
+      *o++ = f->error[i];
+    }
+    *o++ = '%';
+    *o = '\0';
+    bind_name(st, ":error", pat);
+    free(pat);
+  }
   bind_i64(st, ":since", f->since_ms);
   bind_i64(st, ":before", f->before_ms);
   bind_i64(st, ":cutoff", f->cutoff_ms);
   bind_i64(st, ":batch", f->batch);
   bind_i64(st, ":after_rowid", f->after_rowid);
+  bind_i64(st, ":rowid_from", f->rowid_from);
+  bind_i64(st, ":rowid_to", f->rowid_to);
   bind_i64(st, ":limit", f->limit);
   for (int i = 0; i < 4 && f->not_status[i]; i++) {
     char name[16];
@@ -123,8 +177,52 @@ static sqlite3_stmt *prepare(nh_store_t *s, const nh_event_filter_t *f, int coun
   return st;
 }
 
+/* A reader's page by status reads the status index (see nh_store_events_sql) unless
+ * walking the table in rowid order from the cursor meets a whole page within the next
+ * NH_PAGE_WALK rows: sorting the rowids of 600,000 Deferred events took 85 ms where the
+ * walk took 17, and the newest 100 of 100,000 Failed events behind 300,000 Completed
+ * ones took 100 ms to walk and 16 by the index. The probe walks that window only. */
+#define NH_PAGE_WALK 20000
+
+static int64_t max_rowid(nh_store_t *s)
+{
+  sqlite3_stmt *st = NULL;
+  int64_t v = 0;
+  if (sqlite3_prepare_v2(s->db, "SELECT max(rowid) FROM audit", -1, &st, NULL) == SQLITE_OK &&
+      sqlite3_step(st) == SQLITE_ROW)
+    v = sqlite3_column_int64(st, 0);
+  sqlite3_finalize(st);
+  return v;
+}
+
+static int page_walks(nh_store_t *s, const nh_event_filter_t *f)
+{
+  nh_event_filter_t probe = *f;
+  probe.page = probe.batch = 0;
+  probe.limit = f->batch;
+  probe.after_rowid = 0;
+  if (f->desc) {
+    probe.rowid_to = f->after_rowid ? f->after_rowid - 1 : max_rowid(s);
+    probe.rowid_from = probe.rowid_to - NH_PAGE_WALK;
+  } else {
+    probe.rowid_from = f->after_rowid;
+    probe.rowid_to = f->after_rowid + NH_PAGE_WALK;
+  }
+  sqlite3_stmt *st = prepare(s, &probe, 2);
+  if (!st) return 0;
+  int walks = sqlite3_step(st) == SQLITE_ROW && sqlite3_column_int64(st, 0) >= f->batch;
+  sqlite3_finalize(st);
+  return walks;
+}
+
 int nh_store_events(nh_store_t *s, const nh_event_filter_t *f, nh_audit_cb cb, void *data, int64_t *last_rowid)
 {
+  nh_event_filter_t walk;
+  if (f->page && f->batch > 0 && (f->status || f->status_in[0]) && page_walks(s, f)) {
+    walk = *f;
+    walk.page = 0;
+    f = &walk;
+  }
   sqlite3_stmt *st = prepare(s, f, 0);
   if (!st) return NH_EFAIL;
   int rc, n = 0;
@@ -175,10 +273,21 @@ int nh_store_audit_list(nh_store_t *s, const char *endpoint, const char *status,
 
 static int eq(const char *want, const char *have) { return !want || (have && strcmp(want, have) == 0); }
 
+static int in(const char *const *list, const char *have)
+{
+  if (!list[0]) return 1;
+  for (int i = 0; i < 8 && list[i]; i++)
+    if (have && strcmp(list[i], have) == 0) return 1;
+  return 0;
+}
+
 int nh_event_filter_match(const nh_event_filter_t *f, const nh_audit_t *a)
 {
   if (!eq(f->status, a->status) || !eq(f->endpoint, a->endpoint) || !eq(f->session, a->session_id) ||
-      !eq(f->type, a->event_type))
+      !eq(f->type, a->event_type) || !eq(f->event_id, a->event_id) || !in(f->status_in, a->status) ||
+      !in(f->type_in, a->event_type))
+    return 0;
+  if (f->payload && (!a->payload || !memmem(a->payload, nh_audit_payload_len(a), f->payload, strlen(f->payload))))
     return 0;
   if (f->error && (!a->error_text || !strcasestr(a->error_text, f->error))) return 0;
   if (f->since_ms && a->updated_at < f->since_ms) return 0;

@@ -488,12 +488,12 @@ int nh_store_oppending_take(nh_store_t *s, const char *message_id, char **expect
   return done(s, st, "operator pending done") ? NH_EFAIL : 1;
 }
 
-int nh_store_oplog_add(nh_store_t *s, const char *action, const char *endpoint, const char *event_id,
-                       const char *session, const char *detail)
+int nh_store_oplog_add(nh_store_t *s, const char *actor, const char *action, const char *endpoint,
+                       const char *event_id, const char *session, const char *detail)
 {
   sqlite3_stmt *st = stmt(s, NH_SQL_OPLOG_ADD);
   sqlite3_bind_int64(st, 1, nh_time_now_ms());
-  const char *actor = getenv("USER");
+  if (!actor) actor = getenv("USER");
   T(st, 2, actor ? actor : "operator");
   T(st, 3, action); T(st, 4, endpoint); T(st, 5, event_id); T(st, 6, session); T(st, 7, detail);
   return done(s, st, "operator log add");

@@ -1,0 +1,147 @@
+/* Inside the admin listener (nh_admin.h): the listener's state, one request as a route
+ * sees it, and the helpers every route answers with. Routes live by subject:
+ * nh_admin_reads.c (GET /api/v1/...), nh_admin_actions.c (POST actions),
+ * nh_admin_static.c (the page and the OpenAPI document), nh_admin_stream.c (SSE),
+ * nh_admin_nimbus.c (the NimBus-compatible routes). nh_admin.c routes and owns the rest. */
+#ifndef NH_ADMIN_INT_H
+#define NH_ADMIN_INT_H
+
+#include <jansson.h>
+
+#include "admin/nh_admin.h"
+#include "net/nh_httpd.h"
+#include "transport/nh_transport.h"
+
+#define NH_ADMIN_PARAMS 16
+#define NH_ADMIN_CAPTURES 3
+#define NH_ADMIN_LIVE_MS 30000   /* a host refreshes its row every 10 s: one silent for 30 s is gone */
+
+typedef enum { NH_ROLE_NONE, NH_ROLE_READER, NH_ROLE_OPERATOR } nh_admin_role_t;
+
+struct nh_admin_stream;
+
+/* An answer kept until the store changes (and at most NH_ADMIN_CACHE_MS while it does):
+ * the overview counts a million rows' index in 60 ms, and ten consoles and their streams
+ * ask for it every few seconds. */
+#define NH_ADMIN_CACHE_MS 1000
+typedef struct nh_admin_cached {
+  json_t *v;
+  int64_t changes, version, at;
+} nh_admin_cached_t;
+
+struct nh_admin {
+  uv_loop_t *loop;
+  nh_httpd_t *h;
+  nh_store_t *store;
+  nh_transport_t *queue;   /* operator requests go through the store's queue, as the CLI's do */
+  char host[256];
+  int port;
+  char *console_dir;       /* the page's files (NULL: not found; the API still answers) */
+  struct nh_admin_tokens *tokens;   /* NULL: loopback without logins */
+  struct nh_admin_stream *stream;
+  struct nh_admin_bulk *bulks;      /* bulk actions running (stepped on the loop) */
+  int ready;                        /* adapters loaded: /readyz answers 200 */
+  nh_admin_cached_t endpoints_cache, failures_cache;
+  int console_only;                 /* `nimbus-host console`: no adapters here */
+};
+
+typedef struct nh_admin_params {
+  char *key[NH_ADMIN_PARAMS], *val[NH_ADMIN_PARAMS];
+  int n;
+} nh_admin_params_t;
+
+/* One request as a route sees it. */
+typedef struct nh_admin_call {
+  nh_admin_t *a;
+  nh_httpd_req_t *r;
+  const char *method, *path;
+  nh_admin_params_t q;                 /* the query string, unescaped */
+  char *cap[NH_ADMIN_CAPTURES];        /* the {} segments of the route's pattern, unescaped */
+  nh_admin_role_t role;                /* what the caller may do */
+  char who[128];                       /* who it is, for the operator log */
+} nh_admin_call_t;
+
+typedef void (*nh_admin_route_fn)(nh_admin_call_t *c);
+
+/* ---- answers (nh_admin_http.c) */
+void nh_admin_answer(nh_httpd_req_t *r, unsigned status, json_t *body);   /* takes body */
+/* {"error": message, "field": the parameter or body field at fault (NULL: none)} */
+void nh_admin_error(nh_httpd_req_t *r, unsigned status, const char *field, const char *fmt, ...)
+  __attribute__((format(printf, 4, 5)));
+void nh_admin_store_error(nh_admin_call_t *c);
+char *nh_admin_unescape(const char *s, size_t len);
+const char *nh_admin_param(const nh_admin_call_t *c, const char *key);
+/* Answers 400 naming the first query parameter not in `known` (NULL-terminated). 1 if it did. */
+int nh_admin_params_check(nh_admin_call_t *c, const char *const *known);
+/* The request header `name` (caller frees), NULL when absent. */
+char *nh_admin_header(nh_httpd_req_t *r, const char *name);
+/* The body as a JSON object, or NULL with 400 answered (an empty body is {}). */
+json_t *nh_admin_body_object(nh_admin_call_t *c);
+/* Answers 400 naming the first member of `in` not in `known`. 1 if it did. */
+int nh_admin_fields_check(nh_admin_call_t *c, json_t *in, const char *const *known);
+/* Parses a whole number in [lo, hi]; 400 naming `field` otherwise. 1 if it answered. */
+int nh_admin_parse_long(nh_admin_call_t *c, const char *field, const char *s, long lo, long hi, long *out);
+/* The number of live hosts serving an endpoint. */
+int nh_admin_live_hosts(nh_admin_t *a, const char *endpoint);
+
+/* The cached value (a new reference) when the store has not changed since, or changed
+ * less than NH_ADMIN_CACHE_MS ago; NULL otherwise. nh_admin_cache_put keeps a reference. */
+json_t *nh_admin_cache_get(nh_admin_t *a, nh_admin_cached_t *c);
+void nh_admin_cache_put(nh_admin_t *a, nh_admin_cached_t *c, json_t *v);
+void nh_admin_cache_clear(nh_admin_cached_t *c);
+
+/* The answer of GET /api/v1/endpoints ({"endpoints": [...]}), or NULL when the store
+ * failed (the stream's counts event sends the same). */
+json_t *nh_admin_endpoints_json(nh_admin_t *a);
+
+/* ---- routes */
+void nh_admin_get_endpoints(nh_admin_call_t *c);
+void nh_admin_get_events(nh_admin_call_t *c);
+void nh_admin_get_event(nh_admin_call_t *c);
+void nh_admin_get_sessions(nh_admin_call_t *c);
+void nh_admin_get_failures(nh_admin_call_t *c);
+void nh_admin_post_resubmit(nh_admin_call_t *c);
+void nh_admin_post_skip(nh_admin_call_t *c);
+void nh_admin_post_handoff_complete(nh_admin_call_t *c);
+void nh_admin_post_handoff_fail(nh_admin_call_t *c);
+void nh_admin_post_bulk_resubmit(nh_admin_call_t *c);
+void nh_admin_post_bulk_skip(nh_admin_call_t *c);
+void nh_admin_get_whoami(nh_admin_call_t *c);
+void nh_admin_get_health(nh_admin_call_t *c);
+void nh_admin_get_ready(nh_admin_call_t *c);
+
+/* the page and the OpenAPI document (nh_admin_static.c) */
+char *nh_admin_console_dir(void);   /* NULL: not found */
+void nh_admin_get_static(nh_admin_call_t *c);
+void nh_admin_get_openapi(nh_admin_call_t *c);
+
+/* Server-Sent Events (nh_admin_stream.c) */
+void nh_admin_get_stream(nh_admin_call_t *c);
+void nh_admin_stream_close(nh_admin_t *a);   /* ends every stream (the listener closes) */
+
+/* NimBus-compatible routes (nh_admin_nimbus.c) */
+void nh_admin_nimbus_status_count(nh_admin_call_t *c);
+void nh_admin_nimbus_get_by_filter(nh_admin_call_t *c);
+void nh_admin_nimbus_resubmit(nh_admin_call_t *c);
+void nh_admin_nimbus_skip(nh_admin_call_t *c);
+
+/* Ends the bulk runs still stepping (the listener closes; their requests answered 503). */
+void nh_admin_bulk_close(nh_admin_t *a);
+
+/* Queues a single-event action as the CLI does (nh_operator_submit) and answers: 202 with
+ * the event, 409 with the event as it is now, 404 unknown event. */
+struct nh_op_req;
+void nh_admin_submit(nh_admin_call_t *c, struct nh_op_req *req);
+
+/* Builds an event filter from query parameters or a JSON object's members (the same names:
+ * endpoint, status, type, session, event_id, payload, error, group, since, before). Lists
+ * (status, type) are comma-separated strings or JSON arrays. 1 with 400 answered on bad
+ * input. The filter points into `keep`, which the caller frees after use. */
+typedef struct nh_admin_filter {
+  nh_event_filter_t f;
+  json_t *keep;
+} nh_admin_filter_t;
+int nh_admin_filter_parse(nh_admin_call_t *c, json_t *from, nh_admin_filter_t *out);
+void nh_admin_filter_clear(nh_admin_filter_t *out);
+
+#endif
