@@ -166,8 +166,7 @@ json_t *nh_admin_cache_get(nh_admin_t *a, nh_admin_cached_t *c)
   if (!c->v) return NULL;
   int64_t changes, version;
   store_key(a, &changes, &version);
-  int same = changes == c->changes && version == c->version;
-  if (!same && nh_time_now_ms() - c->at >= NH_ADMIN_CACHE_MS) return NULL;
+  if (changes != c->changes || version != c->version) return NULL;
   return json_incref(c->v);
 }
 
@@ -176,7 +175,6 @@ void nh_admin_cache_put(nh_admin_t *a, nh_admin_cached_t *c, json_t *v)
   json_decref(c->v);
   c->v = json_incref(v);
   store_key(a, &c->changes, &c->version);
-  c->at = nh_time_now_ms();
 }
 
 void nh_admin_cache_clear(nh_admin_cached_t *c)
