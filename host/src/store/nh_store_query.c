@@ -400,21 +400,22 @@ int nh_store_sessions_list(nh_store_t *s, const char *endpoint, int blocked_only
 
 int nh_store_failgroups(nh_store_t *s, const char *endpoint, nh_failgroup_cb cb, void *data)
 {
-  /* One pass over the partial group index (only unresolved failures are in it); the
-   * sample is the newest event of the group. */
+  /* One pass over the partial group index (only unresolved failures are in it), reading
+   * the index alone: the rowids of each group's first and last event come with it, and
+   * only those two rows are read. (min(created_at), max(updated_at) and a newest-by-
+   * updated_at sample read every row of every group: 113 ms for 100,000 failures.)
+   * first_seen: when the group's oldest event arrived; the sample is its newest event,
+   * whose last change is last_seen. */
   sqlbuf_t b = { 0 };
-  add(&b, "SELECT fail_group, endpoint, count(*), min(created_at), max(updated_at),"
-          " (SELECT a2.event_id FROM audit a2 WHERE a2.fail_group = g.fail_group AND a2.endpoint = g.endpoint"
-          "  ORDER BY a2.updated_at DESC LIMIT 1) AS sample"
-          " FROM audit g WHERE fail_group IS NOT NULL");
+  add(&b, "SELECT g.fail_group, g.endpoint, g.n, f.created_at, l.updated_at, l.event_id, l.error_type, l.error_text"
+          " FROM (SELECT fail_group, endpoint, count(*) AS n, min(rowid) AS first, max(rowid) AS last"
+          " FROM audit WHERE fail_group IS NOT NULL");
   if (endpoint) add(&b, " AND endpoint = :endpoint");
-  add(&b, " GROUP BY fail_group, endpoint ORDER BY count(*) DESC, fail_group");
-  sqlite3_stmt *st = NULL, *one = NULL;
+  add(&b, " GROUP BY fail_group, endpoint) g JOIN audit f ON f.rowid = g.first JOIN audit l ON l.rowid = g.last"
+          " ORDER BY g.n DESC, g.fail_group");
+  sqlite3_stmt *st = NULL;
   int rc = sqlite3_prepare_v2(s->db, b.p, -1, &st, NULL);
   free(b.p);
-  if (rc == SQLITE_OK)
-    rc = sqlite3_prepare_v2(s->db, "SELECT error_type, error_text FROM audit WHERE event_id = ?1 AND endpoint = ?2",
-                            -1, &one, NULL);
   if (rc != SQLITE_OK) {
     nh_log_error("store", "failure groups: %s", sqlite3_errmsg(s->db));
     sqlite3_finalize(st);
@@ -430,14 +431,9 @@ int nh_store_failgroups(nh_store_t *s, const char *endpoint, nh_failgroup_cb cb,
     g.first_ms = sqlite3_column_int64(st, 3);
     g.last_ms = sqlite3_column_int64(st, 4);
     g.sample_event_id = (const char *)sqlite3_column_text(st, 5);
-    nh_sqlite_bind_text(one, 1, g.sample_event_id);
-    nh_sqlite_bind_text(one, 2, g.endpoint);
-    if (sqlite3_step(one) == SQLITE_ROW) {
-      g.error_type = (const char *)sqlite3_column_text(one, 0);
-      g.sample_text = (const char *)sqlite3_column_text(one, 1);
-    }
+    g.error_type = (const char *)sqlite3_column_text(st, 6);
+    g.sample_text = (const char *)sqlite3_column_text(st, 7);
     int stop = cb(data, &g);
-    sqlite3_reset(one);
     n++;
     if (stop) {
       rc = SQLITE_DONE;
@@ -445,7 +441,6 @@ int nh_store_failgroups(nh_store_t *s, const char *endpoint, nh_failgroup_cb cb,
     }
   }
   if (rc != SQLITE_DONE) nh_log_error("store", "failure groups: %s", sqlite3_errmsg(s->db));
-  sqlite3_finalize(one);
   sqlite3_finalize(st);
   return rc == SQLITE_DONE ? n : NH_EFAIL;
 }
