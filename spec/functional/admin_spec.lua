@@ -247,6 +247,11 @@ ep:on("Odd", function(ev) if ev.i % 1000 == 0 then error("refused item " .. ev.i
     local ra = sb:wait_message(a, "Failed")
     local url = base .. "/events/" .. ra.event_id .. "/resubmit"
     assert.equal(415, (get(url, "POST", "{}", { "Content-Type: text/plain" })))
+    -- without logins only this machine's names: a rebinding page sends its own Host (and a matching Origin)
+    assert.equal(403, (get(url, "POST", "{}", { "Content-Type: application/json", "Host: evil.example",
+                                                "Origin: http://evil.example" })))
+    assert.equal(403, (get(base .. "/events", "GET", nil, { "Host: evil.example" })))
+    assert.equal(200, (get(base .. "/events", "GET", nil, { "Host: localhost" })))
     assert.equal(403, (get(url, "POST", "{}", { "Content-Type: application/json", "Origin: http://evil.example" })))
     local status, body = get(url, "POST", '{"colour": 1}')
     assert.equal(400, status)
@@ -362,6 +367,10 @@ ep:on("Odd", function(ev) if ev.i % 1000 == 0 then error("refused item " .. ev.i
     assert.equal(1, #groups.groups)
     local g = groups.groups[1].group
     local status, body = get(base .. "/bulk/resubmit", "POST", cjson.encode{ filter = {}, dry_run = true })
+    assert.equal(400, status)
+    assert.equal("filter", body.field)
+    -- a member given as null bounds nothing
+    status, body = get(base .. "/bulk/resubmit", "POST", '{"filter": {"endpoint": null}, "dry_run": true}')
     assert.equal(400, status)
     assert.equal("filter", body.field)
     status, body = get(base .. "/bulk/resubmit", "POST", cjson.encode{ filter = { group = g }, dry_run = true })

@@ -141,9 +141,34 @@ static int same_origin_json(nh_admin_call_t *c)
   return json && ok_origin;
 }
 
+/* Without logins only this machine may call: a page of a domain that resolves to
+ * 127.0.0.1 (DNS rebinding) sends its own name as Host, and its Origin matches it. 1 if
+ * the Host names a loopback address (with or without a port). */
+static int host_is_loopback(nh_admin_call_t *c)
+{
+  char *host = nh_admin_header(c->r, "Host");
+  if (!host) return 0;
+  char name[256];
+  snprintf(name, sizeof name, "%s", host);
+  free(host);
+  char *end = name[0] == '[' ? strchr(name, ']') : strrchr(name, ':');
+  if (name[0] == '[') {
+    if (!end) return 0;
+    end[1] = '\0';
+  } else if (end) {
+    *end = '\0';
+  }
+  return strcmp(name, "localhost") == 0 || strcmp(name, "[::1]") == 0 || strncmp(name, "127.", 4) == 0;
+}
+
 /* Who is calling and with what role; 1 with 401/403 answered when it may not. */
 static int refuse(nh_admin_call_t *c, need_t need)
 {
+  if (!c->a->tokens && !host_is_loopback(c)) {
+    nh_admin_error(c->r, 403, NULL, "this listener answers this machine only (Host 127.0.0.1 or localhost): it "
+                   "has no logins; give --admin-token-file to serve other names");
+    return 1;
+  }
   if (need == PUBLIC) return 0;
   if (!c->a->tokens) {
     c->role = NH_ROLE_OPERATOR;

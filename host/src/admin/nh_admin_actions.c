@@ -168,8 +168,8 @@ typedef struct nh_admin_bulk {
   nh_httpd_req_t *r;        /* answered when the run ends */
   nh_bulk_t *b;
   nh_admin_filter_t af;
-  uv_timer_t timer;         /* one batch per turn of the loop */
-  char key[700], owner[200], who[128], reason[512];
+  uv_idle_t step;           /* one batch per turn of the loop (I/O is polled between) */
+  char key[700], owner[200], who[128], reason[512], actor[192];
   int has_reason;
 } bulk_run_t;
 
@@ -185,8 +185,9 @@ static int rate_limited(nh_admin_call_t *c)
   int64_t now = nh_time_now_ms();
   struct who_times *w = NULL, *oldest = &seen[0];
   for (int i = 0; i < NH_BULK_WHO && !w; i++) {
-    if (strcmp(seen[i].who, c->who) == 0) w = &seen[i];
-    else if (seen[i].at[NH_BULK_PER_MINUTE - 1] < oldest->at[NH_BULK_PER_MINUTE - 1]) oldest = &seen[i];
+    if (seen[i].who[0] && strcmp(seen[i].who, c->who) == 0) w = &seen[i];
+    /* a free slot first, else the identity whose last run is the oldest */
+    else if (oldest->who[0] && (!seen[i].who[0] || seen[i].at[0] < oldest->at[0])) oldest = &seen[i];
   }
   if (!w) {
     w = oldest;
@@ -243,7 +244,8 @@ static void run_end(bulk_run_t *run, unsigned status, json_t *answer)
   run_unlink(run);
   nh_admin_answer(run->r, status, answer);
   nh_bulk_free(run->b);
-  uv_close((uv_handle_t *)&run->timer, run_closed);
+  uv_idle_stop(&run->step);
+  uv_close((uv_handle_t *)&run->step, run_closed);
 }
 
 static json_t *result_json(nh_admin_t *a, const nh_bulk_result_t *r)
@@ -261,15 +263,15 @@ static json_t *result_json(nh_admin_t *a, const nh_bulk_result_t *r)
   return o;
 }
 
-static void run_step(uv_timer_t *t)
+/* An idle handle, not a 0 ms timer: a timer re-armed from its own callback is due at
+ * once and runs again in the same pass, so the loop never polled until the run ended. */
+static void run_step(uv_idle_t *t)
 {
   bulk_run_t *run = t->data;
   int more = nh_bulk_step(run->b);
-  if (more > 0) {
-    uv_timer_start(&run->timer, run_step, 0, 0);   /* the next batch after the loop's other work */
-    return;
-  }
+  if (more > 0) return;
   if (more < 0 || nh_bulk_finish(run->b)) {
+    nh_bulk_abandon(run->b);   /* this process is alive: without it the same action would be "running" */
     json_t *o = json_object();
     json_object_set_new(o, "error", json_sprintf("store: %s; the batches queued so far stay queued: the same action "
                                                  "again queues the rest", nh_store_errmsg(run->a->store)));
@@ -307,14 +309,15 @@ static void post_bulk(nh_admin_call_t *c, nh_op_kind_t kind)
     json_decref(in);
     return;
   }
-  if (!json_object_get(filter, "endpoint") && !json_object_get(filter, "status") && !json_object_get(filter, "group")) {
-    nh_admin_error(c->r, 400, "filter", "a bulk action needs a filter that bounds it: endpoint, status or group");
-    json_decref(in);
-    return;
-  }
   bulk_run_t *run = nh_xcalloc(1, sizeof *run);
   run->a = c->a;
-  if (nh_admin_filter_parse(c, filter, &run->af) || (!dry && rate_limited(c))) {
+  int bad = nh_admin_filter_parse(c, filter, &run->af);
+  /* checked on the parsed filter: a member given as null bounds nothing */
+  if (!bad && !run->af.f.endpoint && !run->af.f.status_in[0] && !run->af.f.group) {
+    nh_admin_error(c->r, 400, "filter", "a bulk action needs a filter that bounds it: endpoint, status or group");
+    bad = 1;
+  }
+  if (bad || (!dry && rate_limited(c))) {
     nh_admin_filter_clear(&run->af);
     free(run);
     json_decref(in);
@@ -330,9 +333,8 @@ static void post_bulk(nh_admin_call_t *c, nh_op_kind_t kind)
   snprintf(run->owner, sizeof run->owner, "%s:%ld:bulk", host, (long)getpid());
   snprintf(run->who, sizeof run->who, "%s", c->who);
   if (reason) snprintf(run->reason, sizeof run->reason, "%s", reason);
-  char actor[192];
-  snprintf(actor, sizeof actor, "admin API (%s, bulk)", c->who);
-  nh_bulk_opts_t o = { .kind = kind, .force = force, .key = run->key, .owner = run->owner, .actor = actor,
+  snprintf(run->actor, sizeof run->actor, "admin API (%s, bulk)", c->who);
+  nh_bulk_opts_t o = { .kind = kind, .force = force, .key = run->key, .owner = run->owner, .actor = run->actor,
                        .who = run->who, .reason = reason ? run->reason : NULL };
   json_decref(in);
   run->b = nh_bulk_new(c->a->store, c->a->queue, &run->af.f, &o);
@@ -371,11 +373,11 @@ static void post_bulk(nh_admin_call_t *c, nh_op_kind_t kind)
     return;
   }
   run->r = c->r;   /* answered when the last batch is queued */
-  uv_timer_init(c->a->loop, &run->timer);
-  run->timer.data = run;
+  uv_idle_init(c->a->loop, &run->step);
+  run->step.data = run;
   run->next = c->a->bulks;
   c->a->bulks = run;
-  uv_timer_start(&run->timer, run_step, 0, 0);
+  uv_idle_start(&run->step, run_step);
 }
 
 void nh_admin_post_bulk_resubmit(nh_admin_call_t *c) { post_bulk(c, NH_OP_RESUBMIT); }

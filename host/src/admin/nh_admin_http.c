@@ -163,10 +163,10 @@ static void store_key(nh_admin_t *a, int64_t *changes, int64_t *version)
 
 json_t *nh_admin_cache_get(nh_admin_t *a, nh_admin_cached_t *c)
 {
-  if (!c->v) return NULL;
-  int64_t changes, version;
-  store_key(a, &changes, &version);
-  if (changes != c->changes || version != c->version) return NULL;
+  store_key(a, &c->next_changes, &c->next_version);
+  if (!c->v || c->next_changes != c->changes || c->next_version != c->version ||
+      nh_time_now_ms() - c->at >= NH_ADMIN_CACHE_MS)
+    return NULL;
   return json_incref(c->v);
 }
 
@@ -174,7 +174,10 @@ void nh_admin_cache_put(nh_admin_t *a, nh_admin_cached_t *c, json_t *v)
 {
   json_decref(c->v);
   c->v = json_incref(v);
-  store_key(a, &c->changes, &c->version);
+  c->changes = c->next_changes;
+  c->version = c->next_version;
+  c->at = nh_time_now_ms();
+  (void)a;
 }
 
 void nh_admin_cache_clear(nh_admin_cached_t *c)

@@ -20,12 +20,16 @@ typedef enum { NH_ROLE_NONE, NH_ROLE_READER, NH_ROLE_OPERATOR } nh_admin_role_t;
 
 struct nh_admin_stream;
 
-/* An answer kept until the store changes: the overview counts a million rows' index in
- * 60 ms, and every console and stream asks for it. Never older than the store (a window
- * of staleness while events flow let a stream's last counts event miss the last change). */
+/* An answer kept until the store changes, and at most NH_ADMIN_CACHE_MS: the overview
+ * counts a million rows' index in 60 ms, and every console and stream asks for it. Never
+ * older than the store (a window of staleness while events flow let a stream's last
+ * counts event miss the last change); the age limit is for what moves with the clock
+ * alone (a host that died writes nothing, a hand-off becomes overdue). */
+#define NH_ADMIN_CACHE_MS 5000
 typedef struct nh_admin_cached {
   json_t *v;
-  int64_t changes, version;
+  int64_t changes, version, at;
+  int64_t next_changes, next_version;   /* the key read before the value was computed */
 } nh_admin_cached_t;
 
 struct nh_admin {
@@ -83,8 +87,10 @@ int nh_admin_parse_long(nh_admin_call_t *c, const char *field, const char *s, lo
 /* The number of live hosts serving an endpoint. */
 int nh_admin_live_hosts(nh_admin_t *a, const char *endpoint);
 
-/* The cached value (a new reference) when the store has not changed since; NULL
- * otherwise. nh_admin_cache_put keeps a reference. */
+/* The cached value (a new reference) when the store has not changed since and it is
+ * young enough; NULL otherwise, and the store's key then is what nh_admin_cache_put
+ * files the value under (read before computing: a commit meanwhile makes it stale at
+ * once). nh_admin_cache_put keeps a reference. */
 json_t *nh_admin_cache_get(nh_admin_t *a, nh_admin_cached_t *c);
 void nh_admin_cache_put(nh_admin_t *a, nh_admin_cached_t *c, json_t *v);
 void nh_admin_cache_clear(nh_admin_cached_t *c);

@@ -236,6 +236,18 @@ int nh_bulk_finish(nh_bulk_t *b)
   return NH_OK;
 }
 
+int nh_bulk_abandon(nh_bulk_t *b)
+{
+  nh_store_rollback(b->s);
+  nh_bulk_run_t run = b->run;
+  run.owner = NULL;
+  if (nh_store_begin(b->s) || nh_store_bulk_put(b->s, b->o.key, &run) || nh_store_commit(b->s)) {
+    nh_store_rollback(b->s);
+    return NH_EFAIL;
+  }
+  return NH_OK;
+}
+
 const nh_bulk_result_t *nh_bulk_result(const nh_bulk_t *b) { return &b->res; }
 
 void nh_bulk_free(nh_bulk_t *b)

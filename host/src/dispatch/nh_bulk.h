@@ -53,6 +53,9 @@ int nh_bulk_nothing(nh_bulk_t *b);
  * batches queued so far stay queued; the same run again queues the rest). */
 int nh_bulk_start(nh_bulk_t *b);
 int nh_bulk_step(nh_bulk_t *b);
+/* After a failed step: the run stays recorded (its snapshot, what it queued) but owned by
+ * no one, so the same action again in this live process resumes it instead of waiting. */
+int nh_bulk_abandon(nh_bulk_t *b);
 /* Forgets the run and writes one operator-log line for it. */
 int nh_bulk_finish(nh_bulk_t *b);
 const nh_bulk_result_t *nh_bulk_result(const nh_bulk_t *b);
