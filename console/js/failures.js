@@ -2,7 +2,7 @@
 // with a bulk resubmit or skip of a whole group.
 import { api } from './api.js';
 import { bulkOnFilter } from './actions.js';
-import { append, clear, endpointOptions, labelCells, eventLink, h, plural, shortId, tableWrap, th, time } from './ui.js';
+import { append, clear, endpointOptions, reloadingView, labelCells, eventLink, h, plural, shortId, tableWrap, th, time } from './ui.js';
 
 export async function render(page, { query }, ctx) {
   ctx.title('Failure groups');
@@ -57,10 +57,5 @@ export async function render(page, { query }, ctx) {
   async function refresh() { try { draw(await api('/failures', { query: q })); } catch { /* next tick */ } }
   const [data, eps] = await Promise.all([api('/failures', { query: q }), api('/endpoints')]);
   draw(data, eps);
-  let timer = null;
-  return {
-    poll: refresh,
-    status: () => { clearTimeout(timer); timer = setTimeout(refresh, 300); },
-    destroy: () => clearTimeout(timer),
-  };
+  return reloadingView(refresh);
 }

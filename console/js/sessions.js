@@ -1,7 +1,7 @@
 // #/sessions?endpoint=E : blocked sessions, with the blocking event's Resubmit and Skip.
 import { api } from './api.js';
 import { canResubmit, canSkip, resubmit, skip } from './actions.js';
-import { append, clear, endpointOptions, labelCells, eventLink, h, plural, shortId, statusBadge, tableWrap, th, time } from './ui.js';
+import { append, clear, endpointOptions, reloadingView, labelCells, eventLink, h, plural, shortId, statusBadge, tableWrap, th, time } from './ui.js';
 
 export async function render(page, { query }, ctx) {
   ctx.title('Blocked sessions');
@@ -76,10 +76,5 @@ export async function render(page, { query }, ctx) {
   async function refresh() { try { draw(await api('/sessions', { query: q })); } catch { /* next tick */ } }
   const [data, eps] = await Promise.all([api('/sessions', { query: q }), api('/endpoints')]);
   draw(data, eps);
-  let timer = null;
-  return {
-    poll: refresh,
-    status: () => { clearTimeout(timer); timer = setTimeout(refresh, 300); },
-    destroy: () => clearTimeout(timer),
-  };
+  return reloadingView(refresh);
 }

@@ -76,6 +76,17 @@ export function endpointLink(name, query) {
   return h('a', { href: `#/endpoints/${encodeURIComponent(name)}${q}` }, name);
 }
 
+// A list view that reads itself again when events change: a burst of status events
+// reloads it once, 300 ms after the last; `poll` is the app's fallback when the stream is down.
+export function reloadingView(refresh) {
+  let timer = null;
+  return {
+    poll: refresh,
+    status: () => { clearTimeout(timer); timer = setTimeout(refresh, 300); },
+    destroy: () => clearTimeout(timer),
+  };
+}
+
 // The endpoint filter's <select>: every endpoint of the overview (eps) and the one chosen.
 export function endpointOptions(select, eps, endpoint) {
   const names = (eps.endpoints || []).map((e) => e.endpoint);

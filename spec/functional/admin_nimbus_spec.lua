@@ -9,19 +9,8 @@ local cjson = require("cjson")
 -- One request: status code and decoded JSON body. headers default to NimBus's
 -- (JSON, api-version: 2); body is a string or a table (encoded).
 local function call(url, method, body, headers)
-  local extra = ""
-  for _, h in ipairs(headers or { "Content-Type: application/json", "api-version: 2" }) do
-    extra = extra .. " -H " .. nh.q(h)
-  end
-  if body then
-    extra = extra .. " --data-binary " .. nh.q(type(body) == "table" and cjson.encode(body) or body)
-  end
-  local r = nh.capture(("curl -sS --max-time 30 -X %s%s -w '\\n%%{http_code}' %s"):format(method, extra, nh.q(url)))
-  assert(r.code == 0, "curl failed: " .. r.err)
-  local text, status = r.out:match("^(.*)\n(%d+)$")
-  local ok, decoded = pcall(cjson.decode, text)
-  assert(ok, "not JSON: " .. tostring(text))
-  return tonumber(status), decoded
+  if type(body) == "table" then body = cjson.encode(body) end
+  return nh.http_json(url, method, body, headers or { "Content-Type: application/json", "api-version: 2" })
 end
 
 local function post(url, body, headers) return call(url, "POST", body, headers) end
@@ -38,7 +27,7 @@ describe("NimBus-compatible admin routes", function()
   local function start()
     local h = sb:start(sb:recorder{ endpoint = "Crm", types = { "Ok", "Other" }, options = "retry = { max_retries = 0 }" },
                        { args = { "--admin", "127.0.0.1:0" } })
-    local port = h:log():match("operator API on http://127%.0%.0%.1:(%d+)/api/v1/")
+    local port = h:admin_port()
     assert(port, "no admin line in the log:\n" .. h:log())
     root = "http://127.0.0.1:" .. port
     endpoint = "Crm"

@@ -6,15 +6,7 @@
 local nh = require("nh")
 local cjson = require("cjson")
 
--- GET url: status code and decoded JSON body.
-local function get(url)
-  local r = nh.capture(("curl -sS --max-time 30 -w '\\n%%{http_code}' %s"):format(nh.q(url)))
-  assert(r.code == 0, "curl failed: " .. r.err)
-  local body, status = r.out:match("^(.*)\n(%d+)$")
-  local ok, decoded = pcall(cjson.decode, body)
-  assert(ok, "not JSON: " .. tostring(body))
-  return tonumber(status), decoded
-end
+local get = nh.http_json
 
 -- The events of an SSE text: { event =, data = (decoded JSON), id = } per block; comments
 -- (": keep-alive") and field-only blocks (retry:) are left out.
@@ -114,7 +106,7 @@ describe("admin event stream", function()
       end
     end
     local h = sb:start(files, { args = { "--admin", "127.0.0.1:0" } })
-    local port = h:log():match("operator API on http://127%.0%.0%.1:(%d+)/api/v1/")
+    local port = h:admin_port()
     assert(port, "no admin line in the log:\n" .. h:log())
     base = "http://127.0.0.1:" .. port .. "/api/v1"
     return h

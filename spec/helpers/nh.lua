@@ -91,6 +91,23 @@ function M.capture(cmdline, dir)
   return res
 end
 
+-- One HTTP request with curl (the admin API's specs): status code and the body decoded
+-- with cjson (nulls stay cjson.null). method defaults to GET; body is a string; headers a
+-- list of "Name: value", by default Content-Type: application/json when there is a body.
+function M.http_json(url, method, body, headers)
+  local extra = ""
+  for _, h in ipairs(headers or (body and { "Content-Type: application/json" }) or {}) do
+    extra = extra .. " -H " .. q(h)
+  end
+  if body then extra = extra .. " --data-binary " .. q(body) end
+  local r = M.capture(("curl -sS --max-time 30 -X %s%s -w '\\n%%{http_code}' %s"):format(method or "GET", extra, q(url)))
+  assert(r.code == 0, "curl failed: " .. r.err)
+  local text, status = r.out:match("^(.*)\n(%d+)$")
+  local ok, decoded = pcall(cjson.decode, text)
+  assert(ok, "not JSON: " .. tostring(text))
+  return tonumber(status), decoded
+end
+
 ---------------------------------------------------------------------------- transport
 
 local function percent_decode(s)
@@ -249,6 +266,11 @@ local Host = {}
 Host.__index = Host
 
 function Host:log() return M.read(self.log_path) or "" end
+
+-- The port of the host's admin listener, from its log line (nil before it is logged).
+function Host:admin_port()
+  return tonumber(self:log():match("operator API on http://127%.0%.0%.1:(%d+)/api/v1/") or "")
+end
 
 -- The host's exit status, or nil while it runs (the wrapper shell records it).
 function Host:exit_code()

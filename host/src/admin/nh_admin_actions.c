@@ -26,14 +26,6 @@ void nh_admin_submit(nh_admin_call_t *c, nh_op_req_t *req)
   nh_audit_t ev;
   memset(&ev, 0, sizeof ev);
   nh_error_t err = {0};
-  /* an unknown event is 404; the operator code's other usage errors (a coordinate that
-   * does not match the event, a missing error text) are the caller's bad input */
-  int found = nh_store_audit_find(a->store, req->event_id, &ev, &err);
-  nh_audit_clear(&ev);
-  if (found) {
-    nh_admin_error(c->r, found == NH_ENOTFOUND ? 404 : found == NH_EUSAGE ? 400 : 500, NULL, "%s", err.msg);
-    return;
-  }
   int rc = nh_operator_submit(a->store, a->queue, req, &ev, &err);
   if (rc == NH_ESTATE) {
     /* what the event is now, for the caller to decide */
@@ -50,7 +42,9 @@ void nh_admin_submit(nh_admin_call_t *c, nh_op_req_t *req)
     return;
   }
   if (rc) {
-    nh_admin_error(c->r, rc == NH_EUSAGE ? 400 : 500, NULL, "%s", err.msg);
+    /* an unknown event; the caller's bad input (an ambiguous prefix, a coordinate that does
+     * not match the event, a missing error text); the store */
+    nh_admin_error(c->r, rc == NH_ENOTFOUND ? 404 : rc == NH_EUSAGE ? 400 : 500, NULL, "%s", err.msg);
     return;
   }
   json_t *o = json_object();

@@ -20,6 +20,12 @@ static int match_endpoint(void *data, const char *endpoint)
   return k->found;
 }
 
+int nh_admin_endpoint_known(nh_admin_t *a, const char *endpoint)
+{
+  struct known_ep k = { endpoint, 0 };
+  return nh_store_endpoints(a->store, match_endpoint, &k) < 0 ? NH_EFAIL : k.found;
+}
+
 /* A string member, or NULL; 400 when it is there but not a non-empty string. */
 static int member_str(nh_admin_call_t *c, json_t *from, const char *name, const char **out)
 {
@@ -110,12 +116,12 @@ int nh_admin_filter_parse(nh_admin_call_t *c, json_t *from, nh_admin_filter_t *o
     return 1;
   }
   if (f->endpoint) {
-    struct known_ep k = { f->endpoint, 0 };
-    if (nh_store_endpoints(c->a->store, match_endpoint, &k) < 0) {
+    int known = nh_admin_endpoint_known(c->a, f->endpoint);
+    if (known < 0) {
       nh_admin_store_error(c);
       return 1;
     }
-    if (!k.found) {
+    if (!known) {
       nh_admin_error(c->r, 400, "endpoint", "unknown endpoint %s (GET /api/v1/endpoints lists them)", f->endpoint);
       return 1;
     }

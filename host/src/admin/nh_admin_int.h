@@ -84,6 +84,8 @@ json_t *nh_admin_body_object(nh_admin_call_t *c);
 int nh_admin_fields_check(nh_admin_call_t *c, json_t *in, const char *const *known);
 /* Parses a whole number in [lo, hi]; 400 naming `field` otherwise. 1 if it answered. */
 int nh_admin_parse_long(nh_admin_call_t *c, const char *field, const char *s, long lo, long hi, long *out);
+/* 1 if the store has events of the endpoint, 0 if not, NH_EFAIL. */
+int nh_admin_endpoint_known(nh_admin_t *a, const char *endpoint);
 /* The number of live hosts serving an endpoint. */
 int nh_admin_live_hosts(nh_admin_t *a, const char *endpoint);
 

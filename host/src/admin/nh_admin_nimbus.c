@@ -291,23 +291,13 @@ static int read_page(nh_admin_call_t *c, nh_event_filter_t *f, long max, int64_t
   return 0;
 }
 
-static int endpoint_known(void *data, const char *endpoint)
-{
-  const char **want = data;
-  if (*want && strcmp(*want, endpoint) == 0) *want = NULL;
-  return *want == NULL;
-}
-
 /* 1 with 404 answered when the store has no event of `endpoint` (the path names it). */
 static int endpoint_unknown(nh_admin_call_t *c, const char *endpoint)
 {
-  const char *want = endpoint;
-  if (nh_store_endpoints(c->a->store, endpoint_known, &want) < 0) {
-    nh_admin_store_error(c);
-    return 1;
-  }
-  if (want) nh_admin_error(c->r, 404, NULL, "unknown endpoint %s (GET /api/v1/endpoints lists them)", endpoint);
-  return want != NULL;
+  int known = nh_admin_endpoint_known(c->a, endpoint);
+  if (known < 0) nh_admin_store_error(c);
+  else if (!known) nh_admin_error(c->r, 404, NULL, "unknown endpoint %s (GET /api/v1/endpoints lists them)", endpoint);
+  return known != 1;
 }
 
 static void answer_page(nh_admin_call_t *c, nh_event_filter_t *f, long max, int64_t after)

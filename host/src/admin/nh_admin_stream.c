@@ -415,28 +415,16 @@ static struct nh_admin_stream *stream_of(nh_admin_t *a)
   return st;
 }
 
-struct known_ep {
-  const char *want;
-  int found;
-};
-
-static int match_endpoint(void *data, const char *endpoint)
-{
-  struct known_ep *k = data;
-  k->found = k->found || strcmp(k->want, endpoint) == 0;
-  return k->found;
-}
-
 /* An endpoint with events, or one a live host serves (it may have none yet). 1 with the
  * answer given when it is neither. */
 static int refuse_endpoint(nh_admin_call_t *c, const char *endpoint)
 {
-  struct known_ep k = { endpoint, 0 };
-  if (nh_store_endpoints(c->a->store, match_endpoint, &k) < 0) {
+  int known = nh_admin_endpoint_known(c->a, endpoint);
+  if (known < 0) {
     nh_admin_store_error(c);
     return 1;
   }
-  if (k.found || nh_admin_live_hosts(c->a, endpoint) > 0) return 0;
+  if (known || nh_admin_live_hosts(c->a, endpoint) > 0) return 0;
   nh_admin_error(c->r, 400, "endpoint", "unknown endpoint %s (GET /api/v1/endpoints lists them)", endpoint);
   return 1;
 }

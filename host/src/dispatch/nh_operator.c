@@ -119,7 +119,6 @@ int nh_operator_submit(nh_store_t *s, nh_transport_t *t, const nh_op_req_t *r, n
   int rc = nh_store_audit_find(s, r->event_id, &ev, err);
   if (rc) {
     nh_store_rollback(s);
-    if (rc == NH_ENOTFOUND) err->code = rc = NH_EUSAGE;
     return rc;
   }
   if ((rc = coords_match(r, &ev, err)) || (rc = nh_operator_queue(s, t, r, &ev, err))) goto fail;

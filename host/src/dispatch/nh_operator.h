@@ -27,8 +27,8 @@ typedef struct nh_op_req {
   int force;                   /* resubmit a Completed or Skipped event (runs its handler again) */
 } nh_op_req_t;
 
-/* Validates and queues the request in its own store transaction. NH_EUSAGE: unknown
- * event; NH_ESTATE: the event is in the wrong state or already has a request waiting
+/* Validates and queues the request in its own store transaction. NH_ENOTFOUND: unknown
+ * event; NH_EUSAGE: an ambiguous id prefix or a coordinate that does not match; NH_ESTATE: the event is in the wrong state or already has a request waiting
  * (err says which); NH_EFAIL: store failure. On success `ev` (optional) receives the
  * event's audit row. */
 int nh_operator_submit(nh_store_t *s, nh_transport_t *t, const nh_op_req_t *req, nh_audit_t *ev, nh_error_t *err);

@@ -125,7 +125,9 @@ static int l_handoff(lua_State *L)
   if (vm->host.handoff(vm->host.data, &req, &err)) {
     lua_pushnil(L);
     lua_pushstring(L, err.msg);
-    lua_pushstring(L, err.code == NH_ESTATE ? "ESTATE" : err.code == NH_EUSAGE ? "ENOTFOUND" : "EIO");
+    lua_pushstring(L, err.code == NH_ESTATE                                 ? "ESTATE"
+                   : err.code == NH_EUSAGE || err.code == NH_ENOTFOUND ? "ENOTFOUND"
+                                                                       : "EIO");
     return 3;
   }
   lua_pushboolean(L, 1);
