@@ -9,7 +9,7 @@ packages=(
   valgrind python3 wrk curl
   clang libclang-rt-14-dev
   libqpid-proton11-dev libssl-dev rabbitmq-server python3-qpid-proton openssl
-  nodejs chromium
+  nodejs chromium prometheus
 )
 
 missing=()

@@ -19,26 +19,46 @@ M.spawn = core.spawn     -- nimbus.spawn(fn, ...): a detached task
 M.run = core.run         -- nimbus.run(fn, ...): drive the loop until fn ends (-l scripts, tests)
 
 ---------------------------------------------------------------------------- logging
-local function log_fields(fields)
-  if type(fields) ~= "table" then return "" end
-  local keys = {}
-  for k in pairs(fields) do keys[#keys + 1] = tostring(k) end
-  table.sort(keys)
+-- A log line's fields as one flat list { key, value, ... } for core.log: the running
+-- task's endpoint, event, session and type first, then the caller's fields by name. A
+-- table value goes as { json } (written as JSON in --log-format json); anything else
+-- but a string, number or boolean as its tostring.
+local function log_fields(ctx, fields)
   local out = {}
-  for _, k in ipairs(keys) do
-    local v = fields[k]
-    if type(v) == "table" then v = cjson.encode(v) or tostring(v) end
-    out[#out + 1] = k .. "=" .. tostring(v)
+  local nctx = 0
+  if ctx then
+    out[1], out[2] = "endpoint", ctx.endpoint
+    if ctx.checker then
+      out[3], out[4] = "checker", ctx.checker
+    elseif ctx.hook then
+      out[3], out[4] = "hook", ctx.hook
+    else
+      out[3], out[4] = "event_id", ctx.event_id
+      out[5], out[6] = "session", ctx.session_id
+      out[7], out[8] = "type", ctx.event_type
+    end
+    nctx = #out // 2
   end
-  return " " .. table.concat(out, " ")
+  if type(fields) == "table" then
+    local keys = {}
+    for k in pairs(fields) do keys[#keys + 1] = tostring(k) end
+    table.sort(keys)
+    for _, k in ipairs(keys) do
+      local v = fields[k]
+      if v == nil then v = fields[tonumber(k)] end
+      local tv = type(v)
+      if tv == "table" then v = { cjson.encode(v) or tostring(v) }
+      elseif tv ~= "string" and tv ~= "number" and tv ~= "boolean" then v = tostring(v) end
+      out[#out + 1] = k
+      out[#out + 1] = v
+    end
+  end
+  return out, nctx
 end
 
 local function make_logger(level)
   return function(msg, fields)
-    local ctx = task_ctx[coroutine.running()]
-    local prefix = ""
-    if ctx then prefix = ("[%s %s] "):format(ctx.endpoint, ctx.event_id) end
-    core.log(level, prefix .. tostring(msg) .. log_fields(fields))
+    core.log(level, tostring(msg), log_fields(task_ctx[coroutine.running()], fields))   -- + how many are the task's
   end
 end
 
@@ -253,7 +273,11 @@ function Endpoint:checker(name, opts, fn)
   if self.checkers[name] then error(("endpoint %s already has a checker %q"):format(self.name, name), 2) end
   local chk = setmetatable({ endpoint = self.name, name = name }, Checker)
   self.checkers[name] = { every = opts.every, fn = fn, chk = chk }
-  core.every(opts.every, function() return fn(chk) end, ("checker %s/%s"):format(self.name, name), opts.timeout)
+  local log_ctx = { endpoint = self.name, checker = name }
+  core.every(opts.every, function()
+    task_ctx[coroutine.running()] = log_ctx
+    return fn(chk)
+  end, ("checker %s/%s"):format(self.name, name), opts.timeout)
   return chk
 end
 
@@ -272,6 +296,30 @@ function M._subscriptions()
     out[name] = types
   end
   return out
+end
+
+---------------------------------------------------------------------------- lifecycle hooks
+-- nimbus.on(name, fn): fn(info) runs as a task of its own after the outcome committed
+-- (docs/observability.md): it may log, publish or call HTTP; if it fails it is logged and
+-- counted, and the outcome stands.
+local hook_names = { "event_failed", "dead_lettered", "session_blocked", "session_unblocked", "handoff_overdue" }
+local hooks = {}
+for _, n in ipairs(hook_names) do hooks[n] = {} end
+
+function M.on(name, fn)
+  if type(name) ~= "string" or not hooks[name] then
+    error(("nimbus.on: unknown hook %s (hooks: %s)"):format(name == nil and "nil" or ("%q"):format(tostring(name)),
+          table.concat(hook_names, ", ")), 2)
+  end
+  if type(fn) ~= "function" then error(("nimbus.on(%q): the hook must be a function(info)"):format(name), 2) end
+  local list = hooks[name]
+  list[#list + 1] = fn
+  core.hook_add(name)
+end
+
+function M._hook(name, i, info)
+  task_ctx[coroutine.running()] = { endpoint = info.endpoint, hook = name }
+  return hooks[name][i](info)
 end
 
 ---------------------------------------------------------------------------- publish
@@ -332,7 +380,14 @@ local alive_checks = {}
 function M._is_alive(event_id)
   local a = alive_checks[event_id]
   if not a then return true end
-  return a.fn(a.ctx) and true or false
+  -- its log lines name the handler's endpoint and event, as the handler's own do
+  local co = coroutine.running()
+  local prev = task_ctx[co]
+  task_ctx[co] = a.ctx
+  local ok, alive = pcall(a.fn, a.ctx)
+  task_ctx[co] = prev
+  if not ok then error(alive, 0) end
+  return alive and true or false
 end
 
 local function run_chain(mw, handler, event, ctx)

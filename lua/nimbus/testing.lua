@@ -197,11 +197,26 @@ local LEVELS = { debug = true, info = true, warn = true, error = true }
 function App:_make_core()
   local app = self
   local core = { version = "nimbus.testing" }
-  function core.log(level, msg)
+  -- list: { key, value, ... } from nimbus.log, the first nctx pairs the running task's
+  -- (endpoint, event_id, ...). A record { level, message } keeps the line as specs have
+  -- always read it: "[endpoint event_id] msg key=value ...".
+  function core.log(level, msg, list, nctx)
     level = level or "info"
     if not LEVELS[level] then error("bad argument #1 to 'log' (invalid option '" .. tostring(level) .. "')", 2) end
+    local text, prefix = tostring(msg), {}
+    list, nctx = list or {}, nctx or 0
+    for i = 1, #list - 1, 2 do
+      local k, v = list[i], list[i + 1]
+      if type(v) == "table" then v = v[1] end   -- JSON text of a table value
+      if (i + 1) // 2 <= nctx then
+        if k == "endpoint" or k == "event_id" or k == "checker" then prefix[#prefix + 1] = tostring(v) end
+      else
+        text = text .. " " .. k .. "=" .. tostring(v)
+      end
+    end
+    if #prefix > 0 then text = "[" .. table.concat(prefix, " ") .. "] " .. text end
     local logs = app._rec.logs
-    logs[#logs + 1] = { level = level, message = tostring(msg) }
+    logs[#logs + 1] = { level = level, message = text }
   end
   function core.now() return app.clock end
   function core.register_endpoint(name, opts)

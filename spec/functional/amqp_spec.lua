@@ -400,5 +400,29 @@ end)
       assert.is_true(host:alive())
       assert.equal(0, host:stop())
     end)
+
+    it("/readyz answers 503 with the reason while the broker is down, 200 once it is back", function()
+      local b = broker(sb:path("rabbitmq"))
+      finally(function() pcall(b.run, "stop") end)
+      b.run("start")
+      local host = sb:start(sb:recorder{ types = { "Ev" } },
+                            { transport = b.url, args = { "--admin", "127.0.0.1:0" } })
+      local base = "http://127.0.0.1:" .. assert(host:admin_port(), host:log())
+      local function ready() return nh.http_json(base .. "/readyz") end
+      assert.equal(200, (ready()))
+      b.run("stop")
+      local body = nh.eventually(function()
+        local status, b2 = ready()
+        if status == 503 then return b2 end
+      end, 60, function() return "/readyz stayed 200 with the broker down:\n" .. host:log() end)
+      assert.equal("not_ready", body.status)
+      assert.truthy(body.reason:find("transport amqp", 1, true), body.reason)
+      local metrics = nh.capture("curl -sS " .. nh.q(base .. "/metrics")).out
+      assert.truthy(metrics:find('nimbus_transport_connected{transport="amqp"} 0', 1, true), metrics)
+      b.run("start")
+      nh.eventually(function() return (ready()) == 200 end, 90,
+        function() return "/readyz not back to 200 after the broker came back:\n" .. host:log() end)
+      assert.equal(0, host:stop())
+    end)
   end)
 end)

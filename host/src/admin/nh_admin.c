@@ -4,6 +4,7 @@
 #include "nh_admin_int.h"
 #include "nh_admin_tokens.h"
 #include "core/nh_log.h"
+#include "core/nh_metrics.h"
 #include "core/nh_util.h"
 #include "transport/nh_embedded.h"
 
@@ -72,6 +73,7 @@ static const route_t routes[] = {
   { "POST", "/api/event/resubmit/{}/{}", OPERATOR, 1, nh_admin_nimbus_resubmit },
   { "POST", "/api/event/skip/{}/{}", OPERATOR, 1, nh_admin_nimbus_skip },
   { "GET", "/healthz", PUBLIC, 0, nh_admin_get_health },
+  { "GET", "/metrics", READER, 0, nh_admin_get_metrics },
   { "GET", "/readyz", PUBLIC, 0, nh_admin_get_ready },
   { "GET", "/", PUBLIC, 0, nh_admin_get_static },
   { "GET", "/console", PUBLIC, 0, nh_admin_get_static },
@@ -228,11 +230,31 @@ void nh_admin_get_health(nh_admin_call_t *c)
   nh_admin_answer(c->r, 200, o);
 }
 
+/* 200 once the adapters are loaded while the store takes writes and the transport is
+ * connected; else 503 with the reason (a load balancer or an orchestrator stops sending
+ * work; an operator reads why). */
 void nh_admin_get_ready(nh_admin_call_t *c)
 {
+  nh_admin_t *a = c->a;
+  char why[256] = "";
+  int ready = a->ready && (!a->ready_check || a->ready_check(a->ready_data, why, sizeof why));
+  if (!a->ready) snprintf(why, sizeof why, "starting: the adapters are loading");
   json_t *o = json_object();
-  json_object_set_new(o, "status", json_string(c->a->ready ? "ready" : "starting"));
-  nh_admin_answer(c->r, c->a->ready ? 200 : 503, o);
+  json_object_set_new(o, "status", json_string(ready ? "ready" : a->ready ? "not_ready" : "starting"));
+  if (!ready) json_object_set_new(o, "reason", json_string(why));
+  nh_admin_answer(c->r, ready ? 200 : 503, o);
+}
+
+/* The Prometheus exposition (docs/observability.md). */
+void nh_admin_get_metrics(nh_admin_call_t *c)
+{
+  size_t len = 0;
+  char *text = nh_metrics_render(&len);
+  nh_httpd_header_t h[] = { { "Content-Type", "text/plain; version=0.0.4; charset=utf-8" },
+                            { "Cache-Control", "no-store" } };
+  nh_error_t err = { 0 };
+  nh_httpd_respond(c->r, 200, h, 2, text, len, &err);
+  free(text);
 }
 
 void nh_admin_get_whoami(nh_admin_call_t *c)
@@ -297,9 +319,12 @@ nh_admin_t *nh_admin_start(uv_loop_t *loop, nh_store_t *store, const nh_admin_op
   return a;
 }
 
-void nh_admin_set_ready(nh_admin_t *a)
+void nh_admin_set_ready(nh_admin_t *a, nh_admin_ready_cb check, void *data)
 {
-  if (a) a->ready = 1;
+  if (!a) return;
+  a->ready = 1;
+  a->ready_check = check;
+  a->ready_data = data;
 }
 
 void nh_admin_close(nh_admin_t *a)

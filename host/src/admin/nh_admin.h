@@ -28,8 +28,10 @@ typedef struct nh_admin_opts {
 
 /* Listens (a port in use is an error naming it and what to do). */
 nh_admin_t *nh_admin_start(uv_loop_t *loop, nh_store_t *store, const nh_admin_opts_t *opts, nh_error_t *err);
-/* The adapters are loaded: /readyz answers 200 from now on. */
-void nh_admin_set_ready(nh_admin_t *a);
+/* The adapters are loaded: /readyz answers from now on what `check` says (NULL: ready).
+ * check returns 1 when ready, else 0 with the reason in why. */
+typedef int (*nh_admin_ready_cb)(void *data, char *why, size_t len);
+void nh_admin_set_ready(nh_admin_t *a, nh_admin_ready_cb check, void *data);
 /* Closes the listener, its streams and bulk runs; memory goes with the handles (run the loop). */
 void nh_admin_close(nh_admin_t *a);
 

@@ -43,7 +43,9 @@ struct nh_admin {
   struct nh_admin_tokens *tokens;   /* NULL: loopback without logins */
   struct nh_admin_stream *stream;
   struct nh_admin_bulk *bulks;      /* bulk actions running (stepped on the loop) */
-  int ready;                        /* adapters loaded: /readyz answers 200 */
+  int ready;                        /* adapters loaded: /readyz asks ready_check */
+  nh_admin_ready_cb ready_check;    /* store and transport usable (nh_dispatch_ready) */
+  void *ready_data;
   nh_admin_cached_t endpoints_cache, failures_cache;
   int console_only;                 /* `nimbus-host console`: no adapters here */
 };
@@ -116,6 +118,7 @@ void nh_admin_post_bulk_skip(nh_admin_call_t *c);
 void nh_admin_get_whoami(nh_admin_call_t *c);
 void nh_admin_get_health(nh_admin_call_t *c);
 void nh_admin_get_ready(nh_admin_call_t *c);
+void nh_admin_get_metrics(nh_admin_call_t *c);
 
 /* the page and the OpenAPI document (nh_admin_static.c) */
 char *nh_admin_console_dir(void);   /* NULL: not found */

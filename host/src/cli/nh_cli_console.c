@@ -79,7 +79,7 @@ int nh_cmd_console(int argc, char **argv)
     nh_store_close(store);
     return NH_EXIT_USAGE;
   }
-  nh_admin_set_ready(c.admin);
+  nh_admin_set_ready(c.admin, NULL, NULL);
   uv_signal_init(&rt.loop, &c.sigint);
   uv_signal_init(&rt.loop, &c.sigterm);
   c.sigint.data = c.sigterm.data = &c;

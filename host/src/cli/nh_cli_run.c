@@ -74,6 +74,17 @@ static void on_amqp_status(void *data, nh_amqp_status_t st, const char *msg)
   }
 }
 
+/* /readyz: not while stopping, nor while the store or the transport cannot be used. */
+static int host_ready(void *data, char *why, size_t len)
+{
+  host_t *h = data;
+  if (h->stopping) {
+    snprintf(why, len, "stopping");
+    return 0;
+  }
+  return nh_dispatch_ready(h->d, why, len);
+}
+
 static void on_signal(uv_signal_t *s, int signum)
 {
   host_t *h = s->data;
@@ -182,7 +193,7 @@ int nh_cmd_run(int argc, char **argv, int first)
     fprintf(stderr, "nimbus-host: %s\n", err.msg);
     status = NH_EXIT_USAGE;
   }
-  nh_admin_set_ready(h.admin);
+  nh_admin_set_ready(h.admin, host_ready, &h);
   if (status == NH_EXIT_OK) {
     uv_signal_init(loop, &h.sigint);
     uv_signal_init(loop, &h.sigterm);

@@ -1,5 +1,6 @@
 /* The runtime (nh_runtime.h): the loop, its parts, and a close that leaves no handle. */
 #include "nh_runtime.h"
+#include "nh_metrics.h"
 #include "nh_log.h"
 
 #include "nh_util.h"
@@ -117,6 +118,7 @@ int nh_runtime_close(nh_runtime_t *rt)
     nh_log_warn("runtime", "the event loop did not close");
     stray++;
   }
+  nh_metrics_reset();   /* the series the loop's modules counted */
   rt->magic = 0;
   return stray;
 }

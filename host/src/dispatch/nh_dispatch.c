@@ -56,6 +56,7 @@ nh_endpoint_t *nh_dispatch_find_endpoint(nh_dispatch_t *d, const char *name)
 void nh_dispatch_job_finished(nh_dispatch_t *d, nh_job_t *job)
 {
   nh_queue_remove(&job->run_node);
+  job->finished_ns = uv_hrtime();
   d->running--;
   nh_queue_insert_tail(&d->done, &job->done_node);
   nh_dispatch_kick(d);
@@ -67,6 +68,7 @@ static nh_job_t *job_new(nh_dispatch_t *d, nh_endpoint_t *ep, nh_job_src_t src)
   job->d = d;
   job->ep = ep;
   job->src = src;
+  job->retry_in_ms = -1;
   nh_queue_init(&job->pubs);
   nh_outcome_init(&job->out);
   nh_queue_init(&job->run_node);
@@ -80,9 +82,11 @@ static nh_job_t *job_new(nh_dispatch_t *d, nh_endpoint_t *ep, nh_job_src_t src)
  * so one bad message cannot hold back the batch; it is delivered again later. */
 static void accept_job(nh_dispatch_t *d, nh_job_t *job)
 {
+  size_t mark = nh_story_mark(&d->story);
   int r = nh_store_savepoint(d->store) ? NH_EFAIL : nh_dispatch_route(d, job);
   if (r >= 0 && nh_store_savepoint_end(d->store)) r = NH_EFAIL;
   else if (r < 0) nh_store_savepoint_rollback(d->store);
+  if (r < 0) nh_story_rollback(&d->story, mark);
   if (r < 0) {
     if (r != NH_ESTATE) {
       nh_log_error("dispatch", "%s: could not route message %s (session %s); it stays queued", job->ep->name,
@@ -265,6 +269,7 @@ static void start_fresh(nh_dispatch_t *d)
     };
     d->running++;
     job->started_ms = nh_time_now_ms();
+    job->started_ns = uv_hrtime();
     job->vm = job->ep->vm;
     nh_queue_insert_head(&d->running_jobs, &job->run_node);
     nh_error_t err = {0};
@@ -299,9 +304,11 @@ static void apply_done(nh_dispatch_t *d, nh_queue_t *applied, nh_queue_t *retry)
   while (!nh_queue_empty(&d->done)) {
     nh_job_t *job = nh_queue_data(nh_queue_head(&d->done), nh_job_t, done_node);
     nh_queue_remove(&job->done_node);
+    size_t mark = nh_story_mark(&d->story);
     int rc = nh_store_savepoint(d->store) ? NH_EFAIL : nh_dispatch_apply(d, job);
     if (rc == NH_OK && nh_store_savepoint_end(d->store)) rc = NH_EFAIL;
     else if (rc != NH_OK) nh_store_savepoint_rollback(d->store);
+    if (rc != NH_OK) nh_story_rollback(&d->story, mark);
     if (rc == NH_OK || rc == NH_ESTATE || ++job->apply_failures >= NH_APPLY_ATTEMPTS || d->force_stop) {
       if (rc != NH_OK && rc != NH_ESTATE)
         nh_log_error("dispatch", "%s: giving up recording the outcome of %s (session %s) after %d attempts; the "
@@ -356,6 +363,9 @@ static void pump(nh_dispatch_t *d)
     if (ok && nh_store_commit(d->store)) ok = 0;
     if (!ok) nh_store_rollback(d->store);
   }
+  d->store_failing = !ok;
+  if (ok) nh_dispatch_tell(d);   /* what this transaction recorded, now that it is recorded */
+  else nh_story_rollback(&d->story, 0);
   if (!nh_queue_empty(&d->requests)) nh_dispatch_deliver_replies(d, ok);
   if (ok && fetched > 0) {
     d->pumps++;
@@ -489,6 +499,7 @@ int nh_dispatch_start(nh_dispatch_t *d, nh_error_t *err)
 {
   if (nh_dispatch_subscribe_all(d, err)) return NH_EFAIL;
   d->started = 1;
+  nh_dispatch_metrics_start(d);
   nh_dispatch_renew_start(d);
   nh_dispatch_retention_start(d);
   nh_dispatch_presence_update(d);
@@ -593,6 +604,7 @@ void nh_dispatch_close(nh_dispatch_t *d)
     nh_endpoint_free(d->endpoints);
     d->endpoints = n;
   }
+  nh_dispatch_metrics_stop(d);
   free(d->lua_dir);
   d->lua_dir = NULL;
   free(d->owner);
@@ -606,6 +618,21 @@ void nh_dispatch_close(nh_dispatch_t *d)
   close_handle(d, &d->idle);
   close_handle(d, &d->timer);
   close_handle(d, &d->drain_timer);
+}
+
+int nh_dispatch_ready(nh_dispatch_t *d, char *why, size_t len)
+{
+  if (d->store_failing) {
+    snprintf(why, len, "store: transactions are failing (disk full or the store unwritable?); see the log");
+    return 0;
+  }
+  nh_transport_stats_t ts = { .connected = 1 };
+  if (d->tr->vt->stats) d->tr->vt->stats(d->tr, &ts);
+  if (!ts.connected) {
+    snprintf(why, len, "transport %s: %s", d->tr->vt->name, ts.why ? ts.why : "not connected");
+    return 0;
+  }
+  return 1;
 }
 
 int nh_dispatch_endpoint_count(nh_dispatch_t *d)

@@ -37,6 +37,8 @@ void nh_dispatch_close(nh_dispatch_t *d);
  * (SIGHUP). A reload builds new VMs; on any load error the running ones keep serving. */
 int nh_dispatch_watch(nh_dispatch_t *d, nh_error_t *err);
 void nh_dispatch_request_reload(nh_dispatch_t *d);
+/* 1 when the store takes writes and the transport is connected; else 0, why in `why`. */
+int nh_dispatch_ready(nh_dispatch_t *d, char *why, size_t len);
 int nh_dispatch_endpoint_count(nh_dispatch_t *d);
 /* Writes "Name (types...)" for each endpoint into buf, for the ready line. */
 void nh_dispatch_describe(nh_dispatch_t *d, char *buf, size_t len);

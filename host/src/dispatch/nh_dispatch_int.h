@@ -4,6 +4,7 @@
 
 #include "nh_dispatch.h"
 #include "nh_retry.h"
+#include "nh_story.h"
 #include "core/nh_msg.h"
 #include "core/nh_outcome_types.h"
 #include "core/nh_queue.h"
@@ -25,6 +26,7 @@ typedef struct nh_endpoint {
   char *due_cursor;              /* where the next scan of draining sessions starts */
   int queue_starved;             /* replays took every slot in the last pump: the queue goes first */
   int retired;                   /* dropped by a reload: no new work */
+  int metrics_seeded;            /* its store-wide gauges were read (nh_tell.c) */
   struct nh_endpoint *next;
 } nh_endpoint_t;
 
@@ -66,6 +68,10 @@ typedef struct nh_job {
   nh_task_t *task;               /* while the handler runs */
   nh_vm_t *vm;                   /* the generation it runs in */
   int64_t started_ms;
+  uint64_t started_ns, finished_ns;   /* uv_hrtime around the handler run */
+  int was_handoff;               /* the audit row read was Pending+Handoff */
+  int64_t retry_in_ms;           /* the outcome scheduled a retry in this many ms; -1: none */
+  int attempt, max_attempts;     /* a transient failure's attempt (for the story) */
   nh_cancel_t cancel;            /* why the host ended it (renewal cap, is_alive, lock lost) */
   char *cancel_detail;           /* the error an is_alive raised */
   nh_queue_t run_node;           /* in d->running_jobs while the handler runs */
@@ -100,6 +106,7 @@ struct nh_dispatch {
   uint64_t renewals, renew_failures, cancellations;
   uint64_t pumps, pumped;        /* transactions with work, messages fetched in them */
   int pumping, stopping, started, closing, force_stop;
+  int store_failing;             /* the last pump's transaction failed (disk full, unwritable) */
   nh_endpoint_t *receiving_ep;   /* the endpoint whose receive() is running */
   int64_t poll_ms;               /* adaptive idle poll interval */
   int64_t drain_deadline;
@@ -116,6 +123,7 @@ struct nh_dispatch {
   uv_timer_t presence_timer;     /* nh_presence.c */
   char *owner;                   /* "host:pid:tag", NULL: not registered in `hosts` */
   int64_t started_ms;
+  nh_story_t story;              /* the open transaction's notes (nh_story.h) */
 };
 
 /* nh_outcome.c: the state machine */
@@ -152,6 +160,12 @@ void nh_dispatch_job_finished(nh_dispatch_t *d, nh_job_t *job);
 /* nh_vmhost.c: the callbacks Lua calls the host through */
 const nh_vm_host_t *nh_dispatch_vm_host(nh_dispatch_t *d, nh_vm_host_t *out);
 int nh_dispatch_pub_dedup(nh_dispatch_t *d, const char *who, const char *message_id, int claim);
+
+/* nh_tell.c: after a commit, the story's log lines, metrics and hooks */
+void nh_dispatch_tell(nh_dispatch_t *d);
+void nh_dispatch_metrics_start(nh_dispatch_t *d);   /* gauges read from the store, collectors */
+void nh_dispatch_metrics_stop(nh_dispatch_t *d);
+void nh_dispatch_count_lock_lost(const char *endpoint);
 
 /* nh_renew.c */
 void nh_dispatch_renew_start(nh_dispatch_t *d);   /* (re)arms the timer: a third of the lock duration */

@@ -15,6 +15,87 @@ static void set(char **field, const char *v)
   *field = nh_xstrdup(v);
 }
 
+static int is_handoff(const char *status, const char *sub)
+{
+  return status && sub && strcmp(status, NH_ST_PENDING) == 0 && strcmp(sub, "Handoff") == 0;
+}
+
+/* ---------------------------------------------------------------- the story (nh_story.h) */
+
+static const char *operator_action(nh_msg_type_t t)
+{
+  switch (t) {
+  case NH_MT_RESUBMIT: return "resubmit";
+  case NH_MT_SKIP: return "skip";
+  case NH_MT_HANDOFF_COMPLETE: return "handoff_complete";
+  case NH_MT_HANDOFF_FAIL: return "handoff_fail";
+  default: return NULL;
+  }
+}
+
+static nh_note_t *note_job(nh_dispatch_t *d, nh_job_t *job, nh_note_kind_t kind)
+{
+  const nh_msg_t *m = &job->msg;
+  nh_note_t *n = nh_story_add(&d->story, kind);
+  nh_note_set(&n->endpoint, job->ep->name);
+  nh_note_set(&n->event_id, m->event_id);
+  nh_note_set(&n->session, m->session_id);
+  nh_note_set(&n->type, m->event_type);
+  nh_note_set(&n->message_id, m->message_id);
+  nh_note_set(&n->action, operator_action(m->type));
+  n->enqueued_at = m->enqueued_at;
+  return n;
+}
+
+/* The audit row `a` is about to be written: its status change is a note. */
+static void note_audit(nh_dispatch_t *d, nh_job_t *job, const nh_audit_t *a, const char *detail)
+{
+  nh_note_t *n = note_job(d, job, NH_NOTE_AUDIT);
+  if (a->event_type) nh_note_set(&n->type, a->event_type);
+  nh_note_set(&n->status, a->status);
+  nh_note_set(&n->sub_status, a->sub_status);
+  nh_note_set(&n->error, a->error_text);
+  nh_note_set(&n->error_type, a->error_type);
+  nh_note_set(&n->detail, detail);
+  n->delta = is_handoff(a->status, a->sub_status) - job->was_handoff;
+  n->retry_in_ms = job->retry_in_ms;
+  n->attempt = job->attempt;
+  n->max_attempts = job->max_attempts;
+  if (job->finished_ns > job->started_ns && job->started_ms) {
+    n->handler_s = (double)(job->finished_ns - job->started_ns) / 1e9;
+    n->started_at = job->started_ms;
+  }
+}
+
+/* A session's blocker changed from `was` to st->blocked_by. */
+static void note_session(nh_dispatch_t *d, nh_job_t *job, const char *was, const nh_session_state_t *st)
+{
+  if (!was == !st->blocked_by) return;
+  nh_note_t *n = note_job(d, job, NH_NOTE_SESSION);
+  n->delta = st->blocked_by ? 1 : -1;
+  nh_note_set(&n->blocked_by, st->blocked_by ? st->blocked_by : was);
+}
+
+/* Parked rows of an endpoint added or removed; runs of parks fold into one note. */
+static void note_parked(nh_dispatch_t *d, const char *endpoint, int delta)
+{
+  nh_story_t *s = &d->story;
+  if (s->n && s->notes[s->n - 1].kind == NH_NOTE_PARKED && strcmp(s->notes[s->n - 1].endpoint, endpoint) == 0) {
+    s->notes[s->n - 1].delta += delta;
+    return;
+  }
+  nh_note_t *n = nh_story_add(s, NH_NOTE_PARKED);
+  nh_note_set(&n->endpoint, endpoint);
+  n->delta = delta;
+}
+
+/* An operator request rejected (the history says why): told as a warning. */
+static void note_rejected(nh_dispatch_t *d, nh_job_t *job, const char *detail)
+{
+  nh_note_t *n = note_job(d, job, NH_NOTE_REJECTED);
+  nh_note_set(&n->detail, detail);
+}
+
 /* Loads the event's audit row, or starts one from the message. */
 static void audit_load(nh_dispatch_t *d, nh_job_t *job, nh_audit_t *a)
 {
@@ -28,6 +109,7 @@ static void audit_load(nh_dispatch_t *d, nh_job_t *job, nh_audit_t *a)
     a->event_id = nh_xstrdup(m->event_id);
     a->created_at = nh_time_now_ms();
   }
+  job->was_handoff = is_handoff(a->status, a->sub_status);
   set(&a->session_id, m->session_id);
   if (m->event_type) set(&a->event_type, m->event_type);
   if (m->type == NH_MT_EVENT || m->type == NH_MT_RESUBMIT || m->type == NH_MT_UNKNOWN) {   /* unknown: malformed */
@@ -60,6 +142,7 @@ static void audit_status(nh_audit_t *a, const char *status, const char *text, co
 
 static int audit_write(nh_dispatch_t *d, nh_job_t *job, nh_audit_t *a, const char *detail)
 {
+  note_audit(d, job, a, detail);
   int rc = nh_store_audit_put(d->store, a);
   /* each attempt keeps its own error (the audit row shows only the latest) */
   int failed = nh_audit_unresolved_failure(a->status) || nh_audit_retrying(a);
@@ -91,6 +174,7 @@ static int unlock(nh_dispatch_t *d, nh_job_t *job)
   int held = d->tr->vt->unlock_session(d->tr, job->ep->name, job->msg.session_id);
   if (held < 0) return NH_EFAIL;
   if (held == 0) {
+    nh_dispatch_count_lock_lost(job->ep->name);   /* a fact whether or not this transaction commits */
     nh_log_warn("dispatch", "%s: lost the lock on session %s while handling %s; its outcome is discarded and "
                 "the message will be delivered again", job->ep->name, job->msg.session_id,
                 job->msg.event_id ? job->msg.event_id : job->msg.message_id);
@@ -135,6 +219,7 @@ static int park_one(nh_dispatch_t *d, nh_job_t *job, nh_session_state_t *st)
   nh_audit_t a;
   audit_load(d, job, &a);
   audit_status(&a, NH_ST_DEFERRED, text, NULL, NULL);
+  note_parked(d, job->ep->name, 1);
   if (nh_store_park(d->store, m, seq) || nh_store_session_put(d->store, m->endpoint, m->session_id, st) ||
       audit_write(d, job, &a, text))
     return NH_EFAIL;
@@ -166,6 +251,7 @@ static int route_park(nh_dispatch_t *d, nh_job_t *job, nh_session_state_t *st)
     tmp.ep = job->ep;
     tmp.src = NH_JOB_QUEUE;
     tmp.msg = *m;
+    tmp.retry_in_ms = -1;
     rc = park_one(d, &tmp, st);
   }
   for (int k = 0; k < n; k++) nh_msg_clear(&next[k]);
@@ -181,12 +267,17 @@ static int route_skip(nh_dispatch_t *d, nh_job_t *job, nh_session_state_t *st)
   audit_load(d, job, &a);
   audit_status(&a, NH_ST_SKIPPED, NULL, NULL, NULL);
   int removed = nh_store_parked_delete_event(d->store, job->ep->name, m->event_id);
+  if (removed > 0) note_parked(d, job->ep->name, -removed);
+  char *was = nh_xstrdup(st->blocked_by);
   if (is_blocker(st, m->event_id)) unblock(d, job, st);
   if (removed > 0 && !st->blocked_by)
     st->draining = nh_store_parked_any(d->store, job->ep->name, m->session_id) > 0;
-  if (nh_store_session_put(d->store, m->endpoint, m->session_id, st) ||
-      audit_write(d, job, &a, removed > 0 ? "skipped by operator (removed from the parked queue)" : "skipped by operator"))
-    return NH_EFAIL;
+  int rc = nh_store_session_put(d->store, m->endpoint, m->session_id, st) ||
+           audit_write(d, job, &a, removed > 0 ? "skipped by operator (removed from the parked queue)"
+                                               : "skipped by operator");
+  note_session(d, job, was, st);
+  free(was);
+  if (rc) return NH_EFAIL;
   return settle(d, job, NH_SETTLE_COMPLETE, 0, NULL);
 }
 
@@ -202,7 +293,7 @@ static int route_handoff(nh_dispatch_t *d, nh_job_t *job, nh_session_state_t *st
     char detail[256];
     snprintf(detail, sizeof detail, "%s rejected: the event is %s, not Pending+Handoff", nh_msg_type_name(m->type),
              found && a.status ? a.status : "unknown");
-    nh_log_warn("dispatch", "%s %s: %s", job->ep->name, m->event_id, detail);
+    note_rejected(d, job, detail);
     if (found) nh_audit_clear(&a);
     if (nh_store_history_add(d->store, job->ep->name, m->event_id, m->message_id, nh_msg_type_name(m->type),
                              "Rejected", detail))
@@ -210,6 +301,8 @@ static int route_handoff(nh_dispatch_t *d, nh_job_t *job, nh_session_state_t *st
     return settle(d, job, NH_SETTLE_COMPLETE, 0, NULL);
   }
   a.updated_at = 0;
+  job->was_handoff = 1;
+  char *was = nh_xstrdup(st->blocked_by);
   const char *detail;
   if (m->type == NH_MT_HANDOFF_COMPLETE) {
     audit_status(&a, NH_ST_COMPLETED, NULL, NULL, NULL);
@@ -222,16 +315,19 @@ static int route_handoff(nh_dispatch_t *d, nh_job_t *job, nh_session_state_t *st
                  m->error_type ? m->error_type : "HandoffFailed", NULL);
     detail = "hand-off failed; the session stays blocked until resubmit or skip";
   }
-  if (nh_store_session_put(d->store, m->endpoint, m->session_id, st) || audit_write(d, job, &a, detail))
-    return NH_EFAIL;
+  int rc = nh_store_session_put(d->store, m->endpoint, m->session_id, st) || audit_write(d, job, &a, detail);
+  note_session(d, job, was, st);
+  free(was);
+  if (rc) return NH_EFAIL;
   return settle(d, job, NH_SETTLE_COMPLETE, 0, NULL);
 }
 
 static int route_dead_letter(nh_dispatch_t *d, nh_job_t *job, const char *reason)
 {
-  nh_log_warn("dispatch", "%s: dead-lettering message %s (session %s): %s", job->ep->name, job->msg.message_id,
-              job->msg.session_id, reason);
-  if (job->msg.event_id) {
+  if (!job->msg.event_id) {
+    nh_note_t *n = note_job(d, job, NH_NOTE_DEADLETTER);
+    nh_note_set(&n->detail, reason);
+  } else {
     nh_audit_t a;
     audit_load(d, job, &a);
     audit_status(&a, NH_ST_DEADLETTERED, reason, "DeadLetter", NULL);
@@ -253,7 +349,7 @@ static int stale_request(nh_dispatch_t *d, nh_job_t *job, const char *expected)
     char detail[256];
     snprintf(detail, sizeof detail, "%s rejected: the event changed from %s to %s after the request was made",
              nh_msg_type_name(job->msg.type), expected, a.status);
-    nh_log_warn("dispatch", "%s %s: %s", job->ep->name, job->msg.event_id, detail);
+    note_rejected(d, job, detail);
     nh_store_history_add(d->store, job->ep->name, job->msg.event_id, job->msg.message_id,
                          nh_msg_type_name(job->msg.type), "Rejected", detail);
   }
@@ -265,6 +361,7 @@ static int stale_request(nh_dispatch_t *d, nh_job_t *job, const char *expected)
 static int parked_done(nh_dispatch_t *d, nh_job_t *job, nh_session_state_t *st)
 {
   if (nh_store_parked_delete(d->store, job->ep->name, job->msg.session_id, job->park_seq)) return NH_EFAIL;
+  note_parked(d, job->ep->name, -1);
   if (!st->blocked_by) st->draining = parked_after(st, job->park_seq);
   return nh_store_session_put(d->store, job->ep->name, job->msg.session_id, st);
 }
@@ -344,6 +441,7 @@ int nh_dispatch_route(nh_dispatch_t *d, nh_job_t *job)
                    (!a.payload || nh_audit_payload_len(&a) != m->body_len || memcmp(a.payload, m->body, m->body_len) != 0);
     nh_audit_clear(&a);
     if (parked) {
+      note_rejected(d, job, "resubmit rejected: the event is parked and will replay in order");
       rc = nh_store_history_add(d->store, ep->name, m->event_id, m->message_id, "ResubmissionRequest", "Rejected",
                                 "resubmit rejected: the event is parked and will replay in order");
       if (!rc) rc = settle(d, job, NH_SETTLE_COMPLETE, 0, NULL);
@@ -504,6 +602,8 @@ int nh_dispatch_apply(nh_dispatch_t *d, nh_job_t *job)
      * later events park, order kept); then Failed when the attempts are used up. */
     int attempt = (nh_audit_retrying(&a) ? a.attempts : 0) + 1, max = ep->transient.max_retries + 1;
     a.attempts = attempt;
+    job->attempt = attempt;
+    job->max_attempts = max;
     if (!st.blocked_by) set(&st.blocked_by, m->event_id);
     int own = strcmp(st.blocked_by, m->event_id) == 0;
     if (attempt < max && own) {
@@ -511,6 +611,7 @@ int nh_dispatch_apply(nh_dispatch_t *d, nh_job_t *job)
       set(&a.sub_status, NH_SUB_RETRYING);
       int64_t delay = nh_retry_delay_ms(&ep->transient, attempt - 1, nh_random_unit());
       st.retry_due = nh_time_now_ms() + delay;
+      job->retry_in_ms = delay;
       snprintf(buf, sizeof buf, "transient failure (attempt %d of %d); next attempt in %lld ms", attempt, max,
                (long long)delay);
     } else {
@@ -534,6 +635,7 @@ int nh_dispatch_apply(nh_dispatch_t *d, nh_job_t *job)
     int64_t delay = nh_retry_next(&ep->retry, m->event_type, o->error_text, m->retry_count);
     if (delay >= 0 && strcmp(st.blocked_by, m->event_id) == 0) {
       st.retry_due = nh_time_now_ms() + delay;
+      job->retry_in_ms = delay;
       snprintf(buf, sizeof buf, "handler failed; retry %d scheduled in %lld ms", m->retry_count + 1, (long long)delay);
     } else {
       st.retry_due = 0;
@@ -569,6 +671,7 @@ int nh_dispatch_apply(nh_dispatch_t *d, nh_job_t *job)
 
   if (job->src == NH_JOB_PARKED) {
     if (!rc) rc = nh_store_parked_delete(d->store, ep->name, m->session_id, job->park_seq);
+    note_parked(d, ep->name, -1);
     if (!st.blocked_by) {
       st.draining = parked_after(&st, job->park_seq);
     } else if (!rc && is_blocker(&st, m->event_id)) {
@@ -581,6 +684,7 @@ int nh_dispatch_apply(nh_dispatch_t *d, nh_job_t *job)
   if (!rc) rc = nh_store_session_put(d->store, ep->name, m->session_id, &st);
   if (!rc) rc = audit_write(d, job, &a, detail);
   else nh_audit_clear(&a);
+  note_session(d, job, job->st.blocked_by, &st);   /* told after the outcome that caused it */
   nh_session_state_clear(&st);
   /* A failed responder sends an error reply at once; a dead-lettered request (a middleware
    * refusing it, say) sends none, so the requester times out as with NimBus. */

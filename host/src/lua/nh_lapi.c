@@ -9,6 +9,7 @@
 
 #include <lauxlib.h>
 #include <stdlib.h>
+#include <string.h>
 
 #ifndef NH_VERSION
 #define NH_VERSION "0.0.0"
@@ -16,12 +17,63 @@
 
 static nh_vm_t *upvm(lua_State *L) { return lua_touserdata(L, lua_upvalueindex(1)); }
 
+/* core.log(level, msg, fields): fields is the flat { key, value, ... } list built by
+ * nimbus.log (lua/nimbus/init.lua); a value { json } is JSON text. */
 static int l_log(lua_State *L)
 {
   static const char *const levels[] = { "debug", "info", "warn", "error", NULL };
   int level = luaL_checkoption(L, 1, "info", levels);
   const char *msg = luaL_checkstring(L, 2);
-  nh_log_write((nh_log_level_t)level, "lua", "%s", msg);
+  if (!nh_log_enabled((nh_log_level_t)level)) return 0;
+  enum { MAX_FIELDS = 64 };
+  nh_log_field_t f[MAX_FIELDS];
+  int n = 0;
+  if (lua_istable(L, 3)) {
+    lua_Integer len = luaL_len(L, 3);
+    luaL_checkstack(L, 3 * MAX_FIELDS + 4, "log fields");   /* at most three values a field */
+    for (lua_Integer i = 1; i + 1 <= len && n < MAX_FIELDS; i += 2) {
+      lua_rawgeti(L, 3, i);   /* left on the stack: the strings stay alive until the line is written */
+      lua_rawgeti(L, 3, i + 1);
+      const char *key = lua_tostring(L, -2);
+      if (!key) continue;
+      nh_log_field_t *x = &f[n];
+      memset(x, 0, sizeof *x);
+      x->key = key;
+      switch (lua_type(L, -1)) {
+      case LUA_TNUMBER:
+        if (lua_isinteger(L, -1)) x->kind = NH_LF_INT, x->i = (int64_t)lua_tointeger(L, -1);
+        else x->kind = NH_LF_NUM, x->num = (double)lua_tonumber(L, -1);
+        break;
+      case LUA_TBOOLEAN:
+        x->kind = NH_LF_BOOL;
+        x->i = lua_toboolean(L, -1);
+        break;
+      case LUA_TTABLE:
+        lua_rawgeti(L, -1, 1);
+        x->kind = NH_LF_JSON;
+        x->str = lua_tostring(L, -1);
+        break;
+      case LUA_TNIL:
+        x->kind = NH_LF_STR;
+        break;
+      default:
+        x->kind = NH_LF_STR;
+        x->str = lua_tostring(L, -1);
+      }
+      n++;
+    }
+  }
+  nh_log_fields((nh_log_level_t)level, "lua", f, n, "%s", msg);
+  return 0;
+}
+
+/* core.hook_add(name): nimbus.on registered a function (validated there). */
+static int l_hook_add(lua_State *L)
+{
+  nh_vm_t *vm = upvm(L);
+  int h = nh_hook_find(luaL_checkstring(L, 1));
+  luaL_argcheck(L, h >= 0, 1, "unknown hook");
+  vm->hooks[h]++;
   return 0;
 }
 
@@ -199,7 +251,7 @@ static int open_core(lua_State *L)
     { "log", l_log }, { "now", l_now }, { "register_endpoint", l_register_endpoint },
     { "set_retention", l_set_retention },
     { "publish", l_publish }, { "pending_handoffs", l_pending_handoffs }, { "handoff", l_handoff },
-    { "request", l_request },
+    { "request", l_request }, { "hook_add", l_hook_add },
     { NULL, NULL },
   };
   luaL_newlibtable(L, fns);

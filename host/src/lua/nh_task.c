@@ -30,6 +30,7 @@ const char *nh_task_kind_name(nh_task_kind_t k)
   case NH_TASK_KIND_HANDLER: return "handler";
   case NH_TASK_KIND_CHECKER: return "checker";
   case NH_TASK_KIND_ROUTE: return "route";
+  case NH_TASK_KIND_HOOK: return "hook";
   }
   return "task";
 }

@@ -32,6 +32,7 @@ typedef enum {
   NH_TASK_KIND_HANDLER,   /* a message's handler (nimbus._run) */
   NH_TASK_KIND_CHECKER,   /* a status checker's run (core.every) */
   NH_TASK_KIND_ROUTE,     /* a served HTTP request */
+  NH_TASK_KIND_HOOK,      /* a lifecycle hook (nimbus.on) */
 } nh_task_kind_t;
 
 /* "task", "handler", "checker", "route": for logs and the operator log's actor. */

@@ -183,7 +183,7 @@ static nh_vm_t *vm_create(uv_loop_t *loop, const char *path, const char *lua_dir
   vm->path = nh_xstrdup(path ? path : "(script)");
   if (host) vm->host = *host;
   vm->has_host = host != NULL;
-  vm->run_ref = vm->alive_ref = LUA_NOREF;
+  vm->run_ref = vm->alive_ref = vm->hook_ref = LUA_NOREF;
   nh_queue_init(&vm->tasks);
   nh_queue_init(&vm->ready);
   vm->mem_limit = vm_mem_limit();
@@ -233,6 +233,8 @@ static int load_run_ref(nh_vm_t *vm, nh_error_t *err)
   /* asked at every lock renewal of every running handler: keep it at hand too */
   lua_getfield(L, -1, "_is_alive");
   vm->alive_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  lua_getfield(L, -1, "_hook");
+  vm->hook_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   lua_pop(L, 1);
   return NH_OK;
 }

@@ -92,6 +92,30 @@ void nh_vm_task_cancel(nh_task_t *t);
 /* Cancels every suspended task of the VM (task_done with NH_TASK_CANCELLED). */
 void nh_vm_cancel_all(nh_vm_t *vm);
 
+/* Lifecycle hooks (nimbus.on, nh_hooks.c): told after the outcome committed, each
+ * registered function run as a task of its own with the usual budgets; a hook that fails
+ * is logged and counted and changes nothing. */
+typedef enum {
+  NH_HOOK_EVENT_FAILED, NH_HOOK_DEAD_LETTERED, NH_HOOK_SESSION_BLOCKED, NH_HOOK_SESSION_UNBLOCKED,
+  NH_HOOK_HANDOFF_OVERDUE, NH_HOOK_COUNT
+} nh_hook_t;
+const char *nh_hook_name(nh_hook_t h);
+/* The hook of that name, or -1. */
+int nh_hook_find(const char *name);
+typedef struct nh_hook_info {
+  const char *endpoint, *event_id, *session_id, *event_type, *message_id;
+  const char *status, *error, *error_type, *blocked_by, *detail, *action;
+  int64_t retry_in_ms;           /* < 0: none */
+  int attempt;                   /* 0: not a transient failure */
+  int64_t expected_by;           /* hand-offs: ms; 0: none */
+} nh_hook_info_t;
+/* Whether the VM registered any function for the hook (cheap: asked per note). */
+int nh_vm_hook_wanted(nh_vm_t *vm, nh_hook_t h);
+/* Starts one task per registered function; returns how many. */
+int nh_vm_hook_fire(nh_vm_t *vm, nh_hook_t h, const nh_hook_info_t *info);
+/* Memory the VM's allocator holds, in bytes. */
+size_t nh_vm_memory(nh_vm_t *vm);
+
 /* t[k] = v on the table at the top of the stack; nothing when v is NULL. */
 void nh_lua_set_str(lua_State *L, const char *k, const char *v);
 

@@ -35,7 +35,8 @@ struct nh_vm {
   double load_budget_s;
   nh_vm_host_t host;
   int has_host;
-  int run_ref, alive_ref;
+  int run_ref, alive_ref, hook_ref;
+  int hooks[NH_HOOK_COUNT];  /* functions registered per hook (nimbus.on) */
   int live_tasks;
   nh_queue_t tasks;          /* every live task (nh_task_t.node), newest first */
   nh_queue_t ready;          /* FIFO of tasks to resume on the next iteration (nh_task_t.ready_node) */

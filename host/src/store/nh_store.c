@@ -4,6 +4,7 @@
 #include "nh_store_schema.h"
 #include "core/nh_failgroup.h"
 #include "core/nh_log.h"
+#include "core/nh_metrics.h"
 #include "core/nh_sqlite.h"
 #include "core/nh_sqlprof.h"
 #include "core/nh_util.h"
@@ -378,6 +379,33 @@ const char *nh_store_explain(nh_store_t *s, const char *doing, nh_error_t *err)
   return err->msg;
 }
 
+static nh_metric_t m_tx = NH_HISTOGRAM_DEF("nimbus_store_transaction_seconds",
+  "Store write transactions, from BEGIN to COMMIT or ROLLBACK", nh_metric_buckets_fast, "result");
+
+static uint64_t mono_ns(void)
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void tx_observe(nh_store_t *s, const char *result)
+{
+  if (s->tx_started_ns) nh_metric_observe(&m_tx, (double)(mono_ns() - s->tx_started_ns) / 1e9, result);
+  s->tx_started_ns = 0;
+}
+
+void nh_store_file_sizes(nh_store_t *s, int64_t *db, int64_t *wal)
+{
+  struct stat st;
+  char path[4096];
+  *db = *wal = 0;
+  if (!s->path) return;
+  if (stat(s->path, &st) == 0) *db = (int64_t)st.st_size;
+  snprintf(path, sizeof path, "%s-wal", s->path);
+  if (stat(path, &st) == 0) *wal = (int64_t)st.st_size;
+}
+
 int nh_store_begin(nh_store_t *s)
 {
   if (sqlite3_exec(s->db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK) {
@@ -385,6 +413,7 @@ int nh_store_begin(nh_store_t *s)
     return NH_EFAIL;
   }
   s->in_tx = 1;
+  s->tx_started_ns = mono_ns();
   s->failed = s->outer_failed = 0;
   if (s->txn_cb) s->txn_cb(s->txn_data, NH_TXN_BEGIN);
   return NH_OK;
@@ -448,6 +477,7 @@ int nh_store_commit(nh_store_t *s)
     return NH_EFAIL;
   }
   s->in_tx = 0;
+  tx_observe(s, "commit");
   if (s->txn_cb) s->txn_cb(s->txn_data, NH_TXN_COMMIT);
   return NH_OK;
 }
@@ -470,6 +500,7 @@ void nh_store_rollback(nh_store_t *s)
   int was = s->in_tx;
   if (sqlite3_get_autocommit(s->db) == 0) sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
   s->in_tx = 0;
+  if (was) tx_observe(s, "rollback");
   s->failed = s->outer_failed = 0;
   if (was && s->txn_cb) s->txn_cb(s->txn_data, NH_TXN_ROLLBACK);
 }

@@ -293,6 +293,10 @@ typedef struct nh_endpoint_stats {
   int64_t blocked_sessions, handoffs_pending, handoffs_overdue;
 } nh_endpoint_stats_t;
 int nh_store_endpoint_stats(nh_store_t *s, const char *endpoint, int64_t now, nh_endpoint_stats_t *out);
+/* Bytes of the store file and its WAL (0 when absent). */
+void nh_store_file_sizes(nh_store_t *s, int64_t *db, int64_t *wal);
+/* Parked rows of an endpoint (the metrics' starting figure; a range of the primary key). */
+int64_t nh_store_endpoint_parked(nh_store_t *s, const char *endpoint);
 
 typedef struct nh_blocked_row {
   const char *endpoint, *session_id, *blocked_by;

@@ -48,6 +48,11 @@ int nh_store_endpoint_stats(nh_store_t *s, const char *endpoint, int64_t now, nh
   return out->blocked_sessions < 0 || out->handoffs_pending < 0 || out->handoffs_overdue < 0 ? NH_EFAIL : NH_OK;
 }
 
+int64_t nh_store_endpoint_parked(nh_store_t *s, const char *endpoint)
+{
+  return count1(s, "SELECT count(*) FROM parked WHERE endpoint = ?1", endpoint, 0, "parked events");
+}
+
 int nh_store_blocked_sessions(nh_store_t *s, const char *endpoint, const char *after_endpoint,
                               const char *after_session, int limit, nh_blocked_cb cb, void *data)
 {

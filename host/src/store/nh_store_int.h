@@ -50,6 +50,7 @@ struct nh_store {
   sqlite3 *db;
   char *path;
   int in_tx;
+  uint64_t tx_started_ns;        /* monotonic, for nimbus_store_transaction_seconds */
   nh_store_txn_cb txn_cb;    /* a broker transport's hook: see nh_store_set_txn_hook */
   void *txn_data;
   int64_t busy_since;        /* when the current wait for the write lock began (on_busy) */

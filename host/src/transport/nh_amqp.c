@@ -783,6 +783,21 @@ static void am_close(nh_transport_t *t)
   free(a);
 }
 
+static void am_stats(nh_transport_t *t, nh_transport_stats_t *out)
+{
+  amqp_t *a = (amqp_t *)t;
+  memset(out, 0, sizeof *out);
+  out->connected = a->ssn != NULL && a->ready_sent;
+  out->unconfirmed = a->unconfirmed;
+  nh_queue_t *q;
+  nh_queue_foreach(q, &a->eps) {
+    aep_t *ep = nh_queue_data(q, aep_t, node);
+    out->buffered += ep->nbuf;
+    if (ep->link && a->ssn) out->credit += pn_link_credit(ep->link);
+  }
+  if (!out->connected) out->why = a->ssn ? "connected, declaring the topology" : "not connected to the broker";
+}
+
 static const nh_transport_vtbl_t amqp_vtbl = {
   .name = "amqp",
   .subscribe = am_subscribe,
@@ -797,6 +812,7 @@ static const nh_transport_vtbl_t amqp_vtbl = {
   .close = am_close,
   .set_capacity = am_set_capacity,
   .probe = nh_amqp_vt_probe,
+  .stats = am_stats,
 };
 
 nh_transport_t *nh_amqp_init(uv_loop_t *loop, nh_store_t *store, const char *url, const char *owner,

@@ -20,6 +20,15 @@ typedef enum { NH_SETTLE_COMPLETE, NH_SETTLE_RELEASE, NH_SETTLE_DEAD_LETTER } nh
 
 typedef struct nh_transport nh_transport_t;
 
+/* What /metrics and /readyz show of a transport (nh_transport_vtbl_t.stats). */
+typedef struct nh_transport_stats {
+  int connected;                 /* able to receive and send now (a broker: the connection and its session are up) */
+  int64_t buffered;              /* deliveries received, not yet handed to the dispatcher */
+  int64_t credit;                /* link credit granted to the broker, summed over the receivers */
+  int64_t unconfirmed;           /* sent, the broker's outcome not back yet */
+  const char *why;               /* not connected: why (the last error), or NULL */
+} nh_transport_stats_t;
+
 /* Receives ownership of msg (free with nh_msg_clear + free). The transport has already
  * taken the session lock for msg->session_id (the AMQP transport takes none for the
  * replies on a process's own reply queue). */
@@ -58,6 +67,8 @@ typedef struct nh_transport_vtbl {
   /* Optional, for transports whose send cannot tell how many endpoints consume a type
    * (a broker's fan-out): asks, and calls done(data, 1 | 0 | -1 unknown) later. */
   int (*probe)(nh_transport_t *t, const char *event_type, void (*done)(void *, int), void *data);
+  /* Optional: connection state and buffers (NULL: always connected, nothing buffered). */
+  void (*stats)(nh_transport_t *t, nh_transport_stats_t *out);
 } nh_transport_vtbl_t;
 
 struct nh_transport {
