@@ -72,7 +72,7 @@ TEST(open_creates_wal_store)
   ASSERT_EQ_STR(nh_store_path(s), nh_test_path("nimbus.db"));
   sqlite3 *db = nh_store_db(s);
   ASSERT_EQ_STR(q1(db, "PRAGMA journal_mode"), "wal");
-  ASSERT_EQ_INT(q1i(db, "SELECT version FROM nh_schema WHERE component = 'store'"), 3);
+  ASSERT_EQ_INT(q1i(db, "SELECT version FROM nh_schema WHERE component = 'store'"), 4);
   ASSERT_EQ_INT(q1i(db, "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name IN "
                         "('audit','history','sessions','parked','inbox','processed','operator_log')"),
                 7);
@@ -166,7 +166,7 @@ TEST(reopen_keeps_data_and_migrations_are_idempotent)
   for (int round = 0; round < 3; round++) {
     s = open_store("nimbus.db");
     sqlite3 *db = nh_store_db(s);
-    ASSERT_EQ_INT(q1i(db, "SELECT version FROM nh_schema WHERE component = 'store'"), 3);
+    ASSERT_EQ_INT(q1i(db, "SELECT version FROM nh_schema WHERE component = 'store'"), 4);
     ASSERT_EQ_INT(q1i(db, "SELECT count(*) FROM nh_schema"), 1);
     ASSERT_EQ_STR(q1(db, "PRAGMA journal_mode"), "wal");
     nh_audit_t a = {0};
@@ -881,7 +881,7 @@ TEST(migration_to_schema_2_backfills_failure_groups)
   ASSERT_EQ_STR(q1(sdb, "SELECT fail_group FROM audit WHERE event_id = 'e1'"), want);
   ASSERT_EQ_STR(q1(sdb, "SELECT fail_group FROM audit WHERE event_id = 'e2'"), want);
   ASSERT_EQ_STR(q1(sdb, "SELECT coalesce(fail_group, 'none') FROM audit WHERE event_id = 'e3'"), "none");
-  ASSERT_EQ_INT(q1i(sdb, "SELECT version FROM nh_schema WHERE component = 'store'"), 3);
+  ASSERT_EQ_INT(q1i(sdb, "SELECT version FROM nh_schema WHERE component = 'store'"), 4);
   nh_store_close(s);
 }
 

@@ -277,7 +277,7 @@ function Endpoint:checker(name, opts, fn)
   core.every(opts.every, function()
     task_ctx[coroutine.running()] = log_ctx
     return fn(chk)
-  end, ("checker %s/%s"):format(self.name, name), opts.timeout)
+  end, ("checker %s/%s"):format(self.name, name), opts.timeout, self.name, name)
   return chk
 end
 

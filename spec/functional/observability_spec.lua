@@ -266,6 +266,63 @@ nimbus.on("dead_lettered", function(info) while true do end end)
     assert.is_true(h:alive())
   end)
 
+  it("flags an overdue hand-off once: log line, metric, hook, events and sessions", function()
+    local h, base = start([[
+nimbus.on("handoff_overdue", function(info)
+  local f = assert(io.open(DIR .. "/overdue.jsonl", "a"))
+  f:write(cjson.encode(info), "\n")
+  f:close()
+end)
+]])
+    local mid = sb:publish("Ok", { tag = "a", handoff = "erp import", job = "J7", expected_by = 0.2 }, { session = "s1" })
+    local ev = sb:wait_message(mid, "Pending")
+    local line = wait_line(h, { level = "warn", event_id = ev.event_id, external_job_id = "J7" }, "the overdue line")
+    assert.truthy(line.msg:find("hand-off overdue", 1, true), line.msg)
+    local hooked = nh.eventually(function() return nh.read(sb:path("overdue.jsonl")) end, nh.DEADLINE, "the hook")
+    local info = nh.decode(hooked:match("[^\n]+"))
+    assert.are.equal("handoff_overdue", info.hook)
+    assert.are.equal(ev.event_id, info.event_id)
+    assert.are.equal("J7", info.external_job_id)
+    assert.truthy(info.expected_by)
+    local row = sb:events({ session = "s1" })[1]
+    assert.is_true(row.overdue)
+    assert.truthy(row.overdue_at)
+    local sess = nh.decode(sb:cli_ok({ "sessions", "--json" }):match("[^\n]+"))
+    assert.is_true(sess.handoff_overdue)
+    -- flagged once: a later event, published after the flag, completes; still one flag
+    local later = sb:publish("Ok", { tag = "b" }, { session = "s2" })
+    sb:wait_message(later, "Completed")
+    local s = metrics(base)
+    assert.are.equal(1, value(s, "nimbus_handoffs_overdue_total", 'endpoint="Ep"'))
+    local flags = 0
+    for _, hrow in ipairs(sb:show(ev.event_id).history) do
+      if hrow.message_type == "HandoffOverdue" then flags = flags + 1 end
+    end
+    assert.are.equal(1, flags)
+    local n = 0
+    for _ in nh.read(sb:path("overdue.jsonl")):gmatch("[^\n]+") do n = n + 1 end
+    assert.are.equal(1, n)
+    -- settled: no longer overdue
+    sb:cli_ok({ "handoff", "complete", ev.event_id })
+    sb:wait_event(ev.event_id, "Completed")
+    assert.is_false(sb:events({ session = "s1" })[1].overdue)
+  end)
+
+  it("records each run's queue and processing times on the audit row", function()
+    start()
+    local done = sb:publish("Ok", { tag = "a" }, { session = "s1" })
+    local bad = sb:publish("Ok", { tag = "b", fail = true }, { session = "s2" })
+    local parked = sb:publish("Ok", { tag = "c" }, { session = "s2" })
+    local row = sb:wait_message(done, "Completed")
+    assert.is_true(math.type(row.queue_time_ms) == "integer" and row.queue_time_ms >= 0, nh.encode(row))
+    assert.is_true(math.type(row.processing_time_ms) == "integer" and row.processing_time_ms >= 0, nh.encode(row))
+    sb:wait_message(bad, "Failed")
+    local p = sb:wait_message(parked, "Deferred")
+    assert.are.equal(nil, p.queue_time_ms)   -- not run yet: no times (JSON null)
+    local shown = sb:cli_ok({ "show", row.event_id })
+    assert.truthy(shown:find("timing     queued %d+ ms, handler %d+ ms"), shown)
+  end)
+
   it("refuses an unknown hook name at load, naming the valid ones", function()
     sb:adapter("bad.lua", [[
 local nimbus = require("nimbus")

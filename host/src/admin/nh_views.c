@@ -29,6 +29,11 @@ json_t *nh_view_audit(const nh_audit_t *a)
   json_object_set_new(o, "message_id", nh_view_str(a->message_id));
   json_object_set_new(o, "retry_count", json_integer(a->retry_count));
   json_object_set_new(o, "attempts", json_integer(a->attempts));
+  json_object_set_new(o, "queue_time_ms", a->queue_time_ms >= 0 ? json_integer(a->queue_time_ms) : json_null());
+  json_object_set_new(o, "processing_time_ms",
+                      a->processing_time_ms >= 0 ? json_integer(a->processing_time_ms) : json_null());
+  json_object_set_new(o, "overdue", json_boolean(nh_audit_overdue(a)));
+  json_object_set_new(o, "overdue_at", nh_view_time(a->overdue_at));
   json_object_set_new(o, "updated_at", nh_view_time(a->updated_at));
   return o;
 }

@@ -55,7 +55,8 @@ struct list_ctx {
 static void row_make(row_t *r, const nh_audit_t *a)
 {
   char status[40];
-  snprintf(status, sizeof status, "%s%s%s", a->status, a->sub_status ? "+" : "", a->sub_status ? a->sub_status : "");
+  snprintf(status, sizeof status, "%s%s%s%s", a->status, a->sub_status ? "+" : "", a->sub_status ? a->sub_status : "",
+           nh_audit_overdue(a) ? " (overdue)" : "");
   const char *detail = a->error_text ? a->error_text : a->handoff_reason ? a->handoff_reason : "";
   char retrying[200];
   if (nh_audit_retrying(a)) {   /* Pending+Retrying: which attempt failed, and why */
@@ -402,6 +403,11 @@ int nh_cmd_show(int argc, char **argv)
            ev.session_id, ev.event_type ? ev.event_type : "-", ev.status, ev.sub_status ? "+" : "",
            ev.sub_status ? ev.sub_status : "");
     printf("message    %s\nretries    %d\n", ev.message_id ? ev.message_id : "-", ev.retry_count);
+    if (ev.processing_time_ms >= 0) {
+      char queued[40] = "-";
+      if (ev.queue_time_ms >= 0) snprintf(queued, sizeof queued, "%lld ms", (long long)ev.queue_time_ms);
+      printf("timing     queued %s, handler %lld ms (its latest run)\n", queued, (long long)ev.processing_time_ms);
+    }
     if (ev.attempts) {
       char next[40] = "";
       if (next_attempt) nh_time_iso8601(next_attempt, next, sizeof next);
@@ -409,8 +415,9 @@ int nh_cmd_show(int argc, char **argv)
     }
     if (ev.error_text)
       printf("error      %s%s%s\n", ev.error_type ? ev.error_type : "", ev.error_type ? ": " : "", ev.error_text);
-    if (ev.handoff_reason) printf("hand-off   %s (job %s, expected by %s)\n", ev.handoff_reason,
-                                  ev.external_job_id ? ev.external_job_id : "-", exp);
+    if (ev.handoff_reason) printf("hand-off   %s (job %s, expected by %s)%s\n", ev.handoff_reason,
+                                  ev.external_job_id ? ev.external_job_id : "-", exp,
+                                  nh_audit_overdue(&ev) ? ": OVERDUE" : "");
     if (ev.result) printf("result     %s\n", ev.result);
     if (ev.payload) printf("payload    %s\n", ev.payload);
     if (ev.error_stack) printf("traceback\n%s\n", ev.error_stack);
@@ -432,6 +439,12 @@ static int print_session(void *data, const char *endpoint, const char *session, 
 {
   struct sess_ctx *c = data;
   int parked = nh_store_parked_count(c->s, endpoint, session);
+  int overdue = 0;   /* blocked by a hand-off whose expected_by passed */
+  nh_audit_t b;
+  if (st->blocked_by && nh_store_audit_get(c->s, endpoint, st->blocked_by, &b) == 1) {
+    overdue = nh_audit_overdue(&b);
+    nh_audit_clear(&b);
+  }
   if (c->json) {
     json_t *o = json_object();
     json_object_set_new(o, "endpoint", json_string(endpoint));
@@ -440,13 +453,15 @@ static int print_session(void *data, const char *endpoint, const char *session, 
     json_object_set_new(o, "draining", json_boolean(st->draining));
     json_object_set_new(o, "parked", json_integer(parked));
     json_object_set_new(o, "retry_due", nh_view_time(st->retry_due));
+    json_object_set_new(o, "handoff_overdue", json_boolean(overdue));
     print_json_line(o);
   } else {
     if (c->n == 0) printf("%-20s  %-24s  %-36s  %-8s  %s\n", "ENDPOINT", "SESSION", "BLOCKED_BY", "PARKED", "STATE");
     char due[40] = "";
     if (st->retry_due) nh_time_iso8601(st->retry_due, due, sizeof due);
-    printf("%-20s  %-24s  %-36s  %-8d  %s%s%s\n", endpoint, session, st->blocked_by ? st->blocked_by : "-", parked,
-           st->blocked_by ? "blocked" : st->draining ? "draining" : "free", st->retry_due ? ", retry at " : "", due);
+    printf("%-20s  %-24s  %-36s  %-8d  %s%s%s%s\n", endpoint, session, st->blocked_by ? st->blocked_by : "-", parked,
+           st->blocked_by ? "blocked" : st->draining ? "draining" : "free", st->retry_due ? ", retry at " : "", due,
+           overdue ? ", hand-off overdue" : "");
   }
   c->n++;
   return 0;

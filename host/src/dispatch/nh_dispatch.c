@@ -439,6 +439,8 @@ nh_dispatch_t *nh_dispatch_init(uv_loop_t *loop, nh_store_t *store, nh_transport
   uv_timer_init(loop, &d->reload_timer);
   uv_timer_init(loop, &d->retention_timer);
   d->retention_timer.data = d;
+  uv_timer_init(loop, &d->overdue_timer);
+  d->overdue_timer.data = d;
   uv_timer_init(loop, &d->presence_timer);
   d->presence_timer.data = d;
   d->reload_timer.data = d;
@@ -502,6 +504,7 @@ int nh_dispatch_start(nh_dispatch_t *d, nh_error_t *err)
   nh_dispatch_metrics_start(d);
   nh_dispatch_renew_start(d);
   nh_dispatch_retention_start(d);
+  nh_dispatch_overdue_start(d);
   nh_dispatch_presence_update(d);
   nh_dispatch_kick(d);
   return NH_OK;
@@ -517,6 +520,7 @@ static void maybe_stopped(nh_dispatch_t *d)
   uv_timer_stop(&d->renew_timer);
   uv_timer_stop(&d->reload_timer);
   uv_timer_stop(&d->retention_timer);
+  uv_timer_stop(&d->overdue_timer);
   nh_dispatch_presence_end(d);
   uv_idle_stop(&d->idle);
   nh_dispatch_unwatch(d);
@@ -613,6 +617,7 @@ void nh_dispatch_close(nh_dispatch_t *d)
   d->ckpt = NULL;
   close_handle(d, &d->presence_timer);
   close_handle(d, &d->retention_timer);
+  close_handle(d, &d->overdue_timer);
   close_handle(d, &d->reload_timer);
   close_handle(d, &d->renew_timer);
   close_handle(d, &d->idle);

@@ -121,6 +121,7 @@ struct nh_dispatch {
   int retention_fixed;           /* set on the command line: the adapter's nimbus.retention does not change it */
   uint64_t purged;
   uv_timer_t presence_timer;     /* nh_presence.c */
+  uv_timer_t overdue_timer;      /* nh_overdue.c */
   char *owner;                   /* "host:pid:tag", NULL: not registered in `hosts` */
   int64_t started_ms;
   nh_story_t story;              /* the open transaction's notes (nh_story.h) */
@@ -174,6 +175,9 @@ const char *nh_dispatch_cancel_name(nh_cancel_t c);   /* "lock lost", ...: for t
 /* nh_retention.c */
 void nh_dispatch_retention_start(nh_dispatch_t *d);
 int nh_dispatch_set_retention(void *data, const char *resolved, const char *inbox, nh_error_t *err);
+
+/* nh_overdue.c */
+void nh_dispatch_overdue_start(nh_dispatch_t *d);
 
 /* nh_presence.c */
 #define NH_PRESENCE_EVERY_MS 10000

@@ -108,6 +108,7 @@ static void audit_load(nh_dispatch_t *d, nh_job_t *job, nh_audit_t *a)
     a->endpoint = nh_xstrdup(job->ep->name);
     a->event_id = nh_xstrdup(m->event_id);
     a->created_at = nh_time_now_ms();
+    a->queue_time_ms = a->processing_time_ms = -1;
   }
   job->was_handoff = is_handoff(a->status, a->sub_status);
   set(&a->session_id, m->session_id);
@@ -576,6 +577,11 @@ int nh_dispatch_apply(nh_dispatch_t *d, nh_job_t *job)
   nh_audit_t a;
   audit_load(d, job, &a);
   a.retry_count = m->retry_count;
+  a.overdue_at = 0;   /* a new outcome: a hand-off it opens is due afresh */
+  if (job->started_ms) {
+    a.processing_time_ms = (int64_t)((job->finished_ns - job->started_ns) / 1000000u);
+    a.queue_time_ms = m->enqueued_at && job->started_ms >= m->enqueued_at ? job->started_ms - m->enqueued_at : -1;
+  }
   int blocker = is_blocker(&st, m->event_id);
   const char *detail = NULL;
   char buf[512];

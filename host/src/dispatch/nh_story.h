@@ -18,6 +18,7 @@ typedef enum {
   NH_NOTE_REJECTED,    /* an operator request was rejected (stale, not Pending+Handoff, ...) */
   NH_NOTE_DEADLETTER,  /* a message dead-lettered without an audit row (no EventId) */
   NH_NOTE_LOCK_LOST,   /* a handler's lock was lost: its outcome discarded */
+  NH_NOTE_OVERDUE,     /* a pending hand-off passed its expected_by (started_at: expected_by) */
 } nh_note_kind_t;
 
 typedef struct nh_note {

@@ -16,6 +16,8 @@ static nh_metric_t m_retries = NH_METRIC_DEF(NH_METRIC_COUNTER, "nimbus_retries_
   "Retries scheduled after a failure (kind: transient or policy)", "endpoint", "kind");
 static nh_metric_t m_handoffs_opened = NH_METRIC_DEF(NH_METRIC_COUNTER, "nimbus_handoffs_opened_total",
   "Hand-offs opened (ctx:mark_pending_handoff)", "endpoint");
+static nh_metric_t m_handoffs_overdue = NH_METRIC_DEF(NH_METRIC_COUNTER, "nimbus_handoffs_overdue_total",
+  "Pending hand-offs flagged overdue (their expected_by passed), once each", "endpoint");
 static nh_metric_t m_handoffs_settled = NH_METRIC_DEF(NH_METRIC_COUNTER, "nimbus_handoffs_settled_total",
   "Pending hand-offs settled, by result (completed, failed, skipped, resubmitted)", "endpoint", "result");
 static nh_metric_t m_operator = NH_METRIC_DEF(NH_METRIC_COUNTER, "nimbus_operator_actions_total",
@@ -226,6 +228,8 @@ static void fire(nh_dispatch_t *d, nh_hook_t h, const nh_note_t *n)
                           .attempt = n->attempt };
   if (n->kind == NH_NOTE_DEADLETTER) info.error = n->detail, info.status = NH_ST_DEADLETTERED;
   if (h == NH_HOOK_SESSION_BLOCKED || h == NH_HOOK_SESSION_UNBLOCKED) info.status = NULL;
+  if (h == NH_HOOK_HANDOFF_OVERDUE) info.blocked_by = NULL, info.external_job_id = n->blocked_by,
+                                    info.expected_by = n->started_at;
   for (int i = 0; i < d->nadapters; i++) nh_vm_hook_fire(d->adapters[i].vm, h, &info);
 }
 
@@ -238,8 +242,21 @@ static int hook_of(const nh_note_t *n)
   }
   case NH_NOTE_DEADLETTER: return NH_HOOK_DEAD_LETTERED;
   case NH_NOTE_SESSION: return n->delta > 0 ? NH_HOOK_SESSION_BLOCKED : NH_HOOK_SESSION_UNBLOCKED;
+  case NH_NOTE_OVERDUE: return NH_HOOK_HANDOFF_OVERDUE;
   default: return -1;
   }
+}
+
+static void tell_overdue(const nh_note_t *n)
+{
+  nh_metric_add(&m_handoffs_overdue, 1, n->endpoint);
+  nh_log_field_t f[8];
+  int k = common_fields(n, f);
+  f[k++] = NH_LOG_STR("external_job_id", n->blocked_by);
+  char exp[40];
+  nh_time_iso8601(n->started_at, exp, sizeof exp);
+  f[k++] = NH_LOG_STR("expected_by", exp);
+  nh_log_fields(NH_LOG_WARN, "dispatch", f, k, "%s; the session stays blocked until it is settled", n->detail);
 }
 
 void nh_dispatch_tell(nh_dispatch_t *d)
@@ -256,6 +273,7 @@ void nh_dispatch_tell(nh_dispatch_t *d)
     case NH_NOTE_REJECTED: tell_rejected(n); break;
     case NH_NOTE_DEADLETTER: tell_dead_letter(n); break;
     case NH_NOTE_LOCK_LOST: break;
+    case NH_NOTE_OVERDUE: tell_overdue(n); break;
     }
   }
   nh_story_rollback(s, 0);
@@ -283,6 +301,7 @@ static void seed(nh_dispatch_t *d)
     nh_metric_add(&m_blocks, 0, ep->name);
     nh_metric_add(&m_unblocks, 0, ep->name);
     nh_metric_add(&m_handoffs_opened, 0, ep->name);
+    nh_metric_add(&m_handoffs_overdue, 0, ep->name);
   }
 }
 

@@ -81,6 +81,7 @@ static void push_info(lua_State *L, nh_hook_t h, const nh_hook_info_t *in)
   nh_lua_set_str(L, "blocked_by", in->blocked_by);
   nh_lua_set_str(L, "detail", in->detail);
   nh_lua_set_str(L, "action", in->action);
+  nh_lua_set_str(L, "external_job_id", in->external_job_id);
   if (in->retry_in_ms >= 0) set_int(L, "retry_in_ms", in->retry_in_ms);
   if (in->attempt) set_int(L, "attempt", in->attempt);
   if (in->expected_by) {

@@ -3,6 +3,7 @@
 #include "nh_task.h"
 #include "nh_vm_int.h"
 #include "core/nh_log.h"
+#include "core/nh_metrics.h"
 #include "core/nh_runtime.h"
 #include "core/nh_util.h"
 
@@ -139,11 +140,15 @@ typedef struct nh_every {
   char *label;
   double timeout_s;
   nh_task_t *running;
+  char *endpoint, *checker;    /* a status checker's (NULL: another periodic task) */
   int closed;                  /* stopped (reload, shutdown) while a run was still going */
   struct nh_every *next;
 } nh_every_t;
 
 static void every_closed(uv_handle_t *h);
+
+static nh_metric_t m_checker_runs = NH_METRIC_DEF(NH_METRIC_COUNTER, "nimbus_checker_runs_total",
+  "Status checker runs, by result (ok, error, killed)", "endpoint", "checker", "result");
 
 static void every_done(nh_task_t *t, nh_task_status_t status, int nres)
 {
@@ -151,11 +156,17 @@ static void every_done(nh_task_t *t, nh_task_status_t status, int nres)
   nh_every_t *e = nh_task_data(t);
   e->running = NULL;
   lua_State *co = nh_task_thread(t);
+  nh_log_field_t f[] = { NH_LOG_STR("endpoint", e->endpoint), NH_LOG_STR("checker", e->checker) };
   if (status == NH_TASK_ERROR)
-    nh_log_error("lua", "%s failed (it runs again at the next tick): %s", e->label, lua_tostring(co, -1));
+    nh_log_fields(NH_LOG_ERROR, "lua", f, 2, "%s failed (it runs again at the next tick): %s", e->label,
+                  lua_tostring(co, -1));
   else if (status == NH_TASK_KILLED)
-    nh_log_error("lua", "%s stopped: %s (it runs again at the next tick)", e->label,
-                 nh_task_kill_name(nh_task_kill(t)));
+    nh_log_fields(NH_LOG_ERROR, "lua", f, 2, "%s stopped: %s (it runs again at the next tick)", e->label,
+                  nh_task_kill_name(nh_task_kill(t)));
+  if (e->checker)
+    nh_metric_add(&m_checker_runs, 1, e->endpoint, e->checker,
+                  status == NH_TASK_OK ? "ok" : status == NH_TASK_ERROR ? "error"
+                  : status == NH_TASK_KILLED ? "killed" : "cancelled");
   if (e->closed) uv_close((uv_handle_t *)&e->timer, every_closed);   /* its last run ended */
 }
 
@@ -179,10 +190,12 @@ static void every_closed(uv_handle_t *h)
 {
   nh_every_t *e = h->data;
   free(e->label);
+  free(e->endpoint);
+  free(e->checker);
   free(e);
 }
 
-/* core.every(seconds, fn, label, timeout) */
+/* core.every(seconds, fn, label, timeout[, endpoint, checker]) */
 static int l_every(lua_State *L)
 {
   double secs = luaL_checknumber(L, 1);
@@ -195,6 +208,10 @@ static int l_every(lua_State *L)
   e->vm = vm;
   e->label = nh_xstrdup(label);
   e->timeout_s = timeout;
+  if (lua_isstring(L, 5) && lua_isstring(L, 6)) {
+    e->endpoint = nh_xstrdup(lua_tostring(L, 5));
+    e->checker = nh_xstrdup(lua_tostring(L, 6));
+  }
   lua_pushvalue(L, 2);
   e->fn_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   uv_timer_init(vm->loop, &e->timer);

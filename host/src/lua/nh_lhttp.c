@@ -3,6 +3,7 @@
 #include "nh_lmodules.h"
 #include "nh_lasync.h"
 #include "nh_task.h"
+#include "core/nh_metrics.h"
 #include "core/nh_util.h"
 #include "net/nh_http_client.h"
 
@@ -14,7 +15,34 @@ typedef struct http_op {
   nh_op_t op;
   nh_task_t *task;
   nh_http_call_t *call;
+  uint64_t started_ns;
+  char host[128];                /* the URL's host[:port], the metric's label */
 } http_op_t;
+
+static nh_metric_t m_http = NH_HISTOGRAM_DEF("nimbus_http_client_request_duration_seconds",
+  "nimbus.http.request calls, by the URL's host and the status class (2xx .. 5xx, or error)",
+  nh_metric_buckets_fast, "host", "status_class");
+
+/* host[:port] of an http(s) URL, without user info; "" when it has none. */
+static void url_host(const char *url, char *out, size_t len)
+{
+  const char *p = strstr(url, "://");
+  p = p ? p + 3 : url;
+  size_t n = strcspn(p, "/?#");
+  const char *at = memchr(p, '@', n);
+  if (at) n -= (size_t)(at + 1 - p), p = at + 1;
+  if (n >= len) n = len - 1;
+  memcpy(out, p, n);
+  out[n] = '\0';
+}
+
+static void http_observe(const http_op_t *h, const nh_http_res_t *res)
+{
+  static const char *const classes[] = { "1xx", "2xx", "3xx", "4xx", "5xx" };
+  const char *cls = "error";
+  if (!res->error_code && res->status >= 100 && res->status < 600) cls = classes[res->status / 100 - 1];
+  nh_metric_observe(&m_http, (double)(uv_hrtime() - h->started_ns) / 1e9, h->host, cls);
+}
 
 static void http_cancel(nh_op_t *op)
 {
@@ -28,6 +56,7 @@ static void http_done(void *data, nh_http_res_t *res)
   http_op_t *h = data;
   nh_task_t *t = h->task;
   lua_State *co = nh_task_thread(t);
+  http_observe(h, res);
   free(h);
   int n;
   if (res->error_code) {
@@ -78,6 +107,8 @@ static int l_request(lua_State *L)
   http_op_t *h = nh_xcalloc(1, sizeof *h);
   h->op.cancel = http_cancel;
   h->task = t;
+  h->started_ns = uv_hrtime();
+  url_host(url, h->host, sizeof h->host);
   nh_error_t err = {0};
   h->call = nh_http_request(nh_lua_loop(L), &req, http_done, h, &err);
   free(hdrs);

@@ -104,7 +104,7 @@ const char *nh_hook_name(nh_hook_t h);
 int nh_hook_find(const char *name);
 typedef struct nh_hook_info {
   const char *endpoint, *event_id, *session_id, *event_type, *message_id;
-  const char *status, *error, *error_type, *blocked_by, *detail, *action;
+  const char *status, *error, *error_type, *blocked_by, *detail, *action, *external_job_id;
   int64_t retry_in_ms;           /* < 0: none */
   int attempt;                   /* 0: not a transient failure */
   int64_t expected_by;           /* hand-offs: ms; 0: none */

@@ -24,8 +24,9 @@ static const char *const stmt_sql[NH_SQL_COUNT] = {
   [NH_SQL_AUDIT_PUT] =
     "INSERT INTO audit(endpoint, event_id, session_id, event_type, status, sub_status, error_text, error_type,"
     " handoff_reason, external_job_id, expected_by, message_id, correlation_id, originating_message_id,"
-    " retry_count, payload, result, created_at, updated_at, error_stack, fail_group, attempts)"
-    " VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?18,?19,?20,?21)"
+    " retry_count, payload, result, created_at, updated_at, error_stack, fail_group, attempts, queue_time_ms,"
+    " processing_time_ms, overdue_at, traceparent)"
+    " VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?18,?19,?20,?21,?22,?23,?24,?25)"
     " ON CONFLICT(event_id, endpoint) DO UPDATE SET session_id=excluded.session_id,"
     " event_type=excluded.event_type, status=excluded.status, sub_status=excluded.sub_status,"
     " error_text=excluded.error_text, error_type=excluded.error_type, handoff_reason=excluded.handoff_reason,"
@@ -33,7 +34,9 @@ static const char *const stmt_sql[NH_SQL_COUNT] = {
     " message_id=excluded.message_id, correlation_id=excluded.correlation_id,"
     " originating_message_id=excluded.originating_message_id, retry_count=excluded.retry_count,"
     " payload=excluded.payload, result=excluded.result, updated_at=excluded.updated_at,"
-    " error_stack=excluded.error_stack, fail_group=excluded.fail_group, attempts=excluded.attempts",
+    " error_stack=excluded.error_stack, fail_group=excluded.fail_group, attempts=excluded.attempts,"
+    " queue_time_ms=excluded.queue_time_ms, processing_time_ms=excluded.processing_time_ms,"
+    " overdue_at=excluded.overdue_at, traceparent=excluded.traceparent",
   [NH_SQL_AUDIT_GET] = "SELECT " NH_AUDIT_COLS " FROM audit WHERE endpoint = ?1 AND event_id = ?2",
   [NH_SQL_AUDIT_FIND] = "SELECT " NH_AUDIT_COLS " FROM audit WHERE event_id = ?1",
   [NH_SQL_AUDIT_FIND_PREFIX] =

@@ -37,6 +37,10 @@ typedef struct nh_audit {
   char *result;                   /* hand-off result JSON */
   char *error_stack;              /* Lua traceback of a failure */
   int64_t created_at, updated_at;
+  int64_t queue_time_ms;          /* the latest handler run: enqueue to its start; -1: none */
+  int64_t processing_time_ms;     /* the latest handler run's duration; -1: none */
+  int64_t overdue_at;             /* a hand-off flagged overdue at (ms); 0: not */
+  char *traceparent;              /* the W3C trace context it arrived with */
   char *replaced_payload;         /* not stored in audit: the payload a new body replaced (history keeps it) */
 } nh_audit_t;
 
@@ -105,6 +109,14 @@ int nh_store_audit_find(nh_store_t *s, const char *event_id, nh_audit_t *out, nh
 void nh_audit_clear(nh_audit_t *a);
 /* The payload's length in bytes: payload_len, or strlen for one built as a C string. */
 size_t nh_audit_payload_len(const nh_audit_t *a);
+/* Pending hand-offs whose expected_by is before `now` and not flagged yet, earliest first
+ * (the partial index audit_handoff_due); cb returns non-zero to stop. */
+typedef int (*nh_audit_cb)(void *data, const nh_audit_t *a);
+int nh_store_handoffs_due(nh_store_t *s, int64_t now, int limit, nh_audit_cb cb, void *data);
+/* Flags one overdue (1), or 0 when another host did first. */
+int nh_store_handoff_flag_overdue(nh_store_t *s, const char *endpoint, const char *event_id, int64_t at);
+/* A pending hand-off flagged overdue (its expected_by passed). */
+int nh_audit_overdue(const nh_audit_t *a);
 /* Failed or DeadLettered: the statuses that carry a failure group and that an operator
  * resolves (resubmit, skip). */
 int nh_audit_unresolved_failure(const char *status);

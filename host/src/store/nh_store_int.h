@@ -39,8 +39,9 @@ enum {
 #define NH_AUDIT_COLS                                                                              \
   "endpoint, event_id, session_id, event_type, status, sub_status, error_text, error_type,"        \
   " handoff_reason, external_job_id, expected_by, message_id, correlation_id, originating_message_id," \
-  " retry_count, payload, result, created_at, updated_at, error_stack, attempts"
-#define NH_AUDIT_NCOLS 21   /* a listing's own columns start here */
+  " retry_count, payload, result, created_at, updated_at, error_stack, attempts, queue_time_ms,"          \
+  " processing_time_ms, overdue_at, traceparent"
+#define NH_AUDIT_NCOLS 25   /* a listing's own columns start here */
 
 /* Row readers shared with the listing queries (nh_store_query.c). */
 void nh_store_audit_read(sqlite3_stmt *st, nh_audit_t *a);        /* NH_AUDIT_COLS from column 0 */

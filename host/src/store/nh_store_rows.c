@@ -59,13 +59,66 @@ size_t nh_audit_payload_len(const nh_audit_t *a)
   return a->payload_len ? a->payload_len : strlen(a->payload);
 }
 
+int nh_store_handoffs_due(nh_store_t *s, int64_t now, int limit, nh_audit_cb cb, void *data)
+{
+  sqlite3_stmt *st = NULL;
+  if (sqlite3_prepare_v2(s->db,
+                         "SELECT " NH_AUDIT_COLS " FROM audit WHERE status = 'Pending' AND sub_status = 'Handoff'"
+                         " AND expected_by IS NOT NULL AND overdue_at IS NULL AND expected_by < ?1"
+                         " ORDER BY expected_by LIMIT ?2", -1, &st, NULL) != SQLITE_OK) {
+    nh_log_error("store", "overdue hand-offs: %s", sqlite3_errmsg(s->db));
+    return NH_EFAIL;
+  }
+  sqlite3_bind_int64(st, 1, now);
+  sqlite3_bind_int(st, 2, limit);
+  int rc;
+  while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+    nh_audit_t a;
+    nh_store_audit_read(st, &a);
+    int stop = cb(data, &a);
+    nh_audit_clear(&a);
+    if (stop) break;
+  }
+  int ok = rc == SQLITE_ROW || rc == SQLITE_DONE;
+  if (!ok) nh_log_error("store", "overdue hand-offs: %s", sqlite3_errmsg(s->db));
+  sqlite3_finalize(st);
+  return ok ? NH_OK : NH_EFAIL;
+}
+
+int nh_store_handoff_flag_overdue(nh_store_t *s, const char *endpoint, const char *event_id, int64_t at)
+{
+  sqlite3_stmt *st = NULL;
+  if (sqlite3_prepare_v2(s->db, "UPDATE audit SET overdue_at = ?3 WHERE endpoint = ?1 AND event_id = ?2"
+                                " AND overdue_at IS NULL AND status = 'Pending' AND sub_status = 'Handoff'",
+                         -1, &st, NULL) != SQLITE_OK) {
+    nh_log_error("store", "flag overdue: %s", sqlite3_errmsg(s->db));
+    return NH_EFAIL;
+  }
+  T(st, 1, endpoint); T(st, 2, event_id);
+  sqlite3_bind_int64(st, 3, at);
+  int rc = sqlite3_step(st);
+  sqlite3_finalize(st);
+  if (rc != SQLITE_DONE) {
+    s->failed = 1;
+    nh_log_error("store", "flag overdue: %s", sqlite3_errmsg(s->db));
+    return NH_EFAIL;
+  }
+  return sqlite3_changes(s->db) > 0;
+}
+
+int nh_audit_overdue(const nh_audit_t *a)
+{
+  return a->overdue_at && a->status && a->sub_status && strcmp(a->status, NH_ST_PENDING) == 0 &&
+         strcmp(a->sub_status, "Handoff") == 0;
+}
+
 void nh_audit_clear(nh_audit_t *a)
 {
   free(a->endpoint); free(a->event_id); free(a->session_id); free(a->event_type);
   free(a->status); free(a->sub_status); free(a->error_text); free(a->error_type);
   free(a->handoff_reason); free(a->external_job_id); free(a->message_id);
   free(a->correlation_id); free(a->originating_message_id); free(a->payload); free(a->result); free(a->error_stack);
-  free(a->replaced_payload);
+  free(a->replaced_payload); free(a->traceparent);
   memset(a, 0, sizeof *a);
 }
 
@@ -91,6 +144,10 @@ int nh_store_audit_put(nh_store_t *s, const nh_audit_t *a)
     sqlite3_bind_null(st, 20);
   }
   sqlite3_bind_int(st, 21, a->attempts);
+  if (a->queue_time_ms >= 0) sqlite3_bind_int64(st, 22, a->queue_time_ms); else sqlite3_bind_null(st, 22);
+  if (a->processing_time_ms >= 0) sqlite3_bind_int64(st, 23, a->processing_time_ms); else sqlite3_bind_null(st, 23);
+  if (a->overdue_at) sqlite3_bind_int64(st, 24, a->overdue_at); else sqlite3_bind_null(st, 24);
+  T(st, 25, a->traceparent);
   return done(s, st, "audit put");
 }
 
@@ -118,6 +175,10 @@ void nh_store_audit_read(sqlite3_stmt *st, nh_audit_t *a)
   a->updated_at = nh_sqlite_col_i64(st, 18);
   a->error_stack = nh_sqlite_col_strdup(st, 19);
   a->attempts = sqlite3_column_int(st, 20);
+  a->queue_time_ms = sqlite3_column_type(st, 21) == SQLITE_NULL ? -1 : sqlite3_column_int64(st, 21);
+  a->processing_time_ms = sqlite3_column_type(st, 22) == SQLITE_NULL ? -1 : sqlite3_column_int64(st, 22);
+  a->overdue_at = nh_sqlite_col_i64(st, 23);
+  a->traceparent = nh_sqlite_col_strdup(st, 24);
 }
 
 int nh_store_audit_get(nh_store_t *s, const char *endpoint, const char *event_id, nh_audit_t *out)

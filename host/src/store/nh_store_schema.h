@@ -78,6 +78,20 @@ static const char *const nh_store_migrations[] = {
   /* 3: transient failures retried under the endpoint's `transient` policy: how many
    * attempts the event has had (while Pending+Retrying, and when they ran out). */
   "ALTER TABLE audit ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0;",
+
+  /* 4: observability (docs/observability.md). The latest handler run's queue and
+   * processing times; when a hand-off was flagged overdue (once); the W3C trace context
+   * an event arrived with (a retry runs in the same trace), also on parked rows. The
+   * partial index holds only the hand-offs not flagged yet, so the overdue scan reads the
+   * ones due and nothing else. */
+  "ALTER TABLE audit ADD COLUMN queue_time_ms INTEGER;"
+  "ALTER TABLE audit ADD COLUMN processing_time_ms INTEGER;"
+  "ALTER TABLE audit ADD COLUMN overdue_at INTEGER;"
+  "ALTER TABLE audit ADD COLUMN traceparent TEXT;"
+  "ALTER TABLE parked ADD COLUMN traceparent TEXT;"
+  "ALTER TABLE parked ADD COLUMN tracestate TEXT;"
+  "CREATE INDEX audit_handoff_due ON audit(expected_by)"
+  "  WHERE status = 'Pending' AND sub_status = 'Handoff' AND expected_by IS NOT NULL AND overdue_at IS NULL;",
 };
 
 #endif
