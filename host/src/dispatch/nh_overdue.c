@@ -48,8 +48,8 @@ static int on_due(void *data, const nh_audit_t *a)
   nh_note_set(&n->status, a->status);
   nh_note_set(&n->sub_status, a->sub_status);
   nh_note_set(&n->detail, detail);
-  nh_note_set(&n->blocked_by, a->external_job_id);   /* told as external_job_id */
-  n->started_at = a->expected_by;
+  nh_note_set(&n->external_job_id, a->external_job_id);
+  n->expected_by = a->expected_by;
   return 0;
 }
 

@@ -29,7 +29,7 @@ static void note_clear(nh_note_t *n)
 {
   free(n->endpoint); free(n->event_id); free(n->session); free(n->type); free(n->message_id);
   free(n->status); free(n->sub_status); free(n->error); free(n->error_type); free(n->detail);
-  free(n->blocked_by); free(n->action);
+  free(n->blocked_by); free(n->action); free(n->external_job_id);
 }
 
 size_t nh_story_mark(const nh_story_t *s) { return s->n; }

@@ -17,8 +17,7 @@ typedef enum {
   NH_NOTE_PARKED,      /* parked rows added (+n) or removed (-n) */
   NH_NOTE_REJECTED,    /* an operator request was rejected (stale, not Pending+Handoff, ...) */
   NH_NOTE_DEADLETTER,  /* a message dead-lettered without an audit row (no EventId) */
-  NH_NOTE_LOCK_LOST,   /* a handler's lock was lost: its outcome discarded */
-  NH_NOTE_OVERDUE,     /* a pending hand-off passed its expected_by (started_at: expected_by) */
+  NH_NOTE_OVERDUE,     /* a pending hand-off passed its expected_by */
 } nh_note_kind_t;
 
 typedef struct nh_note {
@@ -29,6 +28,8 @@ typedef struct nh_note {
   char *detail;                /* the history's text: the log line's message */
   char *blocked_by;            /* NH_NOTE_SESSION: the blocker (blocked), the one it was (unblocked) */
   char *action;                /* the operator request that caused it: resubmit, skip, handoff_complete, ... */
+  char *external_job_id;       /* NH_NOTE_OVERDUE */
+  int64_t expected_by;         /* NH_NOTE_OVERDUE: ms */
   int delta;                   /* NH_NOTE_SESSION, NH_NOTE_PARKED; NH_NOTE_AUDIT: pending hand-offs +1/-1 */
   int attempt, max_attempts;   /* a transient failure's attempt */
   int64_t retry_in_ms;         /* a retry scheduled: -1 none */

@@ -137,7 +137,7 @@ static nh_log_level_t audit_level(outcome_t o, const nh_note_t *n)
   }
 }
 
-static void tell_audit(const nh_note_t *n)
+static void tell_audit(const nh_note_t *n, int64_t now)
 {
   outcome_t o = outcome_of(n);
   const char *outcome = outcome_names[o];
@@ -159,10 +159,8 @@ static void tell_audit(const nh_note_t *n)
     if (n->enqueued_at > 0 && n->started_at >= n->enqueued_at)
       nh_metric_observe(&m_queue_s, (double)(n->started_at - n->enqueued_at) / 1000.0, n->endpoint);
   }
-  if (o == O_COMPLETED && n->enqueued_at > 0) {
-    int64_t now = nh_time_now_ms();
-    if (now >= n->enqueued_at) nh_metric_observe(&m_e2e_s, (double)(now - n->enqueued_at) / 1000.0, n->endpoint);
-  }
+  if (o == O_COMPLETED && n->enqueued_at > 0 && now >= n->enqueued_at)
+    nh_metric_observe(&m_e2e_s, (double)(now - n->enqueued_at) / 1000.0, n->endpoint);
 
   nh_log_level_t level = audit_level(o, n);
   if (!nh_log_enabled(level)) return;
@@ -228,8 +226,8 @@ static void fire(nh_dispatch_t *d, nh_hook_t h, const nh_note_t *n)
                           .attempt = n->attempt };
   if (n->kind == NH_NOTE_DEADLETTER) info.error = n->detail, info.status = NH_ST_DEADLETTERED;
   if (h == NH_HOOK_SESSION_BLOCKED || h == NH_HOOK_SESSION_UNBLOCKED) info.status = NULL;
-  if (h == NH_HOOK_HANDOFF_OVERDUE) info.blocked_by = NULL, info.external_job_id = n->blocked_by,
-                                    info.expected_by = n->started_at;
+  info.external_job_id = n->external_job_id;
+  info.expected_by = n->expected_by;
   for (int i = 0; i < d->nadapters; i++) nh_vm_hook_fire(d->adapters[i].vm, h, &info);
 }
 
@@ -252,9 +250,9 @@ static void tell_overdue(const nh_note_t *n)
   nh_metric_add(&m_handoffs_overdue, 1, n->endpoint);
   nh_log_field_t f[8];
   int k = common_fields(n, f);
-  f[k++] = NH_LOG_STR("external_job_id", n->blocked_by);
+  f[k++] = NH_LOG_STR("external_job_id", n->external_job_id);
   char exp[40];
-  nh_time_iso8601(n->started_at, exp, sizeof exp);
+  nh_time_iso8601(n->expected_by, exp, sizeof exp);
   f[k++] = NH_LOG_STR("expected_by", exp);
   nh_log_fields(NH_LOG_WARN, "dispatch", f, k, "%s; the session stays blocked until it is settled", n->detail);
 }
@@ -262,17 +260,17 @@ static void tell_overdue(const nh_note_t *n)
 void nh_dispatch_tell(nh_dispatch_t *d)
 {
   nh_story_t *s = &d->story;
+  int64_t now = nh_time_now_ms();   /* the commit's time: end of the end-to-end times */
   for (size_t i = 0; i < s->n; i++) {
     const nh_note_t *n = &s->notes[i];
     int h = hook_of(n);
     if (h >= 0) fire(d, (nh_hook_t)h, n);
     switch (n->kind) {
-    case NH_NOTE_AUDIT: tell_audit(n); break;
+    case NH_NOTE_AUDIT: tell_audit(n, now); break;
     case NH_NOTE_SESSION: tell_session(n); break;
     case NH_NOTE_PARKED: nh_metric_add(&g_parked, n->delta, n->endpoint); break;
     case NH_NOTE_REJECTED: tell_rejected(n); break;
     case NH_NOTE_DEADLETTER: tell_dead_letter(n); break;
-    case NH_NOTE_LOCK_LOST: break;
     case NH_NOTE_OVERDUE: tell_overdue(n); break;
     }
   }
