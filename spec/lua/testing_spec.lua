@@ -290,6 +290,22 @@ describe("nimbus.testing: isolation", function()
       'app:send: the adapter declares no endpoint "ErpEndpoint" (it declares: LookupEndpoint)')
   end)
 
+  it("loads an adapter that registers lifecycle hooks (nimbus.on) and counts them in app.hooks", function()
+    local path = os.tmpname()
+    local f = assert(io.open(path, "w"))
+    f:write([[
+local nimbus = require("nimbus")
+nimbus.endpoint("Ep", {}):on("T", function() end)
+nimbus.on("event_failed", function() end)
+nimbus.on("event_failed", function() end)
+nimbus.on("session_blocked", function() end)
+]])
+    f:close()
+    local app = testing.load(path)
+    os.remove(path)
+    assert.are.same({ event_failed = 2, session_blocked = 1 }, app.hooks)
+  end)
+
   it("leaves package.loaded and package.preload as they were (the host's real modules)", function()
     -- stand-ins for the real modules a spec running inside nimbus-host has loaded
     local names = { "nimbus", "nimbus.http", "nimbus.core", "nimbus.extra" }
