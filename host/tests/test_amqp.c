@@ -89,10 +89,10 @@ TEST(sas_token_matches_the_documented_format)
 }
 
 /* encode -> bytes -> decode, as it crosses the wire */
-static void round_trip(const nh_msg_t *in, const char *to, const char *endpoint, nh_msg_t *out)
+static void round_trip_as(const nh_msg_t *in, const char *to, const char *endpoint, nh_msg_t *out, int sb)
 {
   pn_message_t *pm = pn_message();
-  nh_amqp_msg_encode(pm, in, to);
+  nh_amqp_msg_encode(pm, in, to, sb);
   char buf[8192];
   size_t n = sizeof buf;
   ASSERT_EQ_INT(pn_message_encode(pm, buf, &n), 0);
@@ -101,6 +101,11 @@ static void round_trip(const nh_msg_t *in, const char *to, const char *endpoint,
   ASSERT_EQ_INT(pn_message_decode(pm, buf, n), 0);
   nh_amqp_msg_decode(pm, endpoint, out);
   pn_message_free(pm);
+}
+
+static void round_trip(const nh_msg_t *in, const char *to, const char *endpoint, nh_msg_t *out)
+{
+  round_trip_as(in, to, endpoint, out, 0);
 }
 
 TEST(mapping_round_trip)
@@ -162,6 +167,88 @@ TEST(mapping_keeps_a_publisher_event_id_and_reply_fields)
   ASSERT_EQ_STR(got.error_type, "Err");
   ASSERT_EQ_INT((int)got.body_len, 0);
   nh_msg_clear(&got);
+}
+
+#define TP "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+TEST(trace_context_travels_as_application_properties)
+{
+  nh_msg_t m;
+  memset(&m, 0, sizeof m);
+  m.message_id = "m-t";
+  m.session_id = "s";
+  m.event_type = "T";
+  m.type = NH_MT_EVENT;
+  m.traceparent = TP;
+  m.tracestate = "vendor=abc";
+  nh_msg_t got;
+  round_trip(&m, NULL, "Ep", &got);
+  ASSERT_EQ_STR(got.traceparent, TP);
+  ASSERT_EQ_STR(got.tracestate, "vendor=abc");
+  nh_msg_clear(&got);
+  /* none sent, none received */
+  m.traceparent = m.tracestate = NULL;
+  round_trip(&m, NULL, "Ep", &got);
+  ASSERT_NULL(got.traceparent);
+  ASSERT_NULL(got.tracestate);
+  nh_msg_clear(&got);
+}
+
+/* The Service Bus profile also writes Diagnostic-Id; a sender that wrote only that
+ * (an Azure SDK) is read through it, and an old SDK's non-W3C id is left out. */
+TEST(diagnostic_id_on_the_service_bus_profile)
+{
+  pn_message_t *pm = pn_message();
+  nh_msg_t m;
+  memset(&m, 0, sizeof m);
+  m.message_id = "m-d";
+  m.session_id = "s";
+  m.event_type = "T";
+  m.type = NH_MT_EVENT;
+  m.traceparent = TP;
+  nh_amqp_msg_encode(pm, &m, NULL, 1);
+  pn_data_t *p = pn_message_properties(pm);
+  pn_data_rewind(p);
+  pn_data_next(p);
+  pn_data_enter(p);
+  int found = 0;
+  while (pn_data_next(p)) {
+    pn_bytes_t k = pn_data_get_string(p);
+    pn_data_next(p);
+    if (k.size == 13 && memcmp(k.start, "Diagnostic-Id", 13) == 0) {
+      pn_bytes_t v = pn_data_get_string(p);
+      ASSERT_TRUE(v.size == strlen(TP) && memcmp(v.start, TP, v.size) == 0);
+      found = 1;
+    }
+  }
+  ASSERT_TRUE(found);
+  pn_message_free(pm);
+
+  const char *diag[] = { TP, "|4bf92f3577b34da6a3ce929d0e0e4736.00f067aa0ba902b7." };
+  for (int i = 0; i < 2; i++) {
+    pm = pn_message();
+    pn_atom_t id = { .type = PN_STRING };
+    id.u.as_bytes = pn_bytes(3, "m-4");
+    pn_message_set_id(pm, id);
+    pn_message_set_group_id(pm, "g");
+    pn_message_set_subject(pm, "T");
+    p = pn_message_properties(pm);
+    pn_data_put_map(p);
+    pn_data_enter(p);
+    pn_data_put_string(p, pn_bytes(11, "MessageType"));
+    pn_data_put_string(p, pn_bytes(12, "EventRequest"));
+    pn_data_put_string(p, pn_bytes(13, "Diagnostic-Id"));
+    pn_data_put_string(p, pn_bytes(strlen(diag[i]), diag[i]));
+    pn_data_exit(p);
+    pn_data_put_binary(pn_message_body(pm), pn_bytes(2, "{}"));
+    nh_msg_t got;
+    nh_amqp_msg_decode(pm, "Ep", &got);
+    ASSERT_EQ_INT(got.type, NH_MT_EVENT);
+    if (i == 0) ASSERT_EQ_STR(got.traceparent, TP);
+    else ASSERT_NULL(got.traceparent);
+    nh_msg_clear(&got);
+    pn_message_free(pm);
+  }
 }
 
 TEST(malformed_messages_name_the_problem)

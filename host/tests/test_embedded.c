@@ -107,6 +107,8 @@ static int send_msg(proc_t *p, const char *to, nh_msg_type_t type, const char *e
   m.originating_message_id = "orig-1";
   m.parent_message_id = "parent-1";
   m.from = "Tests";
+  m.traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+  m.tracestate = "vendor=abc";
   m.body = (char *)body;
   m.body_len = body ? strlen(body) : 0;
   if (type == NH_MT_HANDOFF_FAIL) {
@@ -158,11 +160,11 @@ TEST(new_transport_has_capabilities_and_schema)
   ASSERT_TRUE(a->tr->caps & NH_CAP_DEAD_LETTER);
   ASSERT_TRUE(a->tr->caps & NH_CAP_SCHEDULED_SEND);
   ASSERT_CMP_INT(a->tr->lock_ms, >, 0);
-  ASSERT_EQ_INT(q1i(a, "SELECT version FROM nh_schema WHERE component = 'embedded'"), 3);
+  ASSERT_EQ_INT(q1i(a, "SELECT version FROM nh_schema WHERE component = 'embedded'"), 4);
   proc_close(a);
   /* reopening migrates nothing twice */
   a = proc_open("owner-a");
-  ASSERT_EQ_INT(q1i(a, "SELECT version FROM nh_schema WHERE component = 'embedded'"), 3);
+  ASSERT_EQ_INT(q1i(a, "SELECT version FROM nh_schema WHERE component = 'embedded'"), 4);
   proc_close(a);
 }
 
@@ -248,6 +250,8 @@ TEST(control_messages_roundtrip_their_fields)
   ASSERT_EQ_INT(a->got[0]->type, NH_MT_HANDOFF_FAIL);
   ASSERT_EQ_STR(a->got[0]->error_text, "job failed");
   ASSERT_EQ_STR(a->got[0]->error_type, "JobError");
+  ASSERT_EQ_STR(a->got[0]->traceparent, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
+  ASSERT_EQ_STR(a->got[0]->tracestate, "vendor=abc");
   ASSERT_NULL(a->got[0]->body);
   ASSERT_EQ_INT(a->got[0]->body_len, 0);
   proc_close(a);

@@ -498,7 +498,8 @@ function App:send(endpoint, event_type, payload, ctx)
   local n = self._seq
   local c = { endpoint = endpoint, event_type = event_type, event_id = "test-event-" .. n,
               message_id = "test-message-" .. n, session_id = "test-session", correlation_id = "test-message-" .. n,
-              kind = "event", retry_count = 0, delivery_count = 1, enqueued_ms = math.floor(self.clock * 1000) }
+              kind = "event", retry_count = 0, delivery_count = 1, enqueued_ms = math.floor(self.clock * 1000),
+              trace_id = ("%032x"):format(n), traceparent = ("00-%032x-%016x-01"):format(n, n) }
   for k, v in pairs(ctx or {}) do c[k] = v end
 
   local rec = new_record()

@@ -4,6 +4,7 @@
  * the endpoint applies them in order with the session's other work. */
 #include "nh_cli.h"
 #include "core/nh_runtime.h"
+#include "core/nh_trace.h"
 #include "core/nh_util.h"
 #include "dispatch/nh_operator.h"
 #include "store/nh_store.h"
@@ -240,7 +241,7 @@ int nh_cmd_publish(int argc, char **argv)
 {
   static const nh_opt_spec_t specs[] = {
     { "--session", 1 }, { "--correlation-id", 1 }, { "--to", 1 }, { "--raw", 0 }, { "--transport", 1 },
-    { "--message-id", 1 }, { NULL, 0 },
+    { "--message-id", 1 }, { "--traceparent", 1 }, { "--tracestate", 1 }, { NULL, 0 },
   };
   nh_args_t a;
   int rc = nh_args_parse(&a, "publish", argc, argv, 2, specs);
@@ -283,6 +284,21 @@ int nh_cmd_publish(int argc, char **argv)
   m.event_type = (char *)type;
   m.type = NH_MT_EVENT;
   m.correlation_id = (char *)(nh_args_get(&a, "--correlation-id") ? nh_args_get(&a, "--correlation-id") : corr);
+  /* --traceparent continues the caller's trace (docs/observability.md, Traces) */
+  nh_trace_ctx_t tc;
+  m.traceparent = (char *)nh_args_get(&a, "--traceparent");
+  m.tracestate = (char *)nh_args_get(&a, "--tracestate");
+  if (m.traceparent && nh_trace_parse(m.traceparent, &tc) != 0) {
+    free(body);
+    return nh_usage_error("publish", "--traceparent %s is not a W3C traceparent: give "
+                                     "00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>, ids not all zero",
+                          m.traceparent);
+  }
+  if (m.tracestate && (!m.traceparent || !nh_tracestate_valid(m.tracestate))) {
+    free(body);
+    return nh_usage_error("publish", m.traceparent ? "--tracestate is not a valid W3C tracestate (key=value,...)"
+                                                   : "--tracestate goes with --traceparent");
+  }
   m.body = body;
   m.body_len = strlen(body);
   m.enqueued_at = nh_time_now_ms();

@@ -2,6 +2,7 @@
 #include "nh_cli.h"
 #include "admin/nh_views.h"
 #include "core/nh_failgroup.h"
+#include "core/nh_trace.h"
 #include "core/nh_util.h"
 #include "store/nh_store.h"
 #include "transport/nh_embedded.h"
@@ -407,6 +408,12 @@ int nh_cmd_show(int argc, char **argv)
       char queued[40] = "-";
       if (ev.queue_time_ms >= 0) snprintf(queued, sizeof queued, "%lld ms", (long long)ev.queue_time_ms);
       printf("timing     queued %s, handler %lld ms (its latest run)\n", queued, (long long)ev.processing_time_ms);
+    }
+    nh_trace_ctx_t tc;
+    if (ev.traceparent && nh_trace_parse(ev.traceparent, &tc) == 0) {
+      char tid[33];
+      nh_trace_hex(tc.trace_id, 16, tid);
+      printf("trace      %s\n", tid);
     }
     if (ev.attempts) {
       char next[40] = "";

@@ -1,11 +1,13 @@
 /* `nimbus-host run ADAPTER.lua...`: owns the loop for the host's lifetime. */
 #include "nh_cli.h"
 #include "core/nh_log.h"
+#include "core/nh_metrics.h"
 #include "admin/nh_admin.h"
 #include "core/nh_runtime.h"
 #include "core/nh_util.h"
 #include "dispatch/nh_dispatch.h"
 #include "lua/nh_vm.h"
+#include "net/nh_otlp.h"
 #include "store/nh_store.h"
 #include "transport/nh_amqp.h"
 #include "transport/nh_embedded.h"
@@ -112,11 +114,36 @@ static void owner_id(char *buf, size_t len)
   snprintf(buf, len, "%s:%ld:%.8s", hostn, (long)getpid(), uuid);
 }
 
+/* --otlp: the exporter lives as long as the loop runs handlers; service.instance.id is
+ * the host's owner id (the one the `hosts` table and the console show). */
+static nh_otlp_t *start_otlp(uv_loop_t *loop, const char *url, const char *owner, nh_error_t *err)
+{
+  nh_otlp_attr_t res[] = { { "service.instance.id", owner }, { "service.version", NH_VERSION } };
+  nh_otlp_opts_t o = { .url = url, .service_name = "nimbus-host", .resource_attrs = res, .nresource_attrs = 2 };
+  nh_otlp_t *x = nh_otlp_start(loop, &o, err);
+  if (x) nh_log_info("host", "exporting trace spans to %s (OTLP/HTTP JSON)", url);
+  return x;
+}
+
+static void otlp_stopped(void *data) { *(int *)data = 1; }
+
+/* Sends the last spans (within 2 s) while the HTTP client is still up: the handlers
+ * have ended, so nothing adds spans after this. */
+static void stop_otlp(nh_runtime_t *rt)
+{
+  if (!rt->otlp) return;
+  int stopped = 0;
+  nh_otlp_t *x = rt->otlp;
+  rt->otlp = NULL;
+  nh_otlp_stop(x, otlp_stopped, &stopped);
+  while (!stopped && uv_run(&rt->loop, UV_RUN_ONCE)) {}
+}
+
 int nh_cmd_run(int argc, char **argv, int first)
 {
   static const nh_opt_spec_t specs[] = {
     { "--transport", 1 }, { "--admin", 1 }, { "--log-format", 1 }, { "--no-reload", 0 }, { "--log-level", 1 },
-    { "--retention", 1 }, { "--admin-token-file", 1 }, { NULL, 0 },
+    { "--retention", 1 }, { "--admin-token-file", 1 }, { "--metrics", 1 }, { "--otlp", 1 }, { NULL, 0 },
   };
   nh_args_t a;
   int rc = nh_args_parse(&a, "run", argc, argv, first, specs);
@@ -143,6 +170,12 @@ int nh_cmd_run(int argc, char **argv, int first)
   if (retention && (retention_ms = nh_duration_parse_ms(retention)) <= 0)
     return nh_usage_error("run", "--retention %s: give the age after which resolved events are deleted, 1s or more "
                                  "(7d, 12h, 30m)", retention);
+  const char *metrics = nh_args_get(&a, "--metrics");
+  if (metrics && strcmp(metrics, "on") != 0 && strcmp(metrics, "off") != 0)
+    return nh_usage_error("run", "--metrics must be on or off, not %s", metrics);
+  nh_metrics_set_enabled(!metrics || strcmp(metrics, "on") == 0);
+  const char *otlp_url = nh_args_get(&a, "--otlp");
+  if (!otlp_url && getenv("NIMBUS_OTLP") && *getenv("NIMBUS_OTLP")) otlp_url = getenv("NIMBUS_OTLP");
   nh_admin_addr_t admin;
   if ((rc = nh_cli_admin_addr(&a, "run", &admin))) return rc;
   for (int i = 0; i < a.npos; i++)
@@ -161,6 +194,12 @@ int nh_cmd_run(int argc, char **argv, int first)
   nh_runtime_init(&rt);
   uv_loop_t *loop = &rt.loop;
   host_t h = { .loop = loop, .store = a.store, .no_reload = nh_args_has(&a, "--no-reload") };
+  if (otlp_url && !(rt.otlp = start_otlp(loop, otlp_url, owner, &err))) {
+    fprintf(stderr, "nimbus-host: --otlp %s: %s\n", otlp_url, err.msg);
+    nh_store_close(store);
+    nh_runtime_close(&rt);
+    return NH_EXIT_USAGE;
+  }
   h.amqp = nh_amqp_is_url(transport);
   nh_transport_t *tr = h.amqp ? nh_amqp_init(loop, store, transport, owner, on_amqp_status, &h, &err)
                               : nh_embedded_init(nh_store_db(store), owner, &err);
@@ -214,6 +253,7 @@ int nh_cmd_run(int argc, char **argv, int first)
   }
   nh_admin_close(h.admin);
   nh_dispatch_close(h.d);
+  stop_otlp(&rt);
   nh_runtime_close_parts(&rt);     /* the HTTP client, before the loop runs the close callbacks */
   uv_run(loop, UV_RUN_DEFAULT);
   tr->vt->close(tr);

@@ -64,6 +64,13 @@ typedef void (*nh_metrics_collect_cb)(void *data);
 void nh_metrics_on_collect(nh_metrics_collect_cb cb, void *data);
 void nh_metrics_off_collect(nh_metrics_collect_cb cb, void *data);
 
+/* `--metrics off`: every add, set and observe becomes a no-op (the A/B of make bench,
+ * and a user who has no use for them); nh_metrics_render then gives only the comment line
+ * "# metrics are off (nimbus-host run --metrics off)" (a valid, empty exposition: /metrics
+ * still answers 200). Set before the loop starts. */
+void nh_metrics_set_enabled(int on);
+int nh_metrics_enabled(void);
+
 /* The exposition of every registered family (text format 0.0.4); the caller frees it. */
 char *nh_metrics_render(size_t *len);
 /* Frees every series and collector; the families stay usable (they re-register). */

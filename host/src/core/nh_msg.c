@@ -39,6 +39,8 @@ void nh_msg_clear(nh_msg_t *m)
   free(m->body);
   free(m->error_text);
   free(m->error_type);
+  free(m->traceparent);
+  free(m->tracestate);
   memset(m, 0, sizeof *m);
 }
 
@@ -58,4 +60,6 @@ void nh_msg_copy(nh_msg_t *dst, const nh_msg_t *s)
   dst->body = s->body ? nh_xstrndup(s->body, s->body_len) : NULL;
   dst->error_text = nh_xstrdup(s->error_text);
   dst->error_type = nh_xstrdup(s->error_type);
+  dst->traceparent = nh_xstrdup(s->traceparent);
+  dst->tracestate = nh_xstrdup(s->tracestate);
 }

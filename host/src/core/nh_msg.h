@@ -46,6 +46,10 @@ typedef struct nh_msg {
    * transport) why the message was refused or could not be decoded */
   char *error_text;
   char *error_type;
+  /* W3C trace context of the span that sent it (docs/observability.md, Traces), as
+   * received: checked where it is used (core/nh_trace.h), NULL when it came without */
+  char *traceparent;
+  char *tracestate;
 } nh_msg_t;
 
 /* The wire name of a type ("EventRequest", ..., "ReplyResponse"; "Unknown" out of range). */

@@ -27,6 +27,10 @@ typedef struct nh_runtime {
   int running;          /* inside nh_runtime_run: a script's nimbus.run may not drive the loop */
   void *task;           /* lua/: the task being resumed now (nh_task_t *), NULL between callbacks */
   nh_queue_t parts;     /* newest first */
+  /* net/nh_otlp.h: the span exporter of `run --otlp`, NULL when spans are not exported
+   * (the trace headers still travel). Owned by the command that started it, which stops
+   * it before the parts close (it needs the HTTP client for its last batch). */
+  struct nh_otlp *otlp;
   unsigned magic;
 } nh_runtime_t;
 

@@ -104,6 +104,13 @@ void nh_trace_new_child(const nh_trace_ctx_t *parent, nh_trace_ctx_t *out)
   random_id(out->span_id, sizeof out->span_id);
 }
 
+int64_t nh_trace_now_ns(void)
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
 /* ---------------------------------------------------------------- traceparent */
 
 void nh_trace_hex(const uint8_t *bytes, size_t n, char *out)

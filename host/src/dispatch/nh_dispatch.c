@@ -57,6 +57,7 @@ void nh_dispatch_job_finished(nh_dispatch_t *d, nh_job_t *job)
 {
   nh_queue_remove(&job->run_node);
   job->finished_ns = uv_hrtime();
+  nh_dispatch_span_end(d, job);
   d->running--;
   nh_queue_insert_tail(&d->done, &job->done_node);
   nh_dispatch_kick(d);
@@ -168,6 +169,7 @@ static int on_due_session(void *data, const char *endpoint, const char *session,
     m->message_id = a.message_id, a.message_id = NULL;
     m->correlation_id = a.correlation_id, a.correlation_id = NULL;
     m->originating_message_id = a.originating_message_id, a.originating_message_id = NULL;
+    m->traceparent = a.traceparent, a.traceparent = NULL;
     m->body_len = nh_audit_payload_len(&a);
     m->body = a.payload, a.payload = NULL;
     m->type = NH_MT_EVENT;
@@ -265,11 +267,12 @@ static void start_fresh(nh_dispatch_t *d)
       .correlation_id = m->correlation_id, .originating_message_id = m->originating_message_id,
       .kind = job->kind, .retry_count = m->retry_count, .delivery_count = m->delivery_count,
       .enqueued_at = m->enqueued_at, .data = job,
-      .deadline_s = job->ep->timeout_s, .cpu_budget_s = job->ep->cpu_budget_s,
+      .deadline_s = job->ep->timeout_s, .cpu_budget_s = job->ep->cpu_budget_s, .trace = &job->span,
     };
     d->running++;
     job->started_ms = nh_time_now_ms();
     job->started_ns = uv_hrtime();
+    nh_dispatch_span_begin(d, job);
     job->vm = job->ep->vm;
     nh_queue_insert_head(&d->running_jobs, &job->run_node);
     nh_error_t err = {0};

@@ -8,6 +8,7 @@
 #include "core/nh_msg.h"
 #include "core/nh_outcome_types.h"
 #include "core/nh_queue.h"
+#include "core/nh_trace.h"
 #include "lua/nh_vm.h"
 
 typedef struct nh_endpoint {
@@ -69,6 +70,10 @@ typedef struct nh_job {
   nh_vm_t *vm;                   /* the generation it runs in */
   int64_t started_ms;
   uint64_t started_ns, finished_ns;   /* uv_hrtime around the handler run */
+  nh_trace_ctx_t span;           /* the handler run's span (nh_spans.c), once span_set */
+  uint8_t span_parent[8];        /* the sender's span, when span_has_parent */
+  int span_set, span_has_parent;
+  int64_t span_start_ns;         /* unix epoch */
   int was_handoff;               /* the audit row read was Pending+Handoff */
   int64_t retry_in_ms;           /* the outcome scheduled a retry in this many ms; -1: none */
   int attempt, max_attempts;     /* a transient failure's attempt (for the story) */
@@ -167,6 +172,16 @@ void nh_dispatch_tell(nh_dispatch_t *d);
 void nh_dispatch_metrics_start(nh_dispatch_t *d);   /* gauges read from the store, collectors */
 void nh_dispatch_metrics_stop(nh_dispatch_t *d);
 void nh_dispatch_count_lock_lost(const char *endpoint);
+
+/* nh_spans.c: traces (docs/observability.md) */
+void nh_dispatch_spans_start(void);                              /* its counter shows from the start */
+void nh_dispatch_span_begin(nh_dispatch_t *d, nh_job_t *job);   /* as its handler starts */
+void nh_dispatch_span_end(nh_dispatch_t *d, nh_job_t *job);     /* exported (--otlp, sampled) */
+/* The traceparent a handler's publishes carry: its own span as their parent. */
+void nh_dispatch_span_format(const nh_job_t *job, char out[NH_TRACEPARENT_LEN + 1]);
+/* A publish outside any handler: a new trace whose PRODUCER span is exported. */
+void nh_dispatch_span_root_publish(nh_dispatch_t *d, const char *event_type, const char *to,
+                                   char out[NH_TRACEPARENT_LEN + 1]);
 
 /* nh_renew.c */
 void nh_dispatch_renew_start(nh_dispatch_t *d);   /* (re)arms the timer: a third of the lock duration */

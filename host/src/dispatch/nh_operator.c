@@ -88,6 +88,7 @@ int nh_operator_queue(nh_store_t *s, nh_transport_t *t, const nh_op_req_t *r, co
   m.originating_message_id = ev->originating_message_id ? ev->originating_message_id : ev->message_id;
   m.parent_message_id = ev->message_id;
   m.from = "Manager";
+  m.traceparent = ev->traceparent;   /* a resubmitted run shows in the event's own trace */
   const char *body = r->kind == NH_OP_RESUBMIT ? (r->body ? r->body : ev->payload) : r->body;
   m.body = (char *)body;
   m.body_len = body == ev->payload ? nh_audit_payload_len(ev) : body ? strlen(body) : 0;

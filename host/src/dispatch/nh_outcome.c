@@ -117,6 +117,7 @@ static void audit_load(nh_dispatch_t *d, nh_job_t *job, nh_audit_t *a)
     set(&a->message_id, m->message_id);
     if (m->correlation_id) set(&a->correlation_id, m->correlation_id);
     if (m->originating_message_id) set(&a->originating_message_id, m->originating_message_id);
+    if (m->traceparent) set(&a->traceparent, m->traceparent);   /* a retry runs in this trace */
     if (m->body) {
       /* a resubmit with a new body: the history keeps the one it replaces */
       if (a->payload && (nh_audit_payload_len(a) != m->body_len || memcmp(a->payload, m->body, m->body_len) != 0)) {
@@ -495,6 +496,8 @@ static int64_t transient_delay(int attempt)
 int nh_dispatch_flush_pubs(nh_dispatch_t *d, nh_job_t *job)
 {
   nh_queue_t *q;
+  char tp[NH_TRACEPARENT_LEN + 1];
+  nh_dispatch_span_format(job, tp);
   nh_queue_foreach(q, &job->pubs) {
     nh_pub_t *p = nh_queue_data(q, nh_pub_t, node);
     nh_msg_t m;
@@ -514,6 +517,8 @@ int nh_dispatch_flush_pubs(nh_dispatch_t *d, nh_job_t *job)
     m.originating_message_id = job->msg.originating_message_id ? job->msg.originating_message_id : job->msg.message_id;
     m.parent_message_id = job->msg.message_id;
     m.from = job->ep->name;
+    m.traceparent = tp;
+    m.tracestate = job->msg.tracestate;
     m.body = p->body;
     m.body_len = p->body_len;
     m.enqueued_at = nh_time_now_ms();

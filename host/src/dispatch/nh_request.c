@@ -213,6 +213,12 @@ int nh_dispatch_send_reply(nh_dispatch_t *d, nh_job_t *job)
   m.parent_message_id = req->message_id;
   m.from = job->ep->name;
   m.enqueued_at = nh_time_now_ms();
+  char tp[NH_TRACEPARENT_LEN + 1];
+  if (job->span_set) {
+    nh_dispatch_span_format(job, tp);
+    m.traceparent = tp;
+    m.tracestate = req->tracestate;
+  }
   if (o->kind == NH_OUT_COMPLETED && o->reply) {
     m.body = o->reply;
     m.body_len = strlen(o->reply);

@@ -339,6 +339,7 @@ static void collect(void *data)
 void nh_dispatch_metrics_start(nh_dispatch_t *d)
 {
   seed(d);
+  nh_dispatch_spans_start();
   nh_metrics_on_collect(collect, d);
 }
 

@@ -100,6 +100,9 @@ static int host_publish(void *data, void *task_data, const char *type, const cha
     if (*duplicate < 0) return nh_error_set(err, NH_EFAIL, "store: %s", nh_store_errmsg(d->store));
     return NH_OK;
   }
+  char tp[NH_TRACEPARENT_LEN + 1];
+  nh_dispatch_span_root_publish(d, type, to, tp);
+  m.traceparent = tp;
   int copies = 0;
   if (d->tr->vt->send(d->tr, &m, to, &copies, err)) {
     nh_store_rollback(d->store);

@@ -118,6 +118,7 @@ nh_task_t *nh_task_new(nh_vm_t *vm, const nh_task_opts_t *o)
   t->on_done = o->on_done;
   t->cpu_budget_ns = (uint64_t)((o->cpu_budget_s > 0 ? o->cpu_budget_s : NH_DEFAULT_CPU_BUDGET_S) * 1e9);
   t->deadline_s = o->deadline_s;
+  if (o->trace) t->trace = *o->trace, t->has_trace = 1;
   t->co = lua_newthread(vm->L);
   *(void **)lua_getextraspace(t->co) = t;
   t->co_ref = luaL_ref(vm->L, LUA_REGISTRYINDEX);
@@ -138,6 +139,7 @@ void *nh_task_data(nh_task_t *t) { return t->data; }
 nh_task_kind_t nh_task_kind(nh_task_t *t) { return t->kind; }
 nh_task_kill_t nh_task_kill(nh_task_t *t) { return t->kill; }
 nh_task_err_t nh_task_error(nh_task_t *t) { return t->error; }
+const nh_trace_ctx_t *nh_task_trace(nh_task_t *t) { return t->has_trace ? &t->trace : NULL; }
 double nh_task_cpu_budget(nh_task_t *t) { return (double)t->cpu_budget_ns / 1e9; }
 double nh_task_deadline(nh_task_t *t) { return t->deadline_s; }
 

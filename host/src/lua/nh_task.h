@@ -15,6 +15,7 @@
 #include <uv.h>
 
 #include "core/nh_outcome_types.h"
+#include "core/nh_trace.h"
 
 typedef struct nh_vm nh_vm_t;
 typedef struct nh_task nh_task_t;
@@ -50,6 +51,7 @@ typedef struct nh_task_opts {
   double cpu_budget_s;       /* <= 0: default (1 s) */
   nh_task_done_cb on_done;
   void *data;
+  const nh_trace_ctx_t *trace;   /* the span the task runs in (a handler's), copied; NULL: none */
 } nh_task_opts_t;
 
 /* Creates a task whose function and `nargs` arguments the caller pushes on the returned
@@ -62,6 +64,8 @@ nh_task_kill_t nh_task_kill(nh_task_t *t);     /* NH_KILL_NONE unless it was kil
 nh_task_err_t nh_task_error(nh_task_t *t);     /* after NH_TASK_ERROR */
 /* The budgets it runs under: CPU per resume (the default when none was given) and the
  * deadline (<= 0: none), in seconds. */
+/* The span the task runs in (its children's parent: nimbus.http.request), or NULL. */
+const nh_trace_ctx_t *nh_task_trace(nh_task_t *t);
 double nh_task_cpu_budget(nh_task_t *t);
 double nh_task_deadline(nh_task_t *t);
 void nh_task_run(nh_task_t *t, int nargs);

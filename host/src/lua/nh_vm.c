@@ -439,7 +439,8 @@ int nh_vm_task_start(nh_vm_t *vm, const nh_task_args_t *a, nh_task_t **task, nh_
   *task = NULL;
   if (!lua_checkstack(vm->L, 8)) return nh_error_set(err, NH_EFAIL, "Lua stack exhausted");
   nh_task_opts_t opts = { .kind = NH_TASK_KIND_HANDLER, .deadline_s = a->deadline_s,
-                          .cpu_budget_s = a->cpu_budget_s, .on_done = handler_done, .data = a->data };
+                          .cpu_budget_s = a->cpu_budget_s, .on_done = handler_done, .data = a->data,
+                          .trace = a->trace };
   nh_task_t *t = nh_task_new(vm, &opts);
   lua_State *co = nh_task_thread(t);
   lua_rawgeti(co, LUA_REGISTRYINDEX, vm->run_ref);
@@ -462,6 +463,14 @@ int nh_vm_task_start(nh_vm_t *vm, const nh_task_args_t *a, nh_task_t **task, nh_
   lua_setfield(co, -2, "delivery_count");
   lua_pushinteger(co, a->enqueued_at);   /* ctx.enqueued_at (ISO text) is built lazily in Lua */
   lua_setfield(co, -2, "enqueued_ms");
+  if (a->trace) {
+    char tp[NH_TRACEPARENT_LEN + 1];
+    nh_trace_format(a->trace, tp);
+    lua_pushlstring(co, tp + 3, 32);   /* 00-<trace-id>-...: the id alone */
+    lua_setfield(co, -2, "trace_id");
+    lua_pushstring(co, tp);
+    lua_setfield(co, -2, "traceparent");
+  }
   t->done_flag = task;   /* cleared if the task ends inside this run */
   *task = t;
   nh_task_run(t, 4);

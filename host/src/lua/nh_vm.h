@@ -12,6 +12,7 @@
 
 #include "core/nh_error.h"
 #include "core/nh_outcome_types.h"
+#include "core/nh_trace.h"
 
 typedef struct nh_vm nh_vm_t;
 typedef struct nh_task nh_task_t;
@@ -54,6 +55,7 @@ typedef struct nh_task_args {
   int retry_count, delivery_count;
   int64_t enqueued_at;
   double deadline_s, cpu_budget_s;   /* <= 0: none / the default */
+  const nh_trace_ctx_t *trace;   /* the handler's span (ctx.trace_id, ctx.traceparent); NULL: none */
   void *data;                    /* handed back in task_done */
 } nh_task_args_t;
 

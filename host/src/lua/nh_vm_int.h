@@ -25,6 +25,8 @@ struct nh_task {
   double deadline_s;
   uv_timer_t *deadline;
   nh_queue_t node;           /* vm->tasks */
+  nh_trace_ctx_t trace;      /* the span it runs in, when has_trace */
+  int has_trace;
 };
 
 struct nh_vm {

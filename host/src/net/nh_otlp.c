@@ -6,6 +6,7 @@
  * flush timer, and while stopping the stop deadline. */
 #include "nh_otlp.h"
 #include "core/nh_log.h"
+#include "core/nh_metrics.h"
 #include "core/nh_trace.h"
 #include "core/nh_util.h"
 #include "net/nh_http_client.h"
@@ -61,6 +62,23 @@ struct nh_otlp {
 };
 
 static void after_export(nh_otlp_t *x);
+
+/* ---------------------------------------------------------------- metrics */
+
+static nh_metric_t m_spans = NH_METRIC_DEF(NH_METRIC_COUNTER, "nimbus_otlp_spans_total",
+  "Trace spans by what became of them: exported, dropped_queue_full, dropped_export_failed", "result");
+static nh_metric_t m_failures = NH_METRIC_DEF(NH_METRIC_COUNTER, "nimbus_otlp_export_failures_total",
+  "OTLP export requests refused, timed out or answered with a non-2xx status");
+
+/* Read at each scrape from the exporter's own counts (nothing per span). */
+static void collect(void *data)
+{
+  const nh_otlp_t *x = data;
+  nh_metric_set(&m_spans, (double)x->st.exported, "exported");
+  nh_metric_set(&m_spans, (double)x->st.dropped_full, "dropped_queue_full");
+  nh_metric_set(&m_spans, (double)x->st.dropped_failed, "dropped_export_failed");
+  nh_metric_set(&m_failures, (double)x->st.export_failures);
+}
 
 /* ---------------------------------------------------------------- encoding */
 
@@ -309,6 +327,8 @@ nh_otlp_t *nh_otlp_start(uv_loop_t *loop, const nh_otlp_opts_t *opts, nh_error_t
   uv_timer_init(loop, &x->timer);
   x->timer.data = x;
   uv_unref((uv_handle_t *)&x->timer);   /* queued spans alone do not hold the process */
+  nh_metrics_on_collect(collect, x);
+  collect(x);   /* the families show (at 0) from the first scrape */
   return x;
 }
 
@@ -452,6 +472,8 @@ static void closed(uv_handle_t *h)
   nh_otlp_t *x = h->data;
   void (*done)(void *) = x->done;
   void *data = x->done_data;
+  collect(x);   /* the last counts stay on /metrics */
+  nh_metrics_off_collect(collect, x);
   for (int i = 0; i < x->nheaders; i++) free(x->headers[i]);
   free(x->headers);
   free(x->slots);

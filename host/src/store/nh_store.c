@@ -69,10 +69,12 @@ static const char *const stmt_sql[NH_SQL_COUNT] = {
   [NH_SQL_PARK] =
     "INSERT INTO parked(endpoint, session_id, park_seq, message_id, event_id, event_type, message_type,"
     " correlation_id, originating_message_id, parent_message_id, from_, retry_count, enqueued_at, body,"
-    " error_text, error_type, reply_to) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17)",
+    " error_text, error_type, reply_to, traceparent, tracestate)"
+    " VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19)",
   [NH_SQL_PARKED_HEAD] =
     "SELECT park_seq, message_id, event_id, event_type, message_type, correlation_id, originating_message_id,"
-    " parent_message_id, from_, retry_count, enqueued_at, body, error_text, error_type, reply_to FROM parked"
+    " parent_message_id, from_, retry_count, enqueued_at, body, error_text, error_type, reply_to, traceparent,"
+    " tracestate FROM parked"
     " WHERE endpoint = ?1 AND session_id = ?2 ORDER BY park_seq LIMIT 1",
   [NH_SQL_PARKED_DEL] = "DELETE FROM parked WHERE endpoint = ?1 AND session_id = ?2 AND park_seq = ?3",
   [NH_SQL_PARKED_DEL_EVENT] = "DELETE FROM parked WHERE endpoint = ?1 AND event_id = ?2",

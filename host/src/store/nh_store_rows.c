@@ -414,6 +414,7 @@ int nh_store_park(nh_store_t *s, const nh_msg_t *m, int64_t park_seq)
   if (m->body) sqlite3_bind_text(st, 14, m->body, (int)m->body_len, SQLITE_TRANSIENT);
   else sqlite3_bind_null(st, 14);
   T(st, 15, m->error_text); T(st, 16, m->error_type); T(st, 17, m->reply_to);
+  T(st, 18, m->traceparent); T(st, 19, m->tracestate);
   return done(s, st, "park");
 }
 
@@ -441,6 +442,8 @@ int nh_store_parked_head(nh_store_t *s, const char *endpoint, const char *sessio
     m->error_text = nh_sqlite_col_strdup(st, 12);
     m->error_type = nh_sqlite_col_strdup(st, 13);
     m->reply_to = nh_sqlite_col_strdup(st, 14);
+    m->traceparent = nh_sqlite_col_strdup(st, 15);
+    m->tracestate = nh_sqlite_col_strdup(st, 16);
     found = 1;
   }
   finish(st);

@@ -56,7 +56,7 @@ pn_connection_t *nh_amqp_conn_pn(nh_amqp_conn_t *c);   /* NULL while not open */
 
 /* nh_msg_t -> AMQP message: the NimBus wire properties as application properties,
  * SessionId as group-id, the JSON payload as one data section, durable. */
-void nh_amqp_msg_encode(pn_message_t *pm, const nh_msg_t *m, const char *to);
+void nh_amqp_msg_encode(pn_message_t *pm, const nh_msg_t *m, const char *to, int diagnostic_id);
 /* AMQP message -> nh_msg_t (owned strings). A message the host cannot take is returned
  * with type NH_MT_UNKNOWN and error_text saying why (it is then dead-lettered). */
 void nh_amqp_msg_decode(pn_message_t *pm, const char *endpoint, nh_msg_t *m);

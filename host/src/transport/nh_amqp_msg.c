@@ -4,9 +4,12 @@
  *               reply-to, content-type application/json, creation-time = enqueued at
  *   application-properties: MessageType, EventTypeId, EventId (when known), To, From,
  *               OriginatingMessageId, ParentMessageId ("self" when none), RetryCount,
- *               ReplyTo, ErrorText / ErrorType (error replies)
+ *               ReplyTo, ErrorText / ErrorType (error replies), traceparent and tracestate
+ *               (W3C trace context; the Service Bus profile adds Diagnostic-Id, the name
+ *               the Azure SDKs use for the same value)
  *   body: one data section holding the JSON payload; header durable. */
 #include "nh_amqp_int.h"
+#include "core/nh_trace.h"
 #include "core/nh_util.h"
 
 #include <inttypes.h>
@@ -34,7 +37,7 @@ static pn_atom_t atom_str(const char *s)
   return a;
 }
 
-void nh_amqp_msg_encode(pn_message_t *pm, const nh_msg_t *m, const char *to)
+void nh_amqp_msg_encode(pn_message_t *pm, const nh_msg_t *m, const char *to, int diagnostic_id)
 {
   pn_message_clear(pm);
   pn_message_set_durable(pm, true);
@@ -58,6 +61,9 @@ void nh_amqp_msg_encode(pn_message_t *pm, const nh_msg_t *m, const char *to)
   put_prop(p, "ReplyTo", m->reply_to);
   put_prop(p, "ErrorText", m->error_text);
   put_prop(p, "ErrorType", m->error_type);
+  put_prop(p, "traceparent", m->traceparent);
+  put_prop(p, "tracestate", m->tracestate);
+  if (diagnostic_id) put_prop(p, "Diagnostic-Id", m->traceparent);
   pn_data_put_string(p, pn_bytes(strlen("RetryCount"), "RetryCount"));
   pn_data_put_int(p, m->retry_count);
   pn_data_exit(p);
@@ -173,7 +179,7 @@ void nh_amqp_msg_decode(pn_message_t *pm, const char *endpoint, nh_msg_t *m)
   int64_t created = pn_message_get_creation_time(pm);
   if (created <= 0) created = annotation_time(pm, "x-opt-enqueued-time");   /* Service Bus stamps this */
   m->enqueued_at = created > 0 ? created : nh_time_now_ms();
-  char *mtype = NULL, *etype = NULL, *retry = NULL;
+  char *mtype = NULL, *etype = NULL, *retry = NULL, *diag = NULL;
   pn_data_t *p = pn_message_properties(pm);
   pn_data_rewind(p);
   if (pn_data_next(p) && pn_data_type(p) == PN_MAP) {
@@ -196,6 +202,9 @@ void nh_amqp_msg_decode(pn_message_t *pm, const char *endpoint, nh_msg_t *m)
       else if (strcmp(key, "ErrorText") == 0) slot = &m->error_text;
       else if (strcmp(key, "ErrorType") == 0) slot = &m->error_type;
       else if (strcmp(key, "ReplyTo") == 0 && !m->reply_to) slot = &m->reply_to;
+      else if (strcmp(key, "traceparent") == 0) slot = &m->traceparent;
+      else if (strcmp(key, "tracestate") == 0) slot = &m->tracestate;
+      else if (strcmp(key, "Diagnostic-Id") == 0) slot = &diag;
       free(key);
       if (slot) {
         free(*slot);
@@ -213,6 +222,11 @@ void nh_amqp_msg_decode(pn_message_t *pm, const char *endpoint, nh_msg_t *m)
     free(m->parent_message_id);
     m->parent_message_id = NULL;
   }
+  /* Service Bus senders of the Azure SDKs set only Diagnostic-Id; an older SDK's
+   * "|id.span." form is not a traceparent and is left out */
+  nh_trace_ctx_t tc;
+  if (!m->traceparent && diag && nh_trace_parse(diag, &tc) == 0) m->traceparent = diag, diag = NULL;
+  free(diag);
   m->retry_count = retry ? atoi(retry) : 0;
   free(retry);
   m->event_type = etype ? etype : nh_xstrdup(pn_message_get_subject(pm));

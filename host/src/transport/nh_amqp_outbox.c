@@ -17,7 +17,7 @@
 
 int nh_amqp_outbox_add(amqp_t *a, const char *address, const nh_msg_t *m, const char *to, nh_error_t *err)
 {
-  nh_amqp_msg_encode(a->pm, m, to);
+  nh_amqp_msg_encode(a->pm, m, to, a->url.servicebus);
   size_t size;
   int rc;
   for (;;) {

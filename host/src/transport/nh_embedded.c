@@ -34,6 +34,9 @@ static const char *const embedded_migrations[] = {
   /* 3: that index made every enqueue and settle write a page at a random place (half the
    * publish rate); session_next now takes the rows the head scan already saw. */
   "DROP INDEX queue_session;",
+  /* 4: the W3C trace context travels with each message (docs/observability.md, Traces) */
+  "ALTER TABLE queue ADD COLUMN traceparent TEXT;"
+  "ALTER TABLE queue ADD COLUMN tracestate TEXT;",
 };
 
 enum {
@@ -51,14 +54,15 @@ static const char *const q_sql[Q_COUNT] = {
   [Q_INSERT] =
     "INSERT INTO queue(endpoint, session_id, message_id, event_id, event_type, message_type, correlation_id,"
     " originating_message_id, parent_message_id, from_, retry_count, enqueued_at, visible_at, body,"
-    " error_text, error_type, reply_to) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?12,?13,?14,?15,?16)",
+    " error_text, error_type, reply_to, traceparent, tracestate)"
+    " VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?12,?13,?14,?15,?16,?17,?18)",
   /* Rows of sessions locked by anyone (this process included: a lock of ours means the
    * session is in flight here) are filtered here; the C side keeps only the first
    * row it sees of each session, which is that session's head. */
   [Q_HEADS] =
     "SELECT seq, session_id, message_id, event_id, event_type, message_type, correlation_id,"
     " originating_message_id, parent_message_id, from_, retry_count, delivery_count, enqueued_at,"
-    " visible_at, body, error_text, error_type, releases, reply_to FROM queue q WHERE q.endpoint = ?1 AND NOT EXISTS"
+    " visible_at, body, error_text, error_type, releases, reply_to, traceparent, tracestate FROM queue q WHERE q.endpoint = ?1 AND NOT EXISTS"
     " (SELECT 1 FROM session_locks l WHERE l.endpoint = ?1 AND l.session_id = q.session_id"
     "  AND l.locked_until > ?2) ORDER BY q.seq LIMIT ?3",
   [Q_LOCK] =
@@ -84,7 +88,7 @@ static const char *const q_sql[Q_COUNT] = {
   [Q_ROW] =
     "SELECT seq, session_id, message_id, event_id, event_type, message_type, correlation_id,"
     " originating_message_id, parent_message_id, from_, retry_count, delivery_count, enqueued_at,"
-    " visible_at, body, error_text, error_type, releases, reply_to FROM queue"
+    " visible_at, body, error_text, error_type, releases, reply_to, traceparent, tracestate FROM queue"
     " WHERE seq = ?1 AND endpoint = ?2 AND session_id = ?3",
   [Q_DROP_OWNER] = "DELETE FROM session_locks WHERE owner = ?1",
 };
@@ -209,6 +213,8 @@ static void read_row(sqlite3_stmt *st, const char *endpoint, nh_msg_t *m)
   m->error_type = nh_sqlite_col_strdup(st, 16);
   m->release_count = sqlite3_column_int(st, 17);
   m->reply_to = nh_sqlite_col_strdup(st, 18);
+  m->traceparent = nh_sqlite_col_strdup(st, 19);
+  m->tracestate = nh_sqlite_col_strdup(st, 20);
 }
 
 static int emb_receive(nh_transport_t *t, const char *endpoint, int max, int64_t now)
@@ -348,6 +354,8 @@ static int insert_copy(embedded_t *e, const nh_msg_t *m, const char *endpoint, c
   nh_sqlite_bind_text(st, 14, m->error_text);
   nh_sqlite_bind_text(st, 15, m->error_type);
   nh_sqlite_bind_text(st, 16, m->reply_to);
+  nh_sqlite_bind_text(st, 17, m->traceparent);
+  nh_sqlite_bind_text(st, 18, m->tracestate);
   return step(e, Q_INSERT, "enqueue");
 }
 
