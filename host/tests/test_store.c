@@ -623,6 +623,8 @@ TEST(parked_fifo_head_delete_count)
   m2.error_type = "ErrType";
   m2.parent_message_id = "parent";
   m2.originating_message_id = "orig";
+  m2.traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";   /* replayed in its trace */
+  m2.tracestate = "vendor=abc";
   /* park out of seq order: the FIFO is by park_seq, not insertion */
   ASSERT_EQ_INT(nh_store_park(s, &m2, 2), NH_OK);
   ASSERT_EQ_INT(nh_store_park(s, &m1, 1), NH_OK);
@@ -649,6 +651,7 @@ TEST(parked_fifo_head_delete_count)
   ASSERT_EQ_STR(h.body, "{\"n\":1}");
   ASSERT_EQ_INT(h.body_len, 7);
   ASSERT_EQ_INT(h.seq, 0);   /* not a queue message */
+  ASSERT_NULL(h.traceparent);
   nh_msg_clear(&h);
 
   ASSERT_EQ_INT(nh_store_parked_delete(s, "Ep", "s1", 1), NH_OK);
@@ -660,6 +663,8 @@ TEST(parked_fifo_head_delete_count)
   ASSERT_EQ_STR(h.error_type, "ErrType");
   ASSERT_EQ_STR(h.parent_message_id, "parent");
   ASSERT_EQ_STR(h.originating_message_id, "orig");
+  ASSERT_EQ_STR(h.traceparent, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
+  ASSERT_EQ_STR(h.tracestate, "vendor=abc");
   nh_msg_clear(&h);
   ASSERT_EQ_INT(nh_store_parked_count(s, "Ep", "s1"), 2);
 

@@ -335,4 +335,22 @@ nimbus.on("event_failled", function() end)
     assert.truthy(r.err:find("event_failed, dead_lettered, session_blocked, session_unblocked, handoff_overdue", 1,
                              true), r.err)
   end)
+  it("runs the chat-alerts sample: a failed payment reaches the chat route once, with the session's block", function()
+    local src = os.getenv("NIMBUS_SOURCE_DIR") or "."
+    local h = sb:start(src .. "/samples/chat-alerts/adapter.lua", { args = { "--admin", "off", "--log-format", "json" } })
+    local id = sb:publish("PaymentCaptured", { order_id = "A-1", amount = -5 }, { session = "A-1" })
+    local row = sb:wait_message(id, "Failed")
+    local failed = wait_line(h, { msg = "[chat] PaymentService: event " .. row.event_id .. " (PaymentCaptured, session A-1) "
+                                       .. "failed: " .. row.error_text })
+    assert.are.equal("#integrations", failed.channel)
+    wait_line(h, { msg = ("[chat] PaymentService: session A-1 is blocked by %s; resubmit or skip it: nimbus-host show %s")
+                         :format(row.event_id, row.event_id) })
+    -- a good payment says nothing in the chat
+    sb:wait_message(sb:publish("PaymentCaptured", { order_id = "B-1", amount = 5 }, { session = "B-1" }), "Completed")
+    local chats = 0
+    for _, line in ipairs(log_lines(h)) do
+      if type(line.msg) == "string" and line.msg:find("[chat]", 1, true) then chats = chats + 1 end
+    end
+    assert.are.equal(2, chats)
+  end)
 end)

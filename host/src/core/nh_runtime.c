@@ -15,6 +15,7 @@ int nh_runtime_init(nh_runtime_t *rt)
 {
   rt->running = 0;
   rt->task = NULL;
+  rt->otlp = NULL;
   nh_queue_init(&rt->parts);
   rt->magic = NH_RUNTIME_MAGIC;
   int rc = uv_loop_init(&rt->loop);

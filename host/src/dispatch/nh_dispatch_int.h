@@ -140,7 +140,7 @@ void nh_job_free(nh_job_t *job);
 
 /* nh_request.c */
 void *nh_dispatch_request(void *data, const char *type, const char *body, size_t len, const char *session,
-                          double timeout_s, void (*done)(void *, const char *, const char *, const char *), void *ud,
+                          const nh_trace_ctx_t *trace, double timeout_s, void (*done)(void *, const char *, const char *, const char *), void *ud,
                           nh_error_t *err);
 void nh_dispatch_request_cancel(void *data, void *handle);
 void nh_dispatch_take_reply(nh_dispatch_t *d, nh_msg_t *m);

@@ -84,7 +84,7 @@ static void probed(void *data, int found)
 }
 
 void *nh_dispatch_request(void *data, const char *type, const char *body, size_t len, const char *session,
-                          double timeout_s, void (*done)(void *, const char *, const char *, const char *), void *ud,
+                          const nh_trace_ctx_t *trace, double timeout_s, void (*done)(void *, const char *, const char *, const char *), void *ud,
                           nh_error_t *err)
 {
   nh_dispatch_t *d = data;
@@ -104,6 +104,10 @@ void *nh_dispatch_request(void *data, const char *type, const char *body, size_t
   m.body = (char *)body;
   m.body_len = len;
   m.enqueued_at = nh_time_now_ms();
+  char tp[NH_TRACEPARENT_LEN + 1];   /* the requesting handler's span, else a trace of its own */
+  if (trace) nh_trace_format(trace, tp);
+  else nh_dispatch_span_root_publish(d, type, NULL, tp);
+  m.traceparent = tp;
   int copies = 0;
   if (nh_store_begin(d->store) || d->tr->vt->send(d->tr, &m, NULL, &copies, err) || nh_store_commit(d->store)) {
     nh_store_rollback(d->store);

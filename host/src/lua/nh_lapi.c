@@ -234,7 +234,7 @@ static int l_request(lua_State *L)
   r->task = t;
   r->vm = vm;
   nh_error_t err = {0};
-  r->handle = vm->host.request(vm->host.data, type, body, len, session, timeout, req_done, r, &err);
+  r->handle = vm->host.request(vm->host.data, type, body, len, session, nh_task_trace(t), timeout, req_done, r, &err);
   if (!r->handle) {
     free(r);
     lua_pushnil(L);

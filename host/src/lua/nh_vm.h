@@ -37,10 +37,10 @@ typedef struct nh_vm_host {
   int (*pending_handoffs)(void *data, lua_State *L, const char *endpoint, nh_error_t *err);
   /* Settles a hand-off (complete: result JSON or NULL; fail: error text and type). */
   int (*handoff)(void *data, const nh_handoff_req_t *req, nh_error_t *err);
-  /* Sends a request and calls done(ud, reply_json, NULL, NULL) or done(ud, NULL, msg, code)
+  /* Sends a request (in the calling task's span, `trace`, when it has one) and calls done(ud, reply_json, NULL, NULL) or done(ud, NULL, msg, code)
    * later, from the loop; returns a handle for request_cancel (no done after it). */
   void *(*request)(void *data, const char *type, const char *body, size_t len, const char *session,
-                   double timeout_s, void (*done)(void *ud, const char *reply, const char *msg, const char *code),
+                   const nh_trace_ctx_t *trace, double timeout_s, void (*done)(void *ud, const char *reply, const char *msg, const char *code),
                    void *ud, nh_error_t *err);
   void (*request_cancel)(void *data, void *handle);
   /* nimbus.retention{resolved = AGE, inbox = AGE}: ages as text ("7d"), NULL = unchanged. */
