@@ -12,17 +12,7 @@ local function http_text(url)
   return tonumber(status), text
 end
 
--- The samples of an exposition: { ['name{labels}'] = value }, labels as rendered.
-local function samples(text)
-  local out = {}
-  for line in text:gmatch("[^\n]+") do
-    if not line:find("^#") then
-      local key, value = line:match("^(%S+) (%S+)$")
-      if key then out[key] = tonumber(value) end
-    end
-  end
-  return out
-end
+local samples = nh.prom_samples
 
 -- One sample by name and label set in the host's order (e.g. 'endpoint="Ep",type="Ok"').
 local function value(s, name, labels)

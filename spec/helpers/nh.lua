@@ -94,6 +94,19 @@ end
 -- One HTTP request with curl (the admin API's specs): status code and the body decoded
 -- with cjson (nulls stay cjson.null). method defaults to GET; body is a string; headers a
 -- list of "Name: value", by default Content-Type: application/json when there is a body.
+-- The samples of a Prometheus text exposition: { ['name{labels}'] = value }, labels as
+-- the host rendered them.
+function M.prom_samples(text)
+  local out = {}
+  for line in text:gmatch("[^\n]+") do
+    if not line:find("^#") then
+      local key, value = line:match("^(%S+) (%S+)$")
+      if key then out[key] = tonumber(value) end
+    end
+  end
+  return out
+end
+
 function M.http_json(url, method, body, headers)
   local extra = ""
   for _, h in ipairs(headers or (body and { "Content-Type: application/json" }) or {}) do
