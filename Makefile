@@ -32,6 +32,7 @@ test-asan: deps
 bench: export NIMBUS_ADMIN = 127.0.0.1:0
 bench: build
 	@$(BUILD)/host/nimbus-host -l spec/bench/throughput.lua $(BUILD)/host/nimbus-host
+	@$(BUILD)/host/nimbus-host -l spec/bench/observability.lua $(BUILD)/host/nimbus-host
 	@$(BUILD)/host/nimbus-host -l spec/bench/outage.lua $(BUILD)/host/nimbus-host
 	@$(BUILD)/host/nimbus-host -l spec/bench/sleepers.lua
 	@$(BUILD)/host/nimbus-host -l spec/bench/http_serve.lua
