@@ -503,7 +503,12 @@ TEST(a_full_batch_goes_at_once_in_the_exact_otlp_shape)
   s0.status_message = "not an error: not sent";
   nh_span_t s1 = make_span(&b1, "GET crm", NH_SPAN_CLIENT);
   s1.error = 1;
-  s1.status_message = "connection refused";
+  /* escaped as JSON asks, and cut to 4 KiB at a character boundary (a 2-byte é at 4095) */
+  static char long_msg[5000];
+  memset(long_msg, 'x', sizeof long_msg - 1);
+  memcpy(long_msg, "refused: \"q\" \\ \n\t\x01 \xc3\xa9", 21);
+  memcpy(long_msg + 4095, "\xc3\xa9", 2);
+  s1.status_message = long_msg;
   nh_span_t s2 = make_span(&b2, "bad \xff name \xc3", (nh_span_kind_t)99);
   s2.start_ns = -5;
   nh_otlp_add(x, &s0);
@@ -543,7 +548,10 @@ TEST(a_full_batch_goes_at_once_in_the_exact_otlp_shape)
   array_member(j1, "attributes", 0);
   json_t *st1 = member(j1, "status");
   expect_int(st1, "code", 2);
-  ASSERT_EQ_STR(str_member(st1, "message"), "connection refused");
+  const char *msg = str_member(st1, "message");
+  ASSERT_EQ_INT((int)strlen(msg), 4095);
+  ASSERT_TRUE(strncmp(msg, "refused: \"q\" \\ \n\t\x01 \xc3\xa9xxx", 24) == 0);
+  ASSERT_TRUE(msg[4094] == 'x');
 
   ASSERT_EQ_STR(str_member(j2, "name"), "bad ? name ?");   /* invalid UTF-8 replaced, not fatal */
   expect_int(j2, "kind", 1);                               /* out of range: internal */

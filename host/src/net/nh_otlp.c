@@ -102,17 +102,161 @@ static size_t utf8_seq(const unsigned char *p, size_t n)
   return len;
 }
 
-/* A JSON string of s, cut to max bytes at a character boundary. jansson refuses invalid
- * UTF-8, and the host passes on whatever an adapter or a peer sent: such bytes become
- * '?' rather than costing the span. */
-static json_t *text(const char *s, size_t max)
+/* A span is encoded once per handler run, on the loop thread, so it is written straight
+ * into one buffer in its fixed OTLP/JSON shape (building a jansson tree and dumping it
+ * was 18% of a traced host's CPU, docs/observability.md). Only the resource prefix,
+ * made once, goes through jansson. Strings are escaped as RFC 8259 asks and cut to
+ * OTLP_MAX_STR bytes at a character boundary; bytes that are not valid UTF-8 (whatever
+ * an adapter or a peer sent) become '?' rather than costing the span. */
+typedef struct sbuf {
+  char *p;
+  size_t len, cap;
+} sbuf_t;
+
+static void sb_reserve(sbuf_t *b, size_t more)
+{
+  if (b->len + more <= b->cap) return;
+  size_t cap = b->cap ? b->cap : 512;
+  while (cap < b->len + more) cap *= 2;
+  b->p = nh_xrealloc(b->p, cap);
+  b->cap = cap;
+}
+
+static void sb_put(sbuf_t *b, const char *s, size_t n)
+{
+  sb_reserve(b, n);
+  memcpy(b->p + b->len, s, n);
+  b->len += n;
+}
+
+#define SB_LIT(b, lit) sb_put((b), (lit), sizeof(lit) - 1)
+
+static void sb_str(sbuf_t *b, const char *s)
 {
   if (!s) s = "";
   size_t n = strlen(s);
-  if (n > max) {
-    n = max;
+  if (n > OTLP_MAX_STR) {
+    n = OTLP_MAX_STR;
     while (n > 0 && ((unsigned char)s[n] & 0xc0) == 0x80) n--;
   }
+  sb_reserve(b, n * 6 + 2);   /* the worst case: every byte a \u00XX */
+  char *o = b->p + b->len;
+  *o++ = '"';
+  static const char hex[] = "0123456789abcdef";
+  for (size_t i = 0; i < n;) {
+    unsigned char c = (unsigned char)s[i];
+    if (c >= 0x80) {
+      size_t k = utf8_seq((const unsigned char *)s + i, n - i);
+      if (k == 0) {
+        *o++ = '?';
+        i++;
+      } else {
+        memcpy(o, s + i, k);
+        o += k;
+        i += k;
+      }
+      continue;
+    }
+    i++;
+    if (c == '"' || c == '\\') {
+      *o++ = '\\';
+      *o++ = (char)c;
+    } else if (c < 0x20) {
+      *o++ = '\\';
+      switch (c) {
+      case '\n': *o++ = 'n'; break;
+      case '\r': *o++ = 'r'; break;
+      case '\t': *o++ = 't'; break;
+      default:
+        *o++ = 'u', *o++ = '0', *o++ = '0', *o++ = hex[c >> 4], *o++ = hex[c & 15];
+      }
+    } else {
+      *o++ = (char)c;
+    }
+  }
+  *o++ = '"';
+  b->len = (size_t)(o - b->p);
+}
+
+static void sb_hex_id(sbuf_t *b, const uint8_t *id, size_t n)
+{
+  char hex[35];
+  hex[0] = '"';
+  nh_trace_hex(id, n, hex + 1);
+  hex[2 * n + 1] = '"';
+  sb_put(b, hex, 2 * n + 2);
+}
+
+/* OTLP/JSON writes 64-bit integers as decimal strings (JavaScript loses precision past 2^53). */
+static void sb_int64_string(sbuf_t *b, int64_t v)
+{
+  char buf[24];
+  int n = snprintf(buf, sizeof buf, "\"%" PRId64 "\"", v);
+  sb_put(b, buf, (size_t)n);
+}
+
+static void attrs_encode(sbuf_t *b, const nh_span_attr_t *attrs, int n)
+{
+  SB_LIT(b, "[");
+  int kept = 0;
+  for (int i = 0; i < n && kept < OTLP_MAX_ATTRS; i++) {
+    if (!attrs[i].key) continue;
+    if (kept++) SB_LIT(b, ",");
+    SB_LIT(b, "{\"key\":");
+    sb_str(b, attrs[i].key);
+    if (attrs[i].is_num) {
+      SB_LIT(b, ",\"value\":{\"intValue\":");
+      sb_int64_string(b, attrs[i].num);
+    } else {
+      SB_LIT(b, ",\"value\":{\"stringValue\":");
+      sb_str(b, attrs[i].str);
+    }
+    SB_LIT(b, "}}");
+  }
+  SB_LIT(b, "]");
+}
+
+static char *span_encode(const nh_span_t *s, size_t *len)
+{
+  int kind = (int)s->kind;
+  if (kind < NH_SPAN_INTERNAL || kind > NH_SPAN_CONSUMER) kind = NH_SPAN_INTERNAL;
+  sbuf_t b = { 0 };
+  sb_reserve(&b, 640);
+  SB_LIT(&b, "{\"traceId\":");
+  sb_hex_id(&b, s->trace_id, sizeof s->trace_id);
+  SB_LIT(&b, ",\"spanId\":");
+  sb_hex_id(&b, s->span_id, sizeof s->span_id);
+  if (s->has_parent) {
+    SB_LIT(&b, ",\"parentSpanId\":");
+    sb_hex_id(&b, s->parent_span_id, sizeof s->parent_span_id);
+  }
+  SB_LIT(&b, ",\"name\":");
+  sb_str(&b, s->name);
+  char num[16];
+  sb_put(&b, num, (size_t)snprintf(num, sizeof num, ",\"kind\":%d", kind));
+  /* fixed64 nanoseconds: a negative time (a bug upstream) is sent as 0, not as a huge one */
+  SB_LIT(&b, ",\"startTimeUnixNano\":");
+  sb_int64_string(&b, s->start_ns < 0 ? 0 : s->start_ns);
+  SB_LIT(&b, ",\"endTimeUnixNano\":");
+  sb_int64_string(&b, s->end_ns < 0 ? 0 : s->end_ns);
+  SB_LIT(&b, ",\"attributes\":");
+  attrs_encode(&b, s->attrs, s->attrs ? s->nattrs : 0);
+  /* the spec gives a description to ERROR only; UNSET, not OK, is what instrumentation sets */
+  if (s->error) SB_LIT(&b, ",\"status\":{\"code\":2,\"message\":");
+  else SB_LIT(&b, ",\"status\":{\"code\":0,\"message\":");
+  sb_str(&b, s->error ? s->status_message : NULL);
+  SB_LIT(&b, "}}");
+  *len = b.len;
+  sb_reserve(&b, 1);
+  b.p[b.len] = '\0';
+  return b.p;
+}
+
+/* jansson for the prefix (once per process): it refuses invalid UTF-8, which becomes '?' */
+static json_t *text(const char *s)
+{
+  if (!s) s = "";
+  size_t n = strlen(s);
   json_t *j = json_stringn(s, n);
   if (j) return j;
   char *clean = nh_xstrndup(s, n);
@@ -126,28 +270,10 @@ static json_t *text(const char *s, size_t max)
   return j;
 }
 
-static json_t *hex_id(const uint8_t *id, size_t n)
-{
-  char hex[33];
-  nh_trace_hex(id, n, hex);
-  return json_string(hex);
-}
-
-/* OTLP/JSON writes 64-bit integers as decimal strings (JavaScript loses precision past 2^53). */
-static json_t *int64_string(int64_t v)
-{
-  char buf[24];
-  snprintf(buf, sizeof buf, "%" PRId64, v);
-  return json_string(buf);
-}
-
-/* fixed64 nanoseconds: a negative time (a bug upstream) is sent as 0, not as a huge one. */
-static json_t *time_string(int64_t ns) { return int64_string(ns < 0 ? 0 : ns); }
-
 static json_t *key_value(const char *key, json_t *value)
 {
   json_t *kv = json_object();
-  json_object_set_new(kv, "key", text(key, OTLP_MAX_STR));
+  json_object_set_new(kv, "key", text(key));
   json_object_set_new(kv, "value", value);
   return kv;
 }
@@ -155,51 +281,8 @@ static json_t *key_value(const char *key, json_t *value)
 static json_t *string_value(const char *s)
 {
   json_t *v = json_object();
-  json_object_set_new(v, "stringValue", text(s, OTLP_MAX_STR));
+  json_object_set_new(v, "stringValue", text(s));
   return v;
-}
-
-static json_t *attrs_encode(const nh_span_attr_t *attrs, int n)
-{
-  json_t *a = json_array();
-  int kept = 0;
-  for (int i = 0; i < n && kept < OTLP_MAX_ATTRS; i++) {
-    if (!attrs[i].key) continue;
-    json_t *v;
-    if (attrs[i].is_num) {
-      v = json_object();
-      json_object_set_new(v, "intValue", int64_string(attrs[i].num));
-    } else {
-      v = string_value(attrs[i].str);
-    }
-    json_array_append_new(a, key_value(attrs[i].key, v));
-    kept++;
-  }
-  return a;
-}
-
-static char *span_encode(const nh_span_t *s, size_t *len)
-{
-  int kind = (int)s->kind;
-  if (kind < NH_SPAN_INTERNAL || kind > NH_SPAN_CONSUMER) kind = NH_SPAN_INTERNAL;
-  json_t *o = json_object();
-  json_object_set_new(o, "traceId", hex_id(s->trace_id, sizeof s->trace_id));
-  json_object_set_new(o, "spanId", hex_id(s->span_id, sizeof s->span_id));
-  if (s->has_parent) json_object_set_new(o, "parentSpanId", hex_id(s->parent_span_id, sizeof s->parent_span_id));
-  json_object_set_new(o, "name", text(s->name, OTLP_MAX_STR));
-  json_object_set_new(o, "kind", json_integer(kind));
-  json_object_set_new(o, "startTimeUnixNano", time_string(s->start_ns));
-  json_object_set_new(o, "endTimeUnixNano", time_string(s->end_ns));
-  json_object_set_new(o, "attributes", attrs_encode(s->attrs, s->attrs ? s->nattrs : 0));
-  /* the spec gives a description to ERROR only; UNSET, not OK, is what instrumentation sets */
-  json_t *st = json_object();
-  json_object_set_new(st, "code", json_integer(s->error ? 2 : 0));
-  json_object_set_new(st, "message", text(s->error ? s->status_message : NULL, OTLP_MAX_STR));
-  json_object_set_new(o, "status", st);
-  char *out = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
-  json_decref(o);
-  *len = strlen(out);
-  return out;
 }
 
 /* Resource and scope, the same for every request: encoded once. */
