@@ -94,6 +94,11 @@ static const char *const stmt_sql[NH_SQL_COUNT] = {
   [NH_SQL_OPLOG_ADD] =
     "INSERT INTO operator_log(at, actor, action, endpoint, event_id, session_id, detail)"
     " VALUES (?1,?2,?3,?4,?5,?6,?7)",
+  [NH_SQL_TX_BEGIN] = "BEGIN IMMEDIATE",
+  [NH_SQL_TX_COMMIT] = "COMMIT",
+  [NH_SQL_TX_SAVEPOINT] = "SAVEPOINT job",
+  [NH_SQL_TX_RELEASE] = "RELEASE job",
+  [NH_SQL_TX_ROLLBACK_TO] = "ROLLBACK TO job",
 };
 
 /* What went wrong with the store file, said so that the advice fits the cause: a full
@@ -411,9 +416,19 @@ void nh_store_file_sizes(nh_store_t *s, int64_t *db, int64_t *wal)
   if (stat(path, &st) == 0) *wal = (int64_t)st.st_size;
 }
 
+/* Steps a prepared transaction statement once: SQLITE_OK or sqlite's error code (the
+ * message stays in sqlite3_errmsg until the next call on the connection). */
+static int tx_step(nh_store_t *s, int id)
+{
+  sqlite3_stmt *st = s->stmt[id];
+  int rc = sqlite3_step(st);
+  sqlite3_reset(st);
+  return rc == SQLITE_DONE ? SQLITE_OK : rc;
+}
+
 int nh_store_begin(nh_store_t *s)
 {
-  if (sqlite3_exec(s->db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK) {
+  if (tx_step(s, NH_SQL_TX_BEGIN) != SQLITE_OK) {
     nh_log_error("store", "begin: %s", sqlite3_errmsg(s->db));
     return NH_EFAIL;
   }
@@ -436,7 +451,7 @@ int nh_store_in_tx(nh_store_t *s) { return s->in_tx; }
 int nh_store_savepoint(nh_store_t *s)
 {
   s->outer_failed |= s->failed;   /* a failure before the savepoint still blocks the commit */
-  if (sqlite3_exec(s->db, "SAVEPOINT job", NULL, NULL, NULL) != SQLITE_OK) {
+  if (tx_step(s, NH_SQL_TX_SAVEPOINT) != SQLITE_OK) {
     nh_log_error("store", "savepoint: %s", sqlite3_errmsg(s->db));
     s->failed = 1;
     return NH_EFAIL;
@@ -448,7 +463,8 @@ int nh_store_savepoint(nh_store_t *s)
 
 void nh_store_savepoint_rollback(nh_store_t *s)
 {
-  sqlite3_exec(s->db, "ROLLBACK TO job; RELEASE job", NULL, NULL, NULL);
+  tx_step(s, NH_SQL_TX_ROLLBACK_TO);
+  tx_step(s, NH_SQL_TX_RELEASE);
   s->failed = 0;
   if (s->txn_cb) s->txn_cb(s->txn_data, NH_TXN_SAVEPOINT_ROLLBACK);
 }
@@ -459,7 +475,7 @@ int nh_store_savepoint_end(nh_store_t *s)
     nh_store_savepoint_rollback(s);
     return NH_EFAIL;
   }
-  if (sqlite3_exec(s->db, "RELEASE job", NULL, NULL, NULL) != SQLITE_OK) {
+  if (tx_step(s, NH_SQL_TX_RELEASE) != SQLITE_OK) {
     nh_log_error("store", "release savepoint: %s", sqlite3_errmsg(s->db));
     nh_store_savepoint_rollback(s);
     return NH_EFAIL;
@@ -475,7 +491,7 @@ int nh_store_commit(nh_store_t *s)
     nh_store_rollback(s);
     return NH_EFAIL;
   }
-  if (sqlite3_exec(s->db, "COMMIT", NULL, NULL, NULL) != SQLITE_OK) {
+  if (tx_step(s, NH_SQL_TX_COMMIT) != SQLITE_OK) {
     nh_log_error("store", "commit: %s (disk full or store unwritable? the batch is rolled back and retried)",
                  sqlite3_errmsg(s->db));
     nh_store_rollback(s);

@@ -33,6 +33,12 @@ enum {
   NH_SQL_OPPENDING_HAS,
   NH_SQL_OPPENDING_DONE,
   NH_SQL_OPPENDING_GET,
+  /* transaction control, prepared once: sqlite3_exec parsed these twice per event */
+  NH_SQL_TX_BEGIN,
+  NH_SQL_TX_COMMIT,
+  NH_SQL_TX_SAVEPOINT,
+  NH_SQL_TX_RELEASE,
+  NH_SQL_TX_ROLLBACK_TO,
   NH_SQL_COUNT
 };
 
