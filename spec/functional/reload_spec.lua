@@ -2,6 +2,7 @@
 -- builds a new VM per adapter file; a load error keeps the old VM serving; running tasks
 -- finish on the old VM; per-session order holds across the swap (host/src/dispatch/nh_reload.c).
 local nh = require("nh")
+local system = require("system")   -- luasystem (busted needs it): a pause without a child process
 
 -- Adapter source of version `v`: endpoint Ep handles Tick and appends one JSON line per
 -- call to the call log: { v, session, seq, phase }. A Tick with `gate` records a "start"
@@ -260,5 +261,87 @@ nimbus.endpoint("Orders", {}):command("PlaceOrder", function() end)
     local got = {}
     for _, c in ipairs(sb:calls()) do got[#got + 1] = ("%s v%d seq%d"):format(c.phase, c.v, c.seq) end
     assert.are.same({ "start v1 seq1", "done v1 seq1", "done v2 seq2" }, got)
+  end)
+
+  it("a save by rename into place is loaded once, and the next event runs the new code", function()
+    local path = save_in_place(sb, 1)
+    local h = sb:spawn(path)
+    assert.are.equal(1, probe(sb, "s1", 1))
+    save_by_rename(sb, 2)
+    h:wait_log("reloaded " .. path)
+    assert.are.equal(2, probe(sb, "s1", 2))
+    -- one save, one reload: the temp file's own events (a swap name) load nothing
+    assert.are.equal(1, reloads(h), h:log())
+    assert.are.equal(0, failures(h), h:log())
+    assert.are.same({ 1, 2 }, (function()
+      local vs = {}
+      for _, c in ipairs(done_calls(sb)) do vs[#vs + 1] = c.v end
+      return vs
+    end)())
+  end)
+
+  it("a file written in place in two chunks with a pause is loaded whole: the first chunk alone never runs", function()
+    local path = save_in_place(sb, 1)
+    local h = sb:spawn(path)
+    assert.are.equal(1, probe(sb, "s1", 1))
+    -- The first chunk is a complete adapter on its own (it would record v = 2); the second
+    -- sets V = 3, so only the whole file records v = 3. One open, two writes, one close.
+    -- (This needs the close events of inotify: Linux. See docs/architecture.md, Hot reload.)
+    local f = assert(io.open(path, "wb"))
+    assert(f:write(source(sb, 2)))
+    assert(f:flush())
+    system.sleep(0.3)   -- longer than any debounce: a reload on quiet would load the half here
+    -- the writer still pauses: an event now runs the version before the save
+    assert.are.equal(1, probe(sb, "s1", 2), "the half-written file was loaded:\n" .. h:log())
+    assert(f:write("V = 3\n"))
+    assert(f:close())
+    local n = 2
+    nh.eventually(function()
+      n = n + 1
+      return probe(sb, "s1", n) == 3
+    end, nh.DEADLINE, function() return "the whole file never took effect; log:\n" .. h:log() end)
+    for _, c in ipairs(done_calls(sb)) do assert.are_not.equal(2, c.v, describe_calls(sb)) end
+    assert.are.equal(1, reloads(h), h:log())
+    assert.are.equal(0, failures(h), h:log())
+  end)
+
+  it("a file saved in two writes whose first part does not load logs no reload failure; the whole loads", function()
+    local path = save_in_place(sb, 1)
+    local h = sb:spawn(path)
+    assert.are.equal(1, probe(sb, "s1", 1))
+    -- two separate writes, each closed: the first ends inside the handler (a syntax error
+    -- at <eof> on its own), the second appends the rest
+    local src = source(sb, 2)
+    local cut = src:find("record(ev, ctx, \"done\")", 1, true)
+    nh.write(path, src:sub(1, cut - 1))
+    system.sleep(0.05)
+    local f = assert(io.open(path, "ab"))
+    assert(f:write(src:sub(cut)))
+    assert(f:close())
+    local n = 1
+    nh.eventually(function()
+      n = n + 1
+      return probe(sb, "s1", n) == 2
+    end, nh.DEADLINE, function() return "version 2 never took effect; log:\n" .. h:log() end)
+    assert.are.equal(0, failures(h), h:log())
+    assert.is_nil(h:log():find("failed", 1, true), h:log())
+    assert.is_true(h:alive())
+  end)
+
+  it("a save whose writer keeps the file open still takes effect", function()
+    local path = save_in_place(sb, 1)
+    local h = sb:spawn(path)
+    assert.are.equal(1, probe(sb, "s1", 1))
+    -- a complete new version, written and flushed, its writer never closing it (until the end)
+    local f = assert(io.open(path, "wb"))
+    assert(f:write(source(sb, 2)))
+    assert(f:flush())
+    local n = 1
+    nh.eventually(function()
+      n = n + 1
+      return probe(sb, "s1", n) == 2
+    end, nh.DEADLINE, function() return "version 2 never took effect; log:\n" .. h:log() end)
+    f:close()
+    assert.are.equal(0, failures(h), h:log())
   end)
 end)

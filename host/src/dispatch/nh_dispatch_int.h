@@ -98,9 +98,8 @@ struct nh_dispatch {
   nh_vm_t **retiring;            /* previous generations finishing their running tasks */
   int nretiring;
   nh_vm_t *reloading;            /* the generation being replaced during a reload */
-  uv_fs_event_t **watchers;      /* one per adapter directory (hot reload) */
-  int nwatchers;
-  uv_timer_t reload_timer;       /* debounces bursts of file events */
+  struct nh_watch *watch;        /* nh_reload.c: the adapter directories watched for saves (hot reload) */
+  uv_timer_t reload_timer;       /* nh_reload.c: when the next reload (attempt) is due */
   uint64_t reloads, reload_failures;
   char reply_ep[48];             /* this process's reply queue: "_reply.<uuid>" */
   nh_queue_t requests;           /* nh_request.c: waiting for a reply, newest first */
