@@ -98,8 +98,8 @@ struct nh_dispatch {
   nh_vm_t **retiring;            /* previous generations finishing their running tasks */
   int nretiring;
   nh_vm_t *reloading;            /* the generation being replaced during a reload */
-  struct nh_watch *watch;        /* nh_reload.c: the adapter directories watched for saves (hot reload) */
-  uv_timer_t reload_timer;       /* nh_reload.c: when the next reload (attempt) is due */
+  struct nh_watch *watch;        /* nh_watch.c: the adapter directories watched for saves (hot reload) */
+  uv_timer_t reload_timer;       /* nh_watch.c: when the next reload (attempt) is due */
   uint64_t reloads, reload_failures;
   char reply_ep[48];             /* this process's reply queue: "_reply.<uuid>" */
   nh_queue_t requests;           /* nh_request.c: waiting for a reply, newest first */
@@ -149,9 +149,18 @@ void nh_dispatch_requests_close(nh_dispatch_t *d);
 
 /* nh_reload.c */
 int nh_dispatch_reload(nh_dispatch_t *d, int adapter, nh_error_t *err);   /* adapter < 0: all */
+enum { NH_RL_OK, NH_RL_FAILED, NH_RL_SUPERSEDED };
+/* Loads adapter i again: NH_RL_*. A failure is logged and counted when `report`, else
+ * left to the caller (the watcher holds it for a last try); a failure while its files
+ * were changing is NH_RL_SUPERSEDED, neither. */
+int nh_dispatch_reload_adapter(nh_dispatch_t *d, int i, int report, nh_error_t *err);
 void nh_dispatch_close_retired(nh_dispatch_t *d, int force);
-void nh_dispatch_unwatch(nh_dispatch_t *d);
 int nh_dispatch_subscribe_all(nh_dispatch_t *d, nh_error_t *err);
+
+/* nh_watch.c: saves of the adapter files trigger reloads */
+void nh_dispatch_unwatch(nh_dispatch_t *d);
+void nh_dispatch_reload_begins(nh_dispatch_t *d);      /* a change from now on supersedes what loads */
+int nh_dispatch_reload_superseded(nh_dispatch_t *d);   /* a .lua file changed since the load began */
 
 /* nh_dispatch.c */
 void nh_dispatch_kick(nh_dispatch_t *d);   /* pump on the next loop iteration */
