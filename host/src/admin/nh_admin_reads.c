@@ -208,7 +208,7 @@ void nh_admin_get_event(nh_admin_call_t *c)
 
 struct sess_ctx {
   json_t *arr;
-  char last_ep[256], last_session[512];
+  char *last_ep, *last_session;   /* the cursor: whole, however long a session id is */
 };
 
 static int collect_session(void *data, const nh_blocked_row_t *r)
@@ -226,8 +226,10 @@ static int collect_session(void *data, const nh_blocked_row_t *r)
   json_object_set_new(o, "retry_due", nh_view_time(r->retry_due));
   json_object_set_new(o, "parked", json_integer(r->parked));
   json_array_append_new(s->arr, o);
-  snprintf(s->last_ep, sizeof s->last_ep, "%s", r->endpoint);
-  snprintf(s->last_session, sizeof s->last_session, "%s", r->session_id);
+  free(s->last_ep);
+  free(s->last_session);
+  s->last_ep = nh_xstrdup(r->endpoint ? r->endpoint : "");
+  s->last_session = nh_xstrdup(r->session_id ? r->session_id : "");
   return 0;
 }
 
@@ -259,12 +261,14 @@ void nh_admin_get_sessions(nh_admin_call_t *c)
   json_decref(cursor);
   if (n < 0) {
     json_decref(s.arr);
+    free(s.last_ep);
+    free(s.last_session);
     nh_admin_store_error(c);
     return;
   }
   json_t *o = json_object();
   json_object_set_new(o, "sessions", s.arr);
-  if (n == limit) {
+  if (n == limit && s.last_ep) {
     json_t *next = json_pack("[ss]", s.last_ep, s.last_session);
     char *txt = json_dumps(next, JSON_COMPACT);
     json_object_set_new(o, "next", json_string(txt));
@@ -273,6 +277,8 @@ void nh_admin_get_sessions(nh_admin_call_t *c)
   } else {
     json_object_set_new(o, "next", json_null());
   }
+  free(s.last_ep);
+  free(s.last_session);
   nh_admin_answer(c->r, 200, o);
 }
 
