@@ -327,6 +327,11 @@ void nh_admin_set_ready(nh_admin_t *a, nh_admin_ready_cb check, void *data)
   a->ready_data = data;
 }
 
+void nh_admin_stop(nh_admin_t *a)
+{
+  if (a) nh_admin_bulk_close(a);
+}
+
 void nh_admin_close(nh_admin_t *a)
 {
   if (!a) return;

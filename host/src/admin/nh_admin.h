@@ -33,6 +33,9 @@ nh_admin_t *nh_admin_start(uv_loop_t *loop, nh_store_t *store, const nh_admin_op
 typedef int (*nh_admin_ready_cb)(void *data, char *why, size_t len);
 void nh_admin_set_ready(nh_admin_t *a, nh_admin_ready_cb check, void *data);
 /* Closes the listener, its streams and bulk runs; memory goes with the handles (run the loop). */
+/* The host is stopping: bulk runs still stepping end now (503 to their callers; the
+ * batches queued so far stay queued), so they do not hold the loop after the drain. */
+void nh_admin_stop(nh_admin_t *a);
 void nh_admin_close(nh_admin_t *a);
 
 #endif

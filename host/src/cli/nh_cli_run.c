@@ -48,6 +48,7 @@ static void on_stopped(void *data)
 {
   host_t *h = data;
   close_signals(h);
+  nh_admin_stop(h->admin);   /* a bulk run still stepping would keep the loop running */
   /* the broker connection outlives the drain: the last settlements go out first */
   if (h->amqp) nh_amqp_stop(h->tr, NULL, NULL);
 }
