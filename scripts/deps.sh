@@ -3,7 +3,7 @@
 set -euo pipefail
 
 packages=(
-  gcc make cmake pkg-config
+  gcc g++ make cmake pkg-config
   liblua5.4-dev lua5.4 lua-cjson lua-busted
   libuv1-dev libsqlite3-dev sqlite3 libjansson-dev libcurl4-openssl-dev libmicrohttpd-dev
   valgrind python3 wrk curl
