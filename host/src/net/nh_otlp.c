@@ -30,6 +30,11 @@
 
 static const char suffix[] = "]}]}]}";
 
+typedef struct sbuf {
+  char *p;
+  size_t len, cap;
+} sbuf_t;
+
 typedef struct slot {
   char *json;        /* the span's OTLP/JSON object */
   size_t len;
@@ -59,6 +64,7 @@ struct nh_otlp {
   void (*done)(void *);
   void *done_data;
   nh_otlp_stats_t st;
+  sbuf_t scratch;            /* where spans are encoded; each keeps a copy of its exact size */
 };
 
 static void after_export(nh_otlp_t *x);
@@ -108,11 +114,6 @@ static size_t utf8_seq(const unsigned char *p, size_t n)
  * made once, goes through jansson. Strings are escaped as RFC 8259 asks and cut to
  * OTLP_MAX_STR bytes at a character boundary; bytes that are not valid UTF-8 (whatever
  * an adapter or a peer sent) become '?' rather than costing the span. */
-typedef struct sbuf {
-  char *p;
-  size_t len, cap;
-} sbuf_t;
-
 static void sb_reserve(sbuf_t *b, size_t more)
 {
   if (b->len + more <= b->cap) return;
@@ -216,12 +217,15 @@ static void attrs_encode(sbuf_t *b, const nh_span_attr_t *attrs, int n)
   SB_LIT(b, "]");
 }
 
-static char *span_encode(const nh_span_t *s, size_t *len)
+/* Encodes s into the exporter's scratch buffer (grown once, reused: no reallocation per
+ * span) and returns a copy of the exact size. */
+static char *span_encode(sbuf_t *scratch, const nh_span_t *s, size_t *len)
 {
   int kind = (int)s->kind;
   if (kind < NH_SPAN_INTERNAL || kind > NH_SPAN_CONSUMER) kind = NH_SPAN_INTERNAL;
-  sbuf_t b = { 0 };
-  sb_reserve(&b, 640);
+  sbuf_t b = *scratch;
+  b.len = 0;
+  sb_reserve(&b, 2048);
   SB_LIT(&b, "{\"traceId\":");
   sb_hex_id(&b, s->trace_id, sizeof s->trace_id);
   SB_LIT(&b, ",\"spanId\":");
@@ -246,10 +250,12 @@ static char *span_encode(const nh_span_t *s, size_t *len)
   else SB_LIT(&b, ",\"status\":{\"code\":0,\"message\":");
   sb_str(&b, s->error ? s->status_message : NULL);
   SB_LIT(&b, "}}");
+  *scratch = b;
   *len = b.len;
-  sb_reserve(&b, 1);
-  b.p[b.len] = '\0';
-  return b.p;
+  char *out = nh_xmalloc(b.len + 1);
+  memcpy(out, b.p, b.len);
+  out[b.len] = '\0';
+  return out;
 }
 
 /* jansson for the prefix (once per process): it refuses invalid UTF-8, which becomes '?' */
@@ -531,7 +537,7 @@ void nh_otlp_add(nh_otlp_t *x, const nh_span_t *span)
     return;
   }
   size_t len;
-  char *json = span_encode(span, &len);
+  char *json = span_encode(&x->scratch, span, &len);
   if (x->bytes + len > OTLP_QUEUE_BYTES) {   /* huge spans: the count alone would not bound memory */
     free(json);
     x->st.dropped_full++;
@@ -563,6 +569,7 @@ static void closed(uv_handle_t *h)
   free(x->prefix);
   free(x->url);
   free(x->log_url);
+  free(x->scratch.p);
   free(x);
   if (done) done(data);
 }
