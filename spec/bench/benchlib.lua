@@ -59,6 +59,13 @@ function B.die(msg)
   error({ bench_failure = msg }, 0)
 end
 
+-- `nimbus-host publish` of one event into a store; a failure ends the bench.
+function B.publish(host, store, etype, json, session)
+  local out, code = B.sh(B.sh_quote(host) .. " publish " .. etype .. " " .. B.sh_quote(json) .. " --session " ..
+                         B.sh_quote(session) .. " --store " .. B.sh_quote(store) .. " 2>&1")
+  if code ~= 0 then B.die("publish " .. etype .. " failed (" .. tostring(code) .. "): " .. out) end
+end
+
 -- The process runs (a zombie does not count).
 function B.alive(pid)
   local st = B.read_file("/proc/" .. pid .. "/status")

@@ -113,11 +113,7 @@ local function cpu_seconds(pid)
   return any and ns / 1e9 or nil
 end
 
-local function publish(store, etype, json, session)
-  local out, code = sh(sh_quote(HOST) .. " publish " .. etype .. " " .. sh_quote(json) .. " --session " ..
-                       sh_quote(session) .. " --store " .. sh_quote(store) .. " 2>&1")
-  if code ~= 0 then die("publish " .. etype .. " failed (" .. tostring(code) .. "): " .. out) end
-end
+local function publish(store, etype, json, session) B.publish(HOST, store, etype, json, session) end
 
 ---------------------------------------------------------------------------- the OTLP receiver
 -- A `nimbus-host -l` script: POST /v1/traces answers 200 {} and counts the request, its

@@ -65,11 +65,7 @@ local function remaining()
   return DEADLINE_S - (system.monotime() - t_bench0)
 end
 
-local function publish(store, etype, json, session)
-  local out, code = sh(sh_quote(HOST) .. " publish " .. etype .. " " .. sh_quote(json) .. " --session " ..
-                       sh_quote(session) .. " --store " .. sh_quote(store) .. " 2>&1")
-  if code ~= 0 then die("publish " .. etype .. " failed (" .. tostring(code) .. "): " .. out) end
-end
+local function publish(store, etype, json, session) B.publish(HOST, store, etype, json, session) end
 
 -- Polls for the host's result file; tracks peak RSS on the way (VmHWM is the kernel's
 -- own high-water mark; the sampled VmRSS max is printed beside it as a cross-check).

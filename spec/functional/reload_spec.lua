@@ -76,6 +76,17 @@ local function probe(sb, session, seq)
   error("no call recorded for " .. session .. "/" .. seq .. ":\n" .. describe_calls(sb))
 end
 
+-- Probes session s1 (seq after, after + 1, ...) until an event runs version v; returns the
+-- last seq used.
+local function wait_version(sb, h, v, after, what)
+  local n = after
+  nh.eventually(function()
+    n = n + 1
+    return probe(sb, "s1", n) == v
+  end, nh.DEADLINE, function() return (what or ("version " .. v .. " never took effect")) .. "; log:\n" .. h:log() end)
+  return n
+end
+
 describe("hot reload", function()
   local sb
   before_each(function() sb = nh.sandbox() end)
@@ -223,11 +234,7 @@ nimbus.endpoint("Orders", {}):command("PlaceOrder", function() end)
       if v % 2 == 0 then save_in_place(sb, v) else save_by_rename(sb, v) end
       os.execute("sleep 0.03")   -- pacing: 20 saves in about 0.6 s
     end
-    local n = 1
-    nh.eventually(function()
-      n = n + 1
-      return probe(sb, "s1", n) == 21
-    end, nh.DEADLINE, function() return "version 21 never took effect; log:\n" .. h:log() end)
+    wait_version(sb, h, 21, 1)
     assert.is_true(h:alive())
     local r = reloads(h)
     assert.is_true(r >= 1 and r < 20, ("%d reloads for 20 saves:\n%s"):format(r, h:log()))
@@ -295,11 +302,7 @@ nimbus.endpoint("Orders", {}):command("PlaceOrder", function() end)
     assert.are.equal(1, probe(sb, "s1", 2), "the half-written file was loaded:\n" .. h:log())
     assert(f:write("V = 3\n"))
     assert(f:close())
-    local n = 2
-    nh.eventually(function()
-      n = n + 1
-      return probe(sb, "s1", n) == 3
-    end, nh.DEADLINE, function() return "the whole file never took effect; log:\n" .. h:log() end)
+    wait_version(sb, h, 3, 2, "the whole file never took effect")
     for _, c in ipairs(done_calls(sb)) do assert.are_not.equal(2, c.v, describe_calls(sb)) end
     assert.are.equal(1, reloads(h), h:log())
     assert.are.equal(0, failures(h), h:log())
@@ -318,11 +321,7 @@ nimbus.endpoint("Orders", {}):command("PlaceOrder", function() end)
     local f = assert(io.open(path, "ab"))
     assert(f:write(src:sub(cut)))
     assert(f:close())
-    local n = 1
-    nh.eventually(function()
-      n = n + 1
-      return probe(sb, "s1", n) == 2
-    end, nh.DEADLINE, function() return "version 2 never took effect; log:\n" .. h:log() end)
+    wait_version(sb, h, 2, 1)
     assert.are.equal(0, failures(h), h:log())
     assert.is_nil(h:log():find("failed", 1, true), h:log())
     assert.is_true(h:alive())
@@ -336,11 +335,7 @@ nimbus.endpoint("Orders", {}):command("PlaceOrder", function() end)
     local f = assert(io.open(path, "wb"))
     assert(f:write(source(sb, 2)))
     assert(f:flush())
-    local n = 1
-    nh.eventually(function()
-      n = n + 1
-      return probe(sb, "s1", n) == 2
-    end, nh.DEADLINE, function() return "version 2 never took effect; log:\n" .. h:log() end)
+    wait_version(sb, h, 2, 1)
     f:close()
     assert.are.equal(0, failures(h), h:log())
   end)
