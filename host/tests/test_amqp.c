@@ -171,16 +171,23 @@ TEST(mapping_keeps_a_publisher_event_id_and_reply_fields)
 
 #define TP "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
-TEST(trace_context_travels_as_application_properties)
+/* An EventRequest of type T in session s carrying a trace context (strings borrowed). */
+static nh_msg_t traced_event(const char *message_id, const char *tracestate)
 {
   nh_msg_t m;
   memset(&m, 0, sizeof m);
-  m.message_id = "m-t";
+  m.message_id = (char *)message_id;
   m.session_id = "s";
   m.event_type = "T";
   m.type = NH_MT_EVENT;
   m.traceparent = TP;
-  m.tracestate = "vendor=abc";
+  m.tracestate = (char *)tracestate;
+  return m;
+}
+
+TEST(trace_context_travels_as_application_properties)
+{
+  nh_msg_t m = traced_event("m-t", "vendor=abc");
   nh_msg_t got;
   round_trip(&m, NULL, "Ep", &got);
   ASSERT_EQ_STR(got.traceparent, TP);
@@ -199,13 +206,7 @@ TEST(trace_context_travels_as_application_properties)
 TEST(diagnostic_id_on_the_service_bus_profile)
 {
   pn_message_t *pm = pn_message();
-  nh_msg_t m;
-  memset(&m, 0, sizeof m);
-  m.message_id = "m-d";
-  m.session_id = "s";
-  m.event_type = "T";
-  m.type = NH_MT_EVENT;
-  m.traceparent = TP;
+  nh_msg_t m = traced_event("m-d", NULL);
   nh_amqp_msg_encode(pm, &m, NULL, 1);
   pn_data_t *p = pn_message_properties(pm);
   pn_data_rewind(p);

@@ -35,11 +35,8 @@ json_t *nh_view_audit(const nh_audit_t *a)
                       a->processing_time_ms >= 0 ? json_integer(a->processing_time_ms) : json_null());
   json_object_set_new(o, "overdue", json_boolean(nh_audit_overdue(a)));
   json_object_set_new(o, "overdue_at", nh_view_time(a->overdue_at));
-  nh_trace_ctx_t tc;
   char tid[33];
-  int traced = a->traceparent && nh_trace_parse(a->traceparent, &tc) == 0;
-  if (traced) nh_trace_hex(tc.trace_id, 16, tid);
-  json_object_set_new(o, "trace_id", traced ? json_string(tid) : json_null());
+  json_object_set_new(o, "trace_id", nh_trace_id_of(a->traceparent, tid) ? json_string(tid) : json_null());
   json_object_set_new(o, "updated_at", nh_view_time(a->updated_at));
   return o;
 }

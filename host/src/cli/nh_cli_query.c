@@ -409,12 +409,8 @@ int nh_cmd_show(int argc, char **argv)
       if (ev.queue_time_ms >= 0) snprintf(queued, sizeof queued, "%lld ms", (long long)ev.queue_time_ms);
       printf("timing     queued %s, handler %lld ms (its latest run)\n", queued, (long long)ev.processing_time_ms);
     }
-    nh_trace_ctx_t tc;
-    if (ev.traceparent && nh_trace_parse(ev.traceparent, &tc) == 0) {
-      char tid[33];
-      nh_trace_hex(tc.trace_id, 16, tid);
-      printf("trace      %s\n", tid);
-    }
+    char tid[33];
+    if (nh_trace_id_of(ev.traceparent, tid)) printf("trace      %s\n", tid);
     if (ev.attempts) {
       char next[40] = "";
       if (next_attempt) nh_time_iso8601(next_attempt, next, sizeof next);

@@ -104,6 +104,15 @@ void nh_trace_new_child(const nh_trace_ctx_t *parent, nh_trace_ctx_t *out)
   random_id(out->span_id, sizeof out->span_id);
 }
 
+int nh_trace_id_of(const char *traceparent, char out[33])
+{
+  nh_trace_ctx_t c;
+  out[0] = '\0';
+  if (!traceparent || nh_trace_parse(traceparent, &c) != 0) return 0;
+  nh_trace_hex(c.trace_id, sizeof c.trace_id, out);
+  return 1;
+}
+
 int64_t nh_trace_now_ns(void)
 {
   struct timespec ts;

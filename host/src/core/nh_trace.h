@@ -34,6 +34,9 @@ void nh_trace_new_root(nh_trace_ctx_t *out);
 /* A span inside parent's trace: the same trace id and flags, a new random span id.
  * out may be parent itself. */
 void nh_trace_new_child(const nh_trace_ctx_t *parent, nh_trace_ctx_t *out);
+/* The trace id of a traceparent as 32 hex digits into out: 1, or 0 (out "") when it is
+ * NULL or malformed. For showing which trace an event is in. */
+int nh_trace_id_of(const char *traceparent, char out[33]);
 /* The wall clock in unix epoch nanoseconds (span start and end times). */
 int64_t nh_trace_now_ns(void);
 /* n bytes as 2n lower-case hex digits and a NUL (out holds 2n+1). */

@@ -185,8 +185,6 @@ void nh_dispatch_count_lock_lost(const char *endpoint);
 void nh_dispatch_spans_start(void);                              /* its counter shows from the start */
 void nh_dispatch_span_begin(nh_dispatch_t *d, nh_job_t *job);   /* as its handler starts */
 void nh_dispatch_span_end(nh_dispatch_t *d, nh_job_t *job);     /* exported (--otlp, sampled) */
-/* The traceparent a handler's publishes carry: its own span as their parent. */
-void nh_dispatch_span_format(const nh_job_t *job, char out[NH_TRACEPARENT_LEN + 1]);
 /* A publish outside any handler: a new trace whose PRODUCER span is exported. */
 void nh_dispatch_span_root_publish(nh_dispatch_t *d, const char *event_type, const char *to,
                                    char out[NH_TRACEPARENT_LEN + 1]);

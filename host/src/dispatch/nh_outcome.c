@@ -495,9 +495,10 @@ static int64_t transient_delay(int attempt)
 
 int nh_dispatch_flush_pubs(nh_dispatch_t *d, nh_job_t *job)
 {
+  if (nh_queue_empty(&job->pubs)) return NH_OK;   /* most handlers publish nothing */
   nh_queue_t *q;
-  char tp[NH_TRACEPARENT_LEN + 1];
-  nh_dispatch_span_format(job, tp);
+  char tp[NH_TRACEPARENT_LEN + 1];   /* the handler's span is the parent of what it publishes */
+  nh_trace_format(&job->span, tp);
   nh_queue_foreach(q, &job->pubs) {
     nh_pub_t *p = nh_queue_data(q, nh_pub_t, node);
     nh_msg_t m;

@@ -219,7 +219,7 @@ int nh_dispatch_send_reply(nh_dispatch_t *d, nh_job_t *job)
   m.enqueued_at = nh_time_now_ms();
   char tp[NH_TRACEPARENT_LEN + 1];
   if (job->span_set) {
-    nh_dispatch_span_format(job, tp);
+    nh_trace_format(&job->span, tp);
     m.traceparent = tp;
     m.tracestate = req->tracestate;
   }

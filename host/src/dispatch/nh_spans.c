@@ -53,11 +53,6 @@ void nh_dispatch_span_begin(nh_dispatch_t *d, nh_job_t *job)
   job->span_set = 1;
 }
 
-void nh_dispatch_span_format(const nh_job_t *job, char out[NH_TRACEPARENT_LEN + 1])
-{
-  nh_trace_format(&job->span, out);
-}
-
 static const char *outcome_name(const nh_job_t *job)
 {
   switch (job->out.kind) {
@@ -72,8 +67,6 @@ static const char *outcome_name(const nh_job_t *job)
   return "unknown";
 }
 
-#define STR(k, v) { (k), (v), 0, 0 }
-#define NUM(k, v) { (k), NULL, (v), 1 }
 
 void nh_dispatch_span_end(nh_dispatch_t *d, nh_job_t *job)
 {
@@ -91,18 +84,18 @@ void nh_dispatch_span_end(nh_dispatch_t *d, nh_job_t *job)
   }
   int error = o->kind != NH_OUT_COMPLETED && o->kind != NH_OUT_HANDOFF;
   nh_span_attr_t attrs[] = {
-    STR("messaging.system", "nimbus"),
-    STR("messaging.operation", "process"),
-    STR("messaging.destination.name", job->ep->name),
-    STR("messaging.message.id", m->message_id),
-    STR("nimbus.event_id", m->event_id),
-    STR("nimbus.event_type", m->event_type),
-    STR("nimbus.session_id", m->session_id),
-    STR("nimbus.run_kind", nh_run_kind_name(job->kind)),
-    NUM("nimbus.retry_count", m->retry_count),
-    NUM("nimbus.delivery_count", m->delivery_count),
-    STR("nimbus.outcome", outcome_name(job)),
-    STR(error && error_type ? "error.type" : NULL, error_type),
+    NH_SPAN_STR("messaging.system", "nimbus"),
+    NH_SPAN_STR("messaging.operation", "process"),
+    NH_SPAN_STR("messaging.destination.name", job->ep->name),
+    NH_SPAN_STR("messaging.message.id", m->message_id),
+    NH_SPAN_STR("nimbus.event_id", m->event_id),
+    NH_SPAN_STR("nimbus.event_type", m->event_type),
+    NH_SPAN_STR("nimbus.session_id", m->session_id),
+    NH_SPAN_STR("nimbus.run_kind", nh_run_kind_name(job->kind)),
+    NH_SPAN_NUM("nimbus.retry_count", m->retry_count),
+    NH_SPAN_NUM("nimbus.delivery_count", m->delivery_count),
+    NH_SPAN_STR("nimbus.outcome", outcome_name(job)),
+    NH_SPAN_STR(error && error_type ? "error.type" : NULL, error_type),
   };
   char name[160];
   snprintf(name, sizeof name, "process %.140s", m->event_type ? m->event_type : "");
@@ -128,10 +121,10 @@ void nh_dispatch_span_root_publish(nh_dispatch_t *d, const char *event_type, con
   nh_otlp_t *x = exporter(d);
   if (!x) return;
   nh_span_attr_t attrs[] = {
-    STR("messaging.system", "nimbus"),
-    STR("messaging.operation", "publish"),
-    STR("nimbus.event_type", event_type),
-    STR(to ? "messaging.destination.name" : NULL, to),
+    NH_SPAN_STR("messaging.system", "nimbus"),
+    NH_SPAN_STR("messaging.operation", "publish"),
+    NH_SPAN_STR("nimbus.event_type", event_type),
+    NH_SPAN_STR(to ? "messaging.destination.name" : NULL, to),
   };
   char name[160];
   snprintf(name, sizeof name, "publish %.140s", event_type ? event_type : "");

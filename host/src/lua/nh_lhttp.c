@@ -73,8 +73,6 @@ static char *url_without_userinfo(const char *url)
   return out;
 }
 
-#define STR(k, v) { (k), (v), 0, 0 }
-#define NUM(k, v) { (k), NULL, (v), 1 }
 
 static void http_span_end(uv_loop_t *loop, const http_op_t *h, const nh_http_res_t *res)
 {
@@ -95,12 +93,12 @@ static void http_span_end(uv_loop_t *loop, const http_op_t *h, const nh_http_res
   if (res->error_code) snprintf(why, sizeof why, "%s: %s", res->error_code, res->error);
   else snprintf(why, sizeof why, "HTTP %ld", res->status);
   nh_span_attr_t attrs[] = {
-    STR("http.request.method", h->method),
-    STR("url.full", h->url),
-    STR("server.address", addr),
-    NUM("server.port", port),
-    NUM(res->error_code ? NULL : "http.response.status_code", res->status),
-    STR(res->error_code ? "error.type" : NULL, res->error_code),
+    NH_SPAN_STR("http.request.method", h->method),
+    NH_SPAN_STR("url.full", h->url),
+    NH_SPAN_STR("server.address", addr),
+    NH_SPAN_NUM("server.port", port),
+    NH_SPAN_NUM(res->error_code ? NULL : "http.response.status_code", res->status),
+    NH_SPAN_STR(res->error_code ? "error.type" : NULL, res->error_code),
   };
   char name[32];
   snprintf(name, sizeof name, "HTTP %s", h->method);

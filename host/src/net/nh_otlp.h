@@ -36,6 +36,10 @@ typedef struct nh_span_attr {
   int is_num;        /* an int value (OTLP intValue) */
 } nh_span_attr_t;
 
+/* Initialisers for an nh_span_attr_t array (a NULL key leaves the attribute out). */
+#define NH_SPAN_STR(k, v) { (k), (v), 0, 0 }
+#define NH_SPAN_NUM(k, v) { (k), NULL, (v), 1 }
+
 /* What the host fills in; nh_otlp_add copies what it needs, the caller keeps ownership.
  * Strings longer than 4 KiB are cut (at a UTF-8 boundary; invalid UTF-8 bytes become
  * '?'); past 128 attributes the rest are left out. */
