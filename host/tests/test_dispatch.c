@@ -1023,6 +1023,44 @@ TEST(yielding_handler_completes)
   env_stop(e);
 }
 
+/* A batch is recorded in one go; when one job of it cannot be (its session lock was
+ * taken over while its handler ran), the batch is applied again job by job: the others
+ * commit, that one's outcome is dropped and its message is delivered again. */
+TEST(a_lost_lock_in_a_batch_drops_that_outcome_only)
+{
+  char body[1024];
+  snprintf(body, sizeof body,
+           "local GO = [[%s]]\n"
+           "local ep = nimbus.endpoint('Ep', {})\n"
+           "ep:on('Thing', function(event, ctx)\n"
+           "  record('start ' .. ctx.event_id)\n"
+           "  while not io.open(GO) do coroutine.yield() end\n"
+           "  record('done ' .. ctx.event_id)\n"
+           "end)\n",
+           nh_test_path("go"));
+  env_t *e = env_start(body);
+  send_event(e, "s1", "ev1", "{}");
+  send_event(e, "s2", "ev2", "{}");
+  send_event(e, "s3", "ev3", "{}");
+  WAIT_FOR(e, calls(e, "start ") == 3);   /* all three hold their session */
+  ASSERT_EQ_INT(q1i(e, "UPDATE session_locks SET owner = 'thief', locked_until = 9000000000000 "
+                       "WHERE session_id = 's2' RETURNING 1"), 1);
+  if (nh_test_write_file(nh_test_path("go"), "")) FAIL("cannot write the go file");
+  WAIT_FOR(e, is_status(e, "ev1", NH_ST_COMPLETED) && is_status(e, "ev3", NH_ST_COMPLETED));
+  spin(e, 50);
+  ASSERT_EQ_STR(status_of(e, "Ep", "ev2"), "");   /* nothing recorded for it */
+  ASSERT_EQ_INT(queued(e), 1);
+  ASSERT_EQ_INT(calls(e, "done ev2"), 1);
+  /* the thief lets go: the message is delivered again and completes */
+  ASSERT_EQ_INT(q1i(e, "DELETE FROM session_locks WHERE owner = 'thief' RETURNING 1"), 1);
+  WAIT_FOR(e, is_status(e, "ev2", NH_ST_COMPLETED));
+  ASSERT_EQ_INT(calls(e, "done ev1"), 1);
+  ASSERT_EQ_INT(calls(e, "done ev2"), 2);
+  ASSERT_EQ_INT(calls(e, "done ev3"), 1);
+  ASSERT_EQ_INT(queued(e), 0);
+  env_stop(e);
+}
+
 TEST(yielding_retry_runs_once_per_attempt)
 {
   /* While a retry's handler is suspended the session's retry is still "due" in the

@@ -75,6 +75,7 @@ local function wait_result(h, budget)
     local s = read_file(h.result)
     if s then
       h.hwm_kb = B.proc_field(h.pid, "VmHWM")
+      h.cpu_done = B.proc_cpu(h.pid)
       local io_ = read_file("/proc/" .. h.pid .. "/io") or ""
       h.wchar = tonumber(io_:match("wchar:%s*(%d+)"))
       h.rchar = tonumber(io_:match("rchar:%s*(%d+)"))
@@ -111,6 +112,7 @@ local function run_e2e()
     system.sleep(0.5)   -- let perf attach
   end
   local t_kick = system.gettime()
+  local cpu_kick = B.proc_cpu(h.pid)
   publish(store, "BenchStart", "{}", "bench-producer")
   local r = wait_result(h, math.max(5, remaining() - 30))
   hosts:check_stop(h)
@@ -120,6 +122,7 @@ local function run_e2e()
   r.audit_total = total or -1
   r.hwm_kb, r.wchar, r.rchar = h.hwm_kb, h.wchar, h.rchar
   r.t_kick = t_kick
+  r.cpu_s = h.cpu_done - cpu_kick
   return r
 end
 
@@ -140,9 +143,11 @@ local function run_consume()
   local t_start = system.gettime()
   hosts:wait_ready(c, 20)
   local t_ready = system.gettime()
+  local cpu_ready = B.proc_cpu(c.pid)
   local r = wait_result(c, math.max(5, remaining() - 5))
   hosts:check_stop(c)
   r.hwm_kb, r.wchar, r.rchar = c.hwm_kb, c.wchar, c.rchar
+  r.cpu_s = c.cpu_done - cpu_ready
   r.preload = pr
   r.t_start, r.t_ready = t_start, t_ready
   return r
@@ -175,6 +180,8 @@ local function main()
   print(("  throughput      %.0f events/s   (target %d: %s)"):format(rate, TARGET, rate >= TARGET and "met" or "NOT met"))
   print(("  latency         p50 %.0f ms  p90 %.0f ms  p99 %.0f ms  max %.0f ms  mean %.1f ms (enqueue commit -> handler)")
         :format(e.p50_ms, e.p90_ms, e.p99_ms, e.max_ms, e.mean_ms))
+  print(("  CPU             %.1f ms per 1,000 events (host user + system, publish and consume)")
+        :format(e.cpu_s * 1e6 / e.count))
   print(("  peak RSS        %s (VmHWM of the host)"):format(mb(e.hwm_kb)))
   print(("  store I/O       %s"):format(io_line(e, e.count)))
 
@@ -187,14 +194,15 @@ local function main()
     print("consume only (N pre-loaded, then a consumer-only host drains them):")
     print(("  throughput      %.0f events/s   (%d events in %.3f s, first to last handler)"):format(c.count / cspan, c.count, cspan))
     print(("  start-up        first handler %.3f s after the host was launched"):format(c.t_first - c.t_start))
+    print(("  CPU             %.1f ms per 1,000 events (from ready to the last handler)"):format(c.cpu_s * 1e6 / c.count))
     print(("  peak RSS        %s"):format(mb(c.hwm_kb)))
     print(("  store I/O       %s"):format(io_line(c, c.count)))
     print(("publish only (the pre-load):  %.0f events/s   (%d events in %.3f s)"):format(c.preload.published / pspan,
           c.preload.published, pspan))
   end
   print("")
-  print(("RESULT e2e_events_per_s=%.0f p50_ms=%.0f p99_ms=%.0f peak_rss_mb=%.1f%s"):format(rate, e.p50_ms, e.p99_ms,
-        (e.hwm_kb or 0) / 1024, c and (" consume_events_per_s=%.0f"):format(c.count / (c.t_last - c.t_first)) or ""))
+  print(("RESULT e2e_events_per_s=%.0f p50_ms=%.0f p99_ms=%.0f peak_rss_mb=%.1f e2e_cpu_ms_per_1k=%.1f%s")
+        :format(rate, e.p50_ms, e.p99_ms, (e.hwm_kb or 0) / 1024, e.cpu_s * 1e6 / e.count, c and (" consume_events_per_s=%.0f"):format(c.count / (c.t_last - c.t_first)) or ""))
   if e.audit_completed ~= N then die(("audit: %d Completed rows for BenchConsumer, expected %d"):format(e.audit_completed, N)) end
   if STRICT and rate < TARGET then
     io.stderr:write(("bench: %.0f events/s is below the target %d\n"):format(rate, TARGET))

@@ -70,6 +70,12 @@ void nh_sqlite_bind_text(sqlite3_stmt *st, int idx, const char *s)
   else sqlite3_bind_null(st, idx);
 }
 
+void nh_sqlite_bind_static(sqlite3_stmt *st, int idx, const char *s)
+{
+  if (s) sqlite3_bind_text(st, idx, s, -1, SQLITE_STATIC);
+  else sqlite3_bind_null(st, idx);
+}
+
 char *nh_sqlite_col_strdup(sqlite3_stmt *st, int col)
 {
   if (sqlite3_column_type(st, col) == SQLITE_NULL) return NULL;

@@ -376,7 +376,9 @@ int nh_dispatch_route(nh_dispatch_t *d, nh_job_t *job)
   int rc = NH_OK, run = 0;
   if (nh_store_session_get(d->store, ep->name, m->session_id, &st)) return NH_EFAIL;
 
-  if (job->src == NH_JOB_QUEUE && !(d->tr->caps & NH_CAP_ATOMIC_SETTLE) && m->event_id &&
+  /* A first delivery cannot have an outcome yet (as in audit_load): only a redelivery
+   * looks for one. */
+  if (job->src == NH_JOB_QUEUE && !(d->tr->caps & NH_CAP_ATOMIC_SETTLE) && m->event_id && m->delivery_count > 1 &&
       nh_store_processed_has(d->store, ep->name, m->message_id, m->event_id)) {
     /* The outcome was committed but the settlement was lost (crash): settle only. */
     rc = d->tr->vt->settle(d->tr, m, NH_SETTLE_COMPLETE, 0, NULL);

@@ -11,7 +11,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#define T(st, i, v) nh_sqlite_bind_text(st, i, v)
+/* every statement here is reset with its bindings cleared before its caller's strings go */
+#define T(st, i, v) nh_sqlite_bind_static(st, i, v)
 
 static sqlite3_stmt *stmt(nh_store_t *s, int id) { return s->stmt[id]; }
 
@@ -131,7 +132,7 @@ int nh_store_audit_put(nh_store_t *s, const nh_audit_t *a)
   if (a->expected_by) sqlite3_bind_int64(st, 11, a->expected_by); else sqlite3_bind_null(st, 11);
   T(st, 12, a->message_id); T(st, 13, a->correlation_id); T(st, 14, a->originating_message_id);
   sqlite3_bind_int(st, 15, a->retry_count);
-  if (a->payload) sqlite3_bind_text(st, 16, a->payload, (int)nh_audit_payload_len(a), SQLITE_TRANSIENT);
+  if (a->payload) sqlite3_bind_text(st, 16, a->payload, (int)nh_audit_payload_len(a), SQLITE_STATIC);
   else sqlite3_bind_null(st, 16);
   T(st, 17, a->result);
   sqlite3_bind_int64(st, 18, a->updated_at ? a->updated_at : nh_time_now_ms());
@@ -411,7 +412,7 @@ int nh_store_park(nh_store_t *s, const nh_msg_t *m, int64_t park_seq)
   T(st, 9, m->originating_message_id); T(st, 10, m->parent_message_id); T(st, 11, m->from);
   sqlite3_bind_int(st, 12, m->retry_count);
   sqlite3_bind_int64(st, 13, m->enqueued_at);
-  if (m->body) sqlite3_bind_text(st, 14, m->body, (int)m->body_len, SQLITE_TRANSIENT);
+  if (m->body) sqlite3_bind_text(st, 14, m->body, (int)m->body_len, SQLITE_STATIC);
   else sqlite3_bind_null(st, 14);
   T(st, 15, m->error_text); T(st, 16, m->error_type); T(st, 17, m->reply_to);
   T(st, 18, m->traceparent); T(st, 19, m->tracestate);

@@ -124,8 +124,8 @@ static int sub_conflict(embedded_t *e, const char *endpoint, const char *type, i
                         int nskip, nh_error_t *err)
 {
   sqlite3_stmt *c = e->q[Q_SUB_CONFLICT];
-  nh_sqlite_bind_text(c, 1, type);
-  nh_sqlite_bind_text(c, 2, endpoint);
+  nh_sqlite_bind_static(c, 1, type);
+  nh_sqlite_bind_static(c, 2, endpoint);
   sqlite3_bind_int(c, 3, cmd);
   char *other = NULL;
   while (!other && sqlite3_step(c) == SQLITE_ROW) {
@@ -161,15 +161,15 @@ static int emb_subscribe(nh_transport_t *t, const char *endpoint, const char *co
                          nh_error_t *err)
 {
   embedded_t *e = (embedded_t *)t;
-  nh_sqlite_bind_text(e->q[Q_SUB_DEL], 1, endpoint);
+  nh_sqlite_bind_static(e->q[Q_SUB_DEL], 1, endpoint);
   if (step(e, Q_SUB_DEL, "unsubscribe"))
     return nh_error_set(err, NH_EFAIL, "subscribing %s: %s", endpoint, sqlite3_errmsg(e->db));
   for (int i = 0; i < n; i++) {
     int cmd = commands && commands[i];
     int rc = sub_conflict(e, endpoint, types[i], cmd, NULL, 0, err);
     if (rc) return rc;
-    nh_sqlite_bind_text(e->q[Q_SUB_ADD], 1, types[i]);
-    nh_sqlite_bind_text(e->q[Q_SUB_ADD], 2, endpoint);
+    nh_sqlite_bind_static(e->q[Q_SUB_ADD], 1, types[i]);
+    nh_sqlite_bind_static(e->q[Q_SUB_ADD], 2, endpoint);
     sqlite3_bind_int(e->q[Q_SUB_ADD], 3, cmd);
     if (step(e, Q_SUB_ADD, "subscribe"))
       return nh_error_set(err, NH_EFAIL, "subscribing %s: %s", endpoint, sqlite3_errmsg(e->db));
@@ -181,9 +181,9 @@ static int emb_lock_session(nh_transport_t *t, const char *endpoint, const char 
 {
   embedded_t *e = (embedded_t *)t;
   sqlite3_stmt *st = e->q[Q_LOCK];
-  nh_sqlite_bind_text(st, 1, endpoint);
-  nh_sqlite_bind_text(st, 2, session);
-  nh_sqlite_bind_text(st, 3, e->owner);
+  nh_sqlite_bind_static(st, 1, endpoint);
+  nh_sqlite_bind_static(st, 2, session);
+  nh_sqlite_bind_static(st, 3, e->owner);
   sqlite3_bind_int64(st, 4, now + t->lock_ms);
   sqlite3_bind_int64(st, 5, now);
   if (step(e, Q_LOCK, "session lock")) return NH_EFAIL;
@@ -223,7 +223,7 @@ static int emb_receive(nh_transport_t *t, const char *endpoint, int max, int64_t
   if (max <= 0) return 0;
   sqlite3_stmt *st = e->q[Q_HEADS];
   int scan = max * 4 + 256;   /* room for a batch of followers even when max is 1 */
-  nh_sqlite_bind_text(st, 1, endpoint);
+  nh_sqlite_bind_static(st, 1, endpoint);
   sqlite3_bind_int64(st, 2, now);
   sqlite3_bind_int(st, 3, scan);
   nh_strset_t seen;
@@ -284,9 +284,9 @@ static int emb_receive(nh_transport_t *t, const char *endpoint, int max, int64_t
 static int emb_unlock_session(nh_transport_t *t, const char *endpoint, const char *session)
 {
   embedded_t *e = (embedded_t *)t;
-  nh_sqlite_bind_text(e->q[Q_UNLOCK], 1, endpoint);
-  nh_sqlite_bind_text(e->q[Q_UNLOCK], 2, session);
-  nh_sqlite_bind_text(e->q[Q_UNLOCK], 3, e->owner);
+  nh_sqlite_bind_static(e->q[Q_UNLOCK], 1, endpoint);
+  nh_sqlite_bind_static(e->q[Q_UNLOCK], 2, session);
+  nh_sqlite_bind_static(e->q[Q_UNLOCK], 3, e->owner);
   if (step(e, Q_UNLOCK, "session unlock")) return NH_EFAIL;
   return sqlite3_changes(e->db) > 0;
 }
@@ -294,9 +294,9 @@ static int emb_unlock_session(nh_transport_t *t, const char *endpoint, const cha
 static int emb_renew(nh_transport_t *t, const char *endpoint, const char *session, int64_t now)
 {
   embedded_t *e = (embedded_t *)t;
-  nh_sqlite_bind_text(e->q[Q_RENEW], 1, endpoint);
-  nh_sqlite_bind_text(e->q[Q_RENEW], 2, session);
-  nh_sqlite_bind_text(e->q[Q_RENEW], 3, e->owner);
+  nh_sqlite_bind_static(e->q[Q_RENEW], 1, endpoint);
+  nh_sqlite_bind_static(e->q[Q_RENEW], 2, session);
+  nh_sqlite_bind_static(e->q[Q_RENEW], 3, e->owner);
   sqlite3_bind_int64(e->q[Q_RENEW], 4, now + t->lock_ms);
   if (step(e, Q_RENEW, "lock renew")) return NH_EFAIL;
   return sqlite3_changes(e->db) > 0;
@@ -314,7 +314,7 @@ static int emb_settle(nh_transport_t *t, const nh_msg_t *m, nh_settle_t how, int
     return step(e, Q_DELETE, "settle complete");
   case NH_SETTLE_DEAD_LETTER:
     sqlite3_bind_int64(e->q[Q_DEAD], 1, m->seq);
-    nh_sqlite_bind_text(e->q[Q_DEAD], 2, reason);
+    nh_sqlite_bind_static(e->q[Q_DEAD], 2, reason);
     sqlite3_bind_int64(e->q[Q_DEAD], 3, nh_time_now_ms());
     if (step(e, Q_DEAD, "dead-letter")) return NH_EFAIL;
     sqlite3_bind_int64(e->q[Q_DELETE], 1, m->seq);
@@ -325,10 +325,10 @@ static int emb_settle(nh_transport_t *t, const nh_msg_t *m, nh_settle_t how, int
       sqlite3_bind_int64(e->q[Q_RELEASED], 1, m->seq);
       if (step(e, Q_RELEASED, "release count")) return NH_EFAIL;
     }
-    nh_sqlite_bind_text(e->q[Q_RELEASE_LOCK], 1, m->endpoint);
-    nh_sqlite_bind_text(e->q[Q_RELEASE_LOCK], 2, m->session_id);
+    nh_sqlite_bind_static(e->q[Q_RELEASE_LOCK], 1, m->endpoint);
+    nh_sqlite_bind_static(e->q[Q_RELEASE_LOCK], 2, m->session_id);
     sqlite3_bind_int64(e->q[Q_RELEASE_LOCK], 3, nh_time_now_ms() + delay_ms);
-    nh_sqlite_bind_text(e->q[Q_RELEASE_LOCK], 4, e->owner);
+    nh_sqlite_bind_static(e->q[Q_RELEASE_LOCK], 4, e->owner);
     return step(e, Q_RELEASE_LOCK, "release");
   }
   return NH_EFAIL;
@@ -337,25 +337,25 @@ static int emb_settle(nh_transport_t *t, const nh_msg_t *m, nh_settle_t how, int
 static int insert_copy(embedded_t *e, const nh_msg_t *m, const char *endpoint, const char *event_id)
 {
   sqlite3_stmt *st = e->q[Q_INSERT];
-  nh_sqlite_bind_text(st, 1, endpoint);
-  nh_sqlite_bind_text(st, 2, m->session_id);
-  nh_sqlite_bind_text(st, 3, m->message_id);
-  nh_sqlite_bind_text(st, 4, event_id);
-  nh_sqlite_bind_text(st, 5, m->event_type);
-  nh_sqlite_bind_text(st, 6, nh_msg_type_name(m->type));
-  nh_sqlite_bind_text(st, 7, m->correlation_id);
-  nh_sqlite_bind_text(st, 8, m->originating_message_id);
-  nh_sqlite_bind_text(st, 9, m->parent_message_id);
-  nh_sqlite_bind_text(st, 10, m->from);
+  nh_sqlite_bind_static(st, 1, endpoint);
+  nh_sqlite_bind_static(st, 2, m->session_id);
+  nh_sqlite_bind_static(st, 3, m->message_id);
+  nh_sqlite_bind_static(st, 4, event_id);
+  nh_sqlite_bind_static(st, 5, m->event_type);
+  nh_sqlite_bind_static(st, 6, nh_msg_type_name(m->type));
+  nh_sqlite_bind_static(st, 7, m->correlation_id);
+  nh_sqlite_bind_static(st, 8, m->originating_message_id);
+  nh_sqlite_bind_static(st, 9, m->parent_message_id);
+  nh_sqlite_bind_static(st, 10, m->from);
   sqlite3_bind_int(st, 11, m->retry_count);
   sqlite3_bind_int64(st, 12, m->enqueued_at ? m->enqueued_at : nh_time_now_ms());
-  if (m->body) sqlite3_bind_text(st, 13, m->body, (int)m->body_len, SQLITE_TRANSIENT);
+  if (m->body) sqlite3_bind_text(st, 13, m->body, (int)m->body_len, SQLITE_STATIC);
   else sqlite3_bind_null(st, 13);
-  nh_sqlite_bind_text(st, 14, m->error_text);
-  nh_sqlite_bind_text(st, 15, m->error_type);
-  nh_sqlite_bind_text(st, 16, m->reply_to);
-  nh_sqlite_bind_text(st, 17, m->traceparent);
-  nh_sqlite_bind_text(st, 18, m->tracestate);
+  nh_sqlite_bind_static(st, 14, m->error_text);
+  nh_sqlite_bind_static(st, 15, m->error_type);
+  nh_sqlite_bind_static(st, 16, m->reply_to);
+  nh_sqlite_bind_static(st, 17, m->traceparent);
+  nh_sqlite_bind_static(st, 18, m->tracestate);
   return step(e, Q_INSERT, "enqueue");
 }
 
@@ -378,7 +378,7 @@ static int emb_send(nh_transport_t *t, const nh_msg_t *m, const char *to_endpoin
   }
   /* Fan-out: collect subscribers first, then insert (no writes during the scan). */
   sqlite3_stmt *st = e->q[Q_SUBSCRIBERS];
-  nh_sqlite_bind_text(st, 1, m->event_type);
+  nh_sqlite_bind_static(st, 1, m->event_type);
   char **eps = NULL;
   int n = 0;
   while (sqlite3_step(st) == SQLITE_ROW) {
@@ -426,7 +426,7 @@ static void reap_dead_owners(embedded_t *e)
   }
   sqlite3_reset(st);
   for (int i = 0; i < n; i++) {
-    nh_sqlite_bind_text(e->q[Q_DROP_OWNER], 1, dead[i]);
+    nh_sqlite_bind_static(e->q[Q_DROP_OWNER], 1, dead[i]);
     if (step(e, Q_DROP_OWNER, "drop dead owner") == NH_OK && sqlite3_changes(e->db) > 0)
       nh_log_info("embedded", "released session locks of %s (process no longer running)", dead[i]);
     free(dead[i]);
@@ -453,8 +453,8 @@ static int emb_session_next(nh_transport_t *t, const char *endpoint, const char 
   for (int i = 0; i < e->nfol && n < max; i++) {
     if (e->fol[i].session_hash != h || e->fol[i].seq <= after_seq) continue;
     sqlite3_bind_int64(st, 1, e->fol[i].seq);
-    nh_sqlite_bind_text(st, 2, endpoint);
-    nh_sqlite_bind_text(st, 3, session);   /* a hash collision finds no row: the batch ends */
+    nh_sqlite_bind_static(st, 2, endpoint);
+    nh_sqlite_bind_static(st, 3, session);   /* a hash collision finds no row: the batch ends */
     int found = sqlite3_step(st) == SQLITE_ROW && sqlite3_column_int64(st, 13) <= now;
     if (found) read_row(st, endpoint, &out[n++]);
     sqlite3_reset(st);
@@ -520,8 +520,8 @@ int nh_embedded_list(sqlite3 *db, const char *endpoint, const char *session, int
            session ? "AND q.session_id = ?2" : "");
   sqlite3_stmt *st = NULL;
   if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK) return NH_EFAIL;
-  nh_sqlite_bind_text(st, 1, endpoint);
-  nh_sqlite_bind_text(st, 2, session);
+  nh_sqlite_bind_static(st, 1, endpoint);
+  nh_sqlite_bind_static(st, 2, session);
   sqlite3_bind_int64(st, 3, now);
   int n = 0, rc;
   nh_strset_t locked;
