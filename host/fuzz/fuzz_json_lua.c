@@ -1,5 +1,5 @@
 /* JSON to Lua and Lua to JSON, the way a payload travels: the body decoded as the
- * dispatcher hands it to a handler (nimbus._decode: cjson, integral numbers as
+ * dispatcher hands it to a handler (nimbus.internal.decode: cjson, integral numbers as
  * integers), then what the handler could send on encoded again (cjson.encode). A Lua
  * error raised by either (not a refusal returned as nil, err) aborts: that is a finding. */
 #include "nh_fuzz.h"
@@ -7,14 +7,14 @@
 
 
 static const char *const target =
-  "local nimbus = require('nimbus')\n"
+  "local decode = require('nimbus.internal').decode\n"
   "local cjson = require('cjson.safe')\n"
   "function fuzz_json(s)\n"
-  "  local v = nimbus._decode(s)\n"
+  "  local v = decode(s)\n"
   "  if type(v) ~= 'table' then return end\n"
   "  local out = cjson.encode(v)\n"
   "  if out then\n"
-  "    local back = nimbus._decode(out)\n"
+  "    local back = decode(out)\n"
   "    assert(type(back) == 'table', 'a re-encoded payload does not decode')\n"
   "  end\n"
   "end\n";

@@ -1,8 +1,5 @@
 /* nimbus-host: CLI entry. Subcommands are in src/cli/. */
 #include "cli/nh_cli.h"
-#include "core/nh_runtime.h"
-#include "dispatch/nh_bridge.h"
-#include "lua/nh_vm.h"
 
 #include <malloc.h>
 #include <stdio.h>
@@ -13,16 +10,6 @@
 #ifndef NH_VERSION
 #define NH_VERSION "0.0.0"
 #endif
-
-static int run_script(int argc, char **argv)
-{
-  if (argc < 3) return nh_usage_error("-l", "missing script: nimbus-host -l SCRIPT.lua [ARGS]");
-  nh_runtime_t rt;
-  nh_runtime_init(&rt);
-  int rc = nh_vm_run_script(&rt.loop, argv[2], argc - 3, argv + 3, nh_vm_lua_dir(argv[0]), nh_bridge_script_host());
-  nh_runtime_close(&rt);
-  return rc;
-}
 
 int main(int argc, char **argv)
 {
@@ -46,7 +33,11 @@ int main(int argc, char **argv)
     nh_cli_help();
     return NH_EXIT_OK;
   }
-  if (strcmp(cmd, "-l") == 0) return run_script(argc, argv);
+  int script_at = nh_cli_script_at(argc, argv);   /* [--store PATH] -l SCRIPT.lua */
+  if (script_at) return nh_cmd_script(argc, argv, script_at);
+  if (strcmp(cmd, "new") == 0) return nh_cmd_new(argc, argv);
+  if (strcmp(cmd, "test") == 0) return nh_cmd_test(argc, argv);
+  if (strcmp(cmd, "check") == 0) return nh_cmd_check(argc, argv);
   if (strcmp(cmd, "run") == 0) return nh_cmd_run(argc, argv, 2);
   if (strcmp(cmd, "publish") == 0) return nh_cmd_publish(argc, argv);
   if (strcmp(cmd, "events") == 0) return nh_cmd_events(argc, argv);

@@ -12,7 +12,7 @@ Response.__index = Response
 function Response:json()
   if self.body == nil or self.body == "" then return nil, "empty body" end
   -- the runtime's decoder: integral numbers come back as integers, as in payloads
-  local v, err = require("nimbus")._decode(self.body)
+  local v, err = require("nimbus.internal").decode(self.body)
   if v == nil then return nil, "malformed JSON: " .. tostring(err) end
   return v
 end

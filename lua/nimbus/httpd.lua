@@ -170,8 +170,8 @@ Req.__index = Req
 function Req:json()
   local body = self.body
   if body == nil or body == "" then return nil, "empty request body" end
-  local ok, nimbus = pcall(require, "nimbus")
-  local decode = ok and type(nimbus) == "table" and nimbus._decode or cjson.decode
+  local ok, internal = pcall(require, "nimbus.internal")
+  local decode = ok and type(internal) == "table" and internal.decode or cjson.decode
   local v, err = decode(body)
   if v == nil then return nil, "malformed JSON body: " .. tostring(err) end
   return v

@@ -16,36 +16,41 @@
 --     may return nil, msg, code. A URL without a fake gets nil, "no fake response for METHOD
 --     URL", "ECONNREFUSED". A fake that raises makes app:send raise (it is the test's bug).
 --   opts.now: the fake clock's start (seconds; default os.time()). nimbus.sleep returns at
---     once and moves it; so do response delays. require("nimbus.core").now() and
---     ctx.enqueued_at read it; os.time() does not.
+--     once and moves it; so do response delays. nimbus.now() and ctx.enqueued_at read it;
+--     os.time() does not.
 --   app:set_http(conf) replaces the fake; app:advance(s) moves the clock; app.nimbus is the
---   adapter's nimbus; app.startup records what the main chunk did (logs, published, ...).
+--   adapter's nimbus; app.endpoints its declared endpoints by name ({ name, opts, handlers,
+--   handler_opts, middleware, checkers }); app.startup records what the main chunk did
+--   (logs, published, ...). Mistakes in the adapter's configuration (an unknown endpoint
+--   option, a second handler for a type) raise from testing.load, naming the adapter's line.
 -- app:send(endpoint, event_type, payload, ctx_fields) -> out. payload: a table (sent as
 --   JSON) or a string (sent as is: malformed JSON). ctx defaults: event_id "test-event-N",
 --   message_id "test-message-N", session_id "test-session", kind "event", retry_count 0.
 --   out.status: completed | failed | deadletter | transient | unsupported | handoff, and
 --   out.error_text, error_type, error_stack, handoff { reason, external_job_id, expected_by },
 --   reply (what an ep:reply handler returned, decoded),
---   exactly as nimbus._run returns them to the host. out.published { type, payload, body,
+--   exactly as the runtime's handler runner returns them to the host. out.published { type, payload, body,
 --   opts { session, correlation_id, to } }: a handler's publishes count only when it
 --   completes or hands off (as in the host); otherwise they are in out.discarded. out.http:
 --   the requests made. out.slept (total seconds), out.sleeps, out.logs { level, message },
 --   out.ctx, out.settled { completed, failed } (nimbus.handoff.* calls).
 --   nimbus.spawn: spawned tasks run after the handler's outcome is known, in order, each to
---   completion; their publishes are sent at once (they are not the handler's); their errors
---   are in out.spawn_errors. A task still waiting after testing.max_waits waits is stopped
---   and listed in out.stopped.
+--   completion, unless task:wait() runs one earlier (at once, to completion); their
+--   publishes are sent at once (they are not the handler's); the errors of tasks nobody
+--   waited for are in out.spawn_errors. task:cancel() before it ran means it never runs.
+--   A task still waiting after testing.max_waits waits is stopped and listed in out.stopped.
 -- app:run_checker(endpoint, name, { pending = rows }) -> run: runs the checker once;
 --   chk:pending_handoffs() returns copies of rows not settled yet (payload tables are
 --   decoded the host's way). run.completed { h, result }, run.failed { h, text, type },
 --   run.error / error_stack when the checker raised, plus published, http, logs, slept.
 --   Settling an event twice gives nil, msg, "ESTATE"; an unknown event nil, msg, "ENOTFOUND".
+-- app:run_every(name) -> run: runs a nimbus.every function once (name: its `name` option,
+--   else "nimbus.every at FILE:LINE"); run has published, http, logs, slept, error.
 -- app:serve_request(method, "/path?q=1", { headers, body | json, port }) -> { status,
 --   headers, body, json, error, published, http, logs }: calls a route of the server the
 --   adapter started with nimbus.http.serve (no socket is opened).
 -- nimbus.sqlite is the real one inside nimbus-host; under plain lua5.4 using it raises.
--- Not simulated: endpoint option validation (done by the host at start), checker
--- timeouts, CPU budgets, memory limits.
+-- Not simulated: checker timeouts, CPU budgets, memory limits.
 -- Assertions with readable failures: testing.assert_completed(out), assert_failed(out,
 --   pattern), assert_dead_lettered(out, pattern), assert_transient(out, pattern),
 --   assert_unsupported(out), assert_handoff(out, { field = value }). Patterns are Lua patterns.
@@ -158,20 +163,78 @@ function App:_wait_check(what)
   end
 end
 
+-- Runs one spawned task to completion. Its publishes are its own, sent at once, even
+-- when a handler waits for it; an error nobody waits for is logged, as the host does.
+function App:_run_spawned(rec, task)
+  task._state = "started"
+  local was = rec.in_handler
+  rec.in_handler = false
+  local ok, res, _, stopped = self:_task(unpack(task._call, 1, task._call.n))
+  rec.in_handler = was
+  if task._state == "cancelled" then return end   -- cancelled while it ran (from a task it waited for)
+  if ok then
+    task._state, task._results = "done", res
+    return
+  end
+  task._state, task._error = "failed", res
+  if stopped then
+    rec.stopped[#rec.stopped + 1] = res
+  elseif not task._waited then
+    rec.spawn_errors[#rec.spawn_errors + 1] = errtext(res)
+    rec.logs[#rec.logs + 1] = { level = "error", message = "a nimbus.spawn task failed: " .. errtext(res) }
+  end
+end
+
 -- Spawned tasks run after the call that spawned them, in order, each to completion.
 function App:_drain(rec)
   local i = 1
   while rec.spawned[i] do
-    local s = rec.spawned[i]
-    local ok, err, _, stopped = self:_task(unpack(s, 1, s.n))
-    if stopped then
-      rec.stopped[#rec.stopped + 1] = err
-    elseif not ok then
-      rec.spawn_errors[#rec.spawn_errors + 1] = errtext(err)
-      rec.logs[#rec.logs + 1] = { level = "error", message = "a nimbus.spawn task failed: " .. errtext(err) }
-    end
+    local task = rec.spawned[i]
+    if task._state == "pending" then self:_run_spawned(rec, task) end
     i = i + 1
   end
+end
+
+---------------------------------------------------------------------------- task handles
+-- What nimbus.spawn returns under test: the host's task handle, driven by the fake loop.
+local Task = {}
+Task.__index = Task
+
+function Task:wait()
+  local app = self._app
+  app:_wait_check("task:wait")
+  self._waited = true
+  if self._state == "pending" then app:_run_spawned(app._rec, self) end
+  if self._state == "started" then
+    error("task:wait: the task is waiting, directly or through the tasks it waits for, for the task that "
+          .. "waits for it: neither can ever end", 2)
+  end
+  if self._state == "cancelled" then error("task:wait: the task was cancelled (task:cancel())", 2) end
+  if self._state == "failed" then error(self._error, 0) end
+  return unpack(self._results, 1, self._results.n)
+end
+
+function Task:cancel()
+  if self._state == "pending" or self._state == "started" then
+    self._state = "cancelled"
+    return true
+  end
+  return false
+end
+
+function Task:status()
+  if self._state == "pending" or self._state == "started" then return "running" end
+  return self._state
+end
+
+Task.__tostring = function(t) return "nimbus task (" .. t:status() .. ")" end
+
+local Every = {}
+Every.__index = Every
+function Every:cancel()
+  local was = not self._entry.cancelled
+  self._entry.cancelled = true
+  return was
 end
 
 ---------------------------------------------------------------------------- fake C modules
@@ -183,9 +246,9 @@ local function decode_table(s)
 end
 
 function App:_decode(s)
-  local nimbus = self.nimbus
-  if nimbus and nimbus._decode and type(s) == "string" then
-    local v = nimbus._decode(s)
+  local internal = self._internal
+  if internal and type(s) == "string" then
+    local v = internal.decode(s)
     if type(v) == "table" then return v end
     return nil
   end
@@ -252,8 +315,9 @@ function App:_make_core()
   function core.spawn(fn, ...)
     if type(fn) ~= "function" then error("bad argument #1 to 'spawn' (function expected, got " .. type(fn) .. ")", 2) end
     local rec = app._rec
-    rec.spawned[#rec.spawned + 1] = pack(fn, ...)
-    return true
+    local task = setmetatable({ _app = app, _call = pack(fn, ...), _state = "pending" }, Task)
+    rec.spawned[#rec.spawned + 1] = task
+    return task
   end
   function core.run(fn, ...)
     if type(fn) ~= "function" then error("bad argument #1 to 'run' (function expected, got " .. type(fn) .. ")", 2) end
@@ -270,10 +334,12 @@ function App:_make_core()
   function core.hook_add(name)
     app.hooks[name] = (app.hooks[name] or 0) + 1
   end
-  function core.every(secs, fn, label, timeout)
+  function core.every(secs, fn, label, timeout, endpoint, checker)
     if type(secs) ~= "number" or secs <= 0 then error("bad argument #1 to 'every' (interval must be > 0 seconds)", 2) end
     if type(fn) ~= "function" then error("bad argument #2 to 'every' (function expected)", 2) end
-    app._everies[#app._everies + 1] = { every = secs, fn = fn, label = label, timeout = timeout }
+    local entry = { every = secs, fn = fn, label = label, timeout = timeout, checker = checker and endpoint .. "/" .. checker }
+    app._everies[#app._everies + 1] = entry
+    return setmetatable({ _entry = entry }, Every)
   end
   -- rows for chk:pending_handoffs(): copies of the run's `pending`, minus those settled
   function core.pending_handoffs(endpoint)
@@ -442,6 +508,8 @@ function M.load(adapter, opts)
   app.startup = new_record()   -- what the main chunk (and tasks it spawned) logged, published, ...
   local ok, err = pcall(app._within, app, app.startup, function()
     app.nimbus = require("nimbus")
+    app._internal = require("nimbus.internal")
+    app.endpoints = app._internal.endpoints
     local ok, e = xpcall(chunk, function(e) return debug.traceback(errtext(e), 2) end)
     if not ok then error(e, 0) end
     app:_drain(app.startup)
@@ -467,10 +535,10 @@ function App:advance(secs)
 end
 
 function App:_endpoint(name, what)
-  local ep = type(name) == "string" and self.nimbus._endpoints[name]
+  local ep = type(name) == "string" and self.endpoints[name]
   if not ep then
     local names = {}
-    for n in pairs(self.nimbus._endpoints) do names[#names + 1] = n end
+    for n in pairs(self.endpoints) do names[#names + 1] = n end
     table.sort(names)
     error(("%s: the adapter declares no endpoint %q (it declares: %s)")
           :format(what, tostring(name), #names > 0 and table.concat(names, ", ") or "none"), 3)
@@ -505,7 +573,7 @@ function App:send(endpoint, event_type, payload, ctx)
   local rec = new_record()
   local res = self:_within(rec, function()
     rec.in_handler = true
-    local ok, r = self:_task(self.nimbus._run, endpoint, event_type, body, c)
+    local ok, r = self:_task(self._internal.run, endpoint, event_type, body, c)
     rec.in_handler = false
     if not ok then error("nimbus.testing: the handler task did not finish: " .. errtext(r), 0) end
     r = r[1]
@@ -566,6 +634,37 @@ function App:run_checker(endpoint, name, opts)
            slept = rec.slept, sleeps = rec.sleeps, logs = rec.logs, spawn_errors = rec.spawn_errors,
            stopped = rec.stopped, error = (not ok) and errtext(err) or nil, error_value = (not ok) and err or nil,
            error_stack = (not ok) and stack or nil }
+end
+
+---------------------------------------------------------------------------- periodic tasks
+-- app:run_every(name) -> run: runs a nimbus.every function once, as its timer would.
+function App:run_every(name)
+  local found, names = nil, {}
+  for _, e in ipairs(self._everies) do
+    if not e.checker then
+      names[#names + 1] = ("%q"):format(e.label)
+      if e.label == name then found = e end
+    end
+  end
+  if not found then
+    error(("app:run_every: the adapter has no nimbus.every named %q (it has: %s)")
+          :format(tostring(name), #names > 0 and table.concat(names, ", ") or "none"), 2)
+  end
+  if found.cancelled then error(("app:run_every: %q was cancelled (handle:cancel())"):format(name), 2) end
+  local rec = new_record()
+  local ok, err, stack = self:_within(rec, function()
+    local ok, err, stack = self:_task(found.fn)
+    if not ok then
+      rec.logs[#rec.logs + 1] = { level = "error", message = ("%s failed (it runs again at the next tick): %s")
+                                  :format(name, errtext(err)) }
+    end
+    self:_drain(rec)
+    return ok, err, stack
+  end)
+  if rec.kit_error then error(rec.kit_error, 2) end
+  return { published = rec.published, http = rec.http, slept = rec.slept, sleeps = rec.sleeps, logs = rec.logs,
+           spawn_errors = rec.spawn_errors, stopped = rec.stopped, error = (not ok) and errtext(err) or nil,
+           error_value = (not ok) and err or nil, error_stack = (not ok) and stack or nil }
 end
 
 ---------------------------------------------------------------------------- HTTP routes

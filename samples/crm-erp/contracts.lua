@@ -64,8 +64,7 @@ end
 local seeded = false
 function M.guid()
   if not seeded then
-    local core = require("nimbus.core")
-    math.randomseed(math.floor(core.now() * 1000000) % 0x7fffffff, os.time())
+    math.randomseed(math.floor(nimbus.now() * 1000000) % 0x7fffffff, os.time())
     seeded = true
   end
   local r = math.random
@@ -106,7 +105,7 @@ end
 
 -- ISO-8601 UTC now, as the APIs write it.
 function M.now_iso()
-  local ms = math.floor(require("nimbus.core").now() * 1000)
+  local ms = math.floor(nimbus.now() * 1000)
   return ("%s.%03dZ"):format(os.date("!%Y-%m-%dT%H:%M:%S", ms // 1000), ms % 1000)
 end
 

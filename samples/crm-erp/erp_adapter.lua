@@ -36,7 +36,6 @@
 --   A row whose ERP API calls cannot be made (unreachable, 5xx on the job read) is logged and
 --   left pending for the next run; the other rows go on.
 local nimbus = require("nimbus")
-local core = require("nimbus.core")
 local cjson = require("cjson")
 local contracts = require("contracts")
 
@@ -98,7 +97,7 @@ local function api_error(operation, method, path, res)
     reason and (" " .. reason) or "", first_chars(res.body, 500))
 end
 
-local function now_ms() return math.floor(core.now() * 1000) end
+local function now_ms() return math.floor(nimbus.now() * 1000) end
 local guid, ms_of_iso, iso_of_ms = contracts.guid, contracts.ms_of_iso, contracts.iso_of_ms
 
 

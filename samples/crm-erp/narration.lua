@@ -25,12 +25,12 @@ end
 
 -- polls fn every 0.2 s until it returns a value or `secs` pass
 local function wait(secs, fn)
-  local deadline = require("nimbus.core").now() + secs
+  local deadline = nimbus.now() + secs
   repeat
     local v = fn()
     if v then return v end
     nimbus.sleep(0.2)
-  until require("nimbus.core").now() > deadline
+  until nimbus.now() > deadline
   return nil
 end
 

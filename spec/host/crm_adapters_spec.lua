@@ -59,7 +59,7 @@ describe("CrmEndpoint (crm_adapter)", function()
   end)
 
   it("declares CrmEndpoint with the inbox on and 32 sessions", function()
-    local ep = app.nimbus._endpoints.CrmEndpoint
+    local ep = app.endpoints.CrmEndpoint
     assert.is_truthy(ep)
     assert.are.equal(true, ep.opts.inbox)
     assert.are.equal(32, ep.opts.concurrency)
@@ -272,7 +272,7 @@ end)
 describe("DataPlatformEndpoint (dataplatform)", function()
   it("declares one session at a time", function()
     local app = load("dataplatform", { delay = 0 })
-    assert.are.equal(1, app.nimbus._endpoints.DataPlatformEndpoint.opts.concurrency)
+    assert.are.equal(1, app.endpoints.DataPlatformEndpoint.opts.concurrency)
   end)
 
   it("logs ErpCustomerCreated after the configured delay", function()
@@ -353,10 +353,10 @@ describe("AgentZoneEndpoint (agentzone)", function()
   end)
 
   it("declares the enrichment checker with the configured interval", function()
-    local ep = app.nimbus._endpoints.AgentZoneEndpoint
+    local ep = app.endpoints.AgentZoneEndpoint
     assert.are.equal(1, ep.checkers.enrichment.every)
     local app2 = load("agentzone", { every = 5 })
-    assert.are.equal(5, app2.nimbus._endpoints.AgentZoneEndpoint.checkers.enrichment.every)
+    assert.are.equal(5, app2.endpoints.AgentZoneEndpoint.checkers.enrichment.every)
   end)
 
   describe("classify", function()

@@ -8,10 +8,11 @@ describe("nimbus inside the host", function()
     assert.are.equal("Lua 5.4", _VERSION)
   end)
 
-  it("refuses to publish outside a running host with a clear error", function()
-    local ok, err = pcall(nimbus.publish, "X", {})
-    assert.is_false(ok)
-    assert.matches("inside a running host", err)
+  it("keeps the runtime's internals off the public table (they are in nimbus.internal)", function()
+    for _, k in ipairs({ "_run", "_subscriptions", "_hook", "_is_alive", "_decode", "_endpoints" }) do
+      assert.is_nil(rawget(nimbus, k), k)
+    end
+    assert.is_function(require("nimbus.internal").run)
   end)
 
   it("rejects endpoint names that cannot be queue names", function()

@@ -285,7 +285,7 @@ describe("nimbus.testing: isolation", function()
     assert.are_not.equal(a.nimbus, b.nimbus)
 
     local lookup = testing.load(LOOKUP_ADAPTER)
-    assert.is_nil(lookup.nimbus._endpoints.ErpEndpoint)
+    assert.is_nil(lookup.endpoints.ErpEndpoint)
     assert.has_error(function() lookup:send("ErpEndpoint", "CrmAccountCreated", {}) end,
       'app:send: the adapter declares no endpoint "ErpEndpoint" (it declares: LookupEndpoint)')
   end)

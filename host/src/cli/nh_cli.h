@@ -62,6 +62,17 @@ typedef struct nh_admin_addr {
 int nh_cli_admin_addr(const nh_args_t *a, const char *cmd, nh_admin_addr_t *out);
 
 int nh_cmd_run(int argc, char **argv, int first);
+/* `[--store PATH] -l SCRIPT.lua [ARGS]` (nh_cli_script.c): the index of -l in argv when
+ * argv is that shape, else 0. */
+int nh_cli_script_at(int argc, char **argv);
+int nh_cmd_script(int argc, char **argv, int at);
+/* Runs a Lua script inside the host (what -l does) with the script vm host (hand-offs,
+ * publishes into $NIMBUS_STORE); returns the exit status (busted's own os.exit wins). */
+int nh_cli_run_lua(const char *argv0, const char *script, int argc, char **argv);
+/* The adapter author's commands: new NAME, test [SPEC...], check ADAPTER.lua... */
+int nh_cmd_new(int argc, char **argv);
+int nh_cmd_test(int argc, char **argv);
+int nh_cmd_check(int argc, char **argv);
 int nh_cmd_console(int argc, char **argv);
 int nh_cmd_publish(int argc, char **argv);
 int nh_cmd_events(int argc, char **argv);

@@ -527,10 +527,12 @@ int nh_dispatch_load(nh_dispatch_t *d, const char *adapter_path, nh_error_t *err
     if (err->code == 0) err->code = NH_EUSAGE;
     return err->code;
   }
-  if (!d->pending_eps) {
+  /* an adapter may only serve HTTP or run periodic tasks; one that does nothing is a mistake */
+  if (!d->pending_eps && !nh_vm_has_work(vm)) {
     nh_vm_close(vm);
     return nh_error_set(err, NH_EUSAGE,
-                        "%s defines no endpoint: call nimbus.endpoint(\"Name\") and register handlers with :on",
+                        "%s defines no endpoint and starts nothing: call nimbus.endpoint(\"Name\") and register "
+                        "handlers with :on, or serve HTTP (nimbus.http.serve) or run a periodic task (nimbus.every)",
                         adapter_path);
   }
   while (d->pending_eps) {

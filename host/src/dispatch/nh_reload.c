@@ -116,9 +116,10 @@ static int reload_one(nh_dispatch_t *d, nh_adapter_t *a, nh_error_t *err)
     vm = NULL;
   }
   d->reloading = NULL;
-  if (!vm || !d->pending_eps) {
+  if (!vm || (!d->pending_eps && !nh_vm_has_work(vm))) {
     if (vm) {
-      nh_error_set(err, NH_EUSAGE, "%s defines no endpoint", a->path);
+      nh_error_set(err, NH_EUSAGE, "%s defines no endpoint and starts nothing (no nimbus.http.serve, checker or "
+                   "nimbus.every)", a->path);
       nh_vm_close(vm);
     }
     drop_pending(d);

@@ -128,8 +128,7 @@ static int l_publish(lua_State *L)
   const char *body = luaL_checklstring(L, 2, &len);
   const char *session = opt_str(L, 3), *corr = opt_str(L, 4), *to = opt_str(L, 5), *given = opt_str(L, 6);
   if (!vm->has_host || !vm->host.publish)
-    return luaL_error(L, "nimbus.publish works inside a running host (nimbus-host ADAPTER.lua), "
-                         "not in interpreter mode");
+    return luaL_error(L, "nimbus.publish: this Lua state has no store or transport to publish to");
   /* Only a handler's publishes wait for its outcome; others are sent at once. */
   /* The running task, not L's: a coroutine created inside a handler publishes for it. */
   nh_task_t *t = nh_task_running(L);
@@ -139,9 +138,14 @@ static int l_publish(lua_State *L)
   nh_error_t err = {0};
   if (vm->host.publish(vm->host.data, t ? nh_task_data(t) : NULL, type, body, len, session, corr, to, given, mid,
                        &duplicate, &err)) {
+    /* ENOSTORE: a script with no store to publish to (nimbus.publish raises it, saying what
+     * to do); ENOSUBSCRIBER: a script's publish nobody subscribes to, nothing queued */
     lua_pushnil(L);
     lua_pushstring(L, err.msg);
-    lua_pushstring(L, err.code == NH_EUSAGE ? "EINVAL" : "EIO");
+    lua_pushstring(L, err.code == NH_EUSAGE      ? "EINVAL"
+                      : err.code == NH_ESTATE    ? "ENOSTORE"
+                      : err.code == NH_ENOTFOUND ? "ENOSUBSCRIBER"
+                                                 : "EIO");
     return 3;
   }
   lua_pushstring(L, given ? given : mid);
@@ -260,6 +264,11 @@ static int open_core(lua_State *L)
   nh_lasync_register(L);
   lua_pushliteral(L, NH_VERSION);
   lua_setfield(L, -2, "version");
+  /* what the VM runs: an adapter in a host ("run"), a -l script ("script"), or an adapter
+   * under `nimbus-host check` ("check", where configuration mistakes are recorded) */
+  nh_vm_t *vm = lua_touserdata(L, lua_upvalueindex(1));
+  lua_pushstring(L, vm->check ? "check" : vm->script ? "script" : "run");
+  lua_setfield(L, -2, "mode");
   return 1;
 }
 

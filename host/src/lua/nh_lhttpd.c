@@ -178,6 +178,17 @@ void nh_lhttpd_quiesce_vm(nh_vm_t *vm)
   }
 }
 
+int nh_lhttpd_vm_serves(nh_vm_t *vm)
+{
+  nh_queue_t *q;
+  int n = 0;
+  nh_queue_foreach(q, servers(vm->loop)) {
+    lserver_t *ls = nh_queue_data(q, lserver_t, node);
+    n += ls->vm == vm && ls->h;
+  }
+  return n;
+}
+
 static void server_stop(lua_State *L, lserver_t *ls)
 {
   server_unlink(ls);
@@ -249,6 +260,10 @@ static int l_listen(lua_State *L)
   ls->timeout_s = timeout;
   ls->cpu_budget_s = cpu;
   luaL_setmetatable(L, SERVER_MT);
+  if (ls->vm->check) {   /* `nimbus-host check`: the routes were validated; nothing listens */
+    ls->port = (int)port;
+    return 1;
+  }
 
   nh_httpd_opts_t o = {
     .host = host, .port = (int)port, .max_body = (size_t)max_body, .max_headers = (unsigned)max_headers,

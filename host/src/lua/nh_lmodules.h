@@ -11,5 +11,7 @@ int nh_lhttp_open(lua_State *L);     /* require("nimbus.http.core"): the client 
 typedef struct nh_vm nh_vm_t;
 /* Stops the VM's HTTP servers accepting (a retiring generation); in-flight requests finish. */
 void nh_lhttpd_quiesce_vm(nh_vm_t *vm);
+/* How many servers of the VM are listening. */
+int nh_lhttpd_vm_serves(nh_vm_t *vm);
 
 #endif

@@ -16,6 +16,8 @@
  * `nil, "sqlite: <msg> (in: <sql>)", "SQLITE_<CODE>"`; misuse (bad argument types, a
  * wrong parameter count, two statements in one string, a closed db) raises. */
 #include "nh_lmodules.h"
+#include "nh_lasync.h"
+#include "nh_vm_int.h"
 
 #include <lauxlib.h>
 #include <sqlite3.h>
@@ -578,6 +580,8 @@ static int l_open(lua_State *L)
   luaL_setmetatable(L, GUARD_MT);
   lua_setiuservalue(L, -2, 1);
 
+  /* `nimbus-host check` creates no file: the adapter gets an empty database in memory */
+  if (nh_lua_vm(L)->check) path = ":memory:", readonly = 0;
   /* NOMUTEX: one thread uses a handle. No SQLITE_OPEN_URI: a path is a path. */
   int flags = (readonly ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE) | SQLITE_OPEN_NOMUTEX;
   int rc = sqlite3_open_v2(path, &d->db, flags, NULL);

@@ -237,10 +237,22 @@ int nh_task_yield(lua_State *L, nh_task_t *t, nh_op_t *op)
   return lua_yield(L, 0);
 }
 
+int nh_task_yieldk(lua_State *L, nh_task_t *t, nh_op_t *op, lua_KContext ctx, lua_KFunction k)
+{
+  t->pending = op;
+  return lua_yieldk(L, 0, ctx, k);
+}
+
 void nh_task_complete(nh_task_t *t, int nres)
 {
   t->pending = NULL;
   task_resume(t, nres);
+}
+
+void nh_task_complete_later(nh_task_t *t, int nres)
+{
+  t->pending = NULL;
+  ready_push(t, nres);
 }
 
 void nh_task_cancel(nh_task_t *t) { task_end(t, NH_TASK_CANCELLED, 0); }

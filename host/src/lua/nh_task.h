@@ -80,8 +80,14 @@ nh_task_t *nh_task_check(lua_State *L, const char *what);
 nh_task_t *nh_task_of(lua_State *L);
 /* Parks op on the task and yields; use as `return nh_task_yield(L, t, op);`. */
 int nh_task_yield(lua_State *L, nh_task_t *t, nh_op_t *op);
+/* Like nh_task_yield, with a continuation: k(L, LUA_YIELD, ctx) runs when the task
+ * resumes, with the C function's stack as it was plus what the completion pushed. */
+int nh_task_yieldk(lua_State *L, nh_task_t *t, nh_op_t *op, lua_KContext ctx, lua_KFunction k);
 /* Completion: the op pushed nres values on nh_task_thread(t); resumes the task. */
 void nh_task_complete(nh_task_t *t, int nres);
+/* The same, resumed on the next loop iteration: for completions that happen inside
+ * another task's resume (one task ending another's wait). */
+void nh_task_complete_later(nh_task_t *t, int nres);
 
 /* Ends every task of the VM (NH_TASK_CANCELLED). */
 void nh_task_cancel_all(nh_vm_t *vm);

@@ -1,6 +1,8 @@
 /* VM lifecycle, adapter loading, and the task runner. Every C->Lua call outside a task
  * goes through nh_vm_pcall (traceback as message handler); tasks report errors through
- * lua_resume's status, with the traceback taken from the coroutine before it is reset. */
+ * lua_resume's status, with the traceback taken from the coroutine before it is reset.
+ * The runtime's private functions (the handler runner, subscriptions, hooks, liveness)
+ * come from require("nimbus.internal"), never from the public `nimbus` table. */
 #include "nh_vm.h"
 #include "nh_lasync.h"
 #include "nh_lmodules.h"
@@ -83,6 +85,17 @@ static void set_package_path(lua_State *L, const char *lua_dir, const char *adap
   luaL_addvalue(&b);
   if (adapter_dir) {
     lua_pushfstring(L, "%s/?.lua;%s/?/init.lua;", adapter_dir, adapter_dir);
+    luaL_addvalue(&b);
+  }
+  /* The adapter library (adapters/, docs/adapters.md) sits beside lua/: in the source tree
+   * and under <prefix>/share/nimbus-host. `require("adapters.http_forward")` resolves through
+   * the parent directory, after the adapter's own directory so a local module wins. */
+  char parent[PATH_MAX], probe[PATH_MAX + 16];
+  struct stat sb;
+  snprintf(parent, sizeof parent, "%s/..", lua_dir);
+  snprintf(probe, sizeof probe, "%s/adapters", parent);
+  if (stat(probe, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+    lua_pushfstring(L, "%s/?.lua;", parent);
     luaL_addvalue(&b);
   }
   luaL_addstring(&b, old ? old : "");
@@ -181,6 +194,7 @@ static nh_vm_t *vm_create(uv_loop_t *loop, const char *path, const char *lua_dir
   nh_vm_t *vm = nh_xcalloc(1, sizeof *vm);
   vm->loop = loop;
   vm->path = nh_xstrdup(path ? path : "(script)");
+  vm->script = path == NULL;
   if (host) vm->host = *host;
   vm->has_host = host != NULL;
   vm->run_ref = vm->alive_ref = vm->hook_ref = LUA_NOREF;
@@ -218,22 +232,33 @@ static nh_vm_t *vm_create(uv_loop_t *loop, const char *path, const char *lua_dir
   return vm;
 }
 
+/* Pushes the runtime's private table: require("nimbus") fills it, require("nimbus.internal")
+ * returns it. */
+static int push_internal(lua_State *L, nh_error_t *err)
+{
+  lua_getglobal(L, "require");
+  lua_pushliteral(L, "nimbus");
+  if (nh_vm_pcall(L, 1, 0, err)) return NH_EFAIL;
+  lua_getglobal(L, "require");
+  lua_pushliteral(L, "nimbus.internal");
+  return nh_vm_pcall(L, 1, 1, err);
+}
+
 static int load_run_ref(nh_vm_t *vm, nh_error_t *err)
 {
   lua_State *L = vm->L;
-  lua_getglobal(L, "require");
-  lua_pushliteral(L, "nimbus");
-  if (nh_vm_pcall(L, 1, 1, err)) return NH_EFAIL;
-  lua_getfield(L, -1, "_run");
+  if (push_internal(L, err)) return NH_EFAIL;
+  lua_getfield(L, -1, "run");
   if (!lua_isfunction(L, -1)) {
     lua_pop(L, 2);
-    return nh_error_set(err, NH_EFAIL, "the nimbus Lua module has no _run function (wrong NIMBUS_LUA_DIR?)");
+    return nh_error_set(err, NH_EFAIL, "the nimbus Lua runtime has no handler runner (nimbus.internal.run): "
+                                       "wrong NIMBUS_LUA_DIR?");
   }
   vm->run_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   /* asked at every lock renewal of every running handler: keep it at hand too */
-  lua_getfield(L, -1, "_is_alive");
+  lua_getfield(L, -1, "is_alive");
   vm->alive_ref = luaL_ref(L, LUA_REGISTRYINDEX);
-  lua_getfield(L, -1, "_hook");
+  lua_getfield(L, -1, "hook");
   vm->hook_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   lua_pop(L, 1);
   return NH_OK;
@@ -273,6 +298,61 @@ fail:
   return NULL;
 }
 
+/* The first line of an error with its traceback: "file:line: message". */
+static void push_first_line(lua_State *L, const char *msg)
+{
+  const char *tb = strstr(msg, "\nstack traceback:");
+  if (tb) lua_pushlstring(L, msg, (size_t)(tb - msg));
+  else lua_pushstring(L, msg);
+}
+
+char *nh_vm_check(uv_loop_t *loop, const char *adapter_path, const char *lua_dir, const nh_vm_host_t *host,
+                  nh_error_t *err)
+{
+  if (!dir_has_nimbus(lua_dir)) {
+    nh_error_set(err, NH_EFAIL, "cannot find the nimbus Lua runtime in %s (set NIMBUS_LUA_DIR to the lua/ directory)",
+                 lua_dir);
+    return NULL;
+  }
+  nh_vm_t *vm = vm_create(loop, adapter_path, lua_dir, host);
+  vm->check = 1;
+  lua_State *L = vm->L;
+  char *report = NULL;
+  if (push_internal(L, err)) goto done;   /* the runtime itself does not load: not the adapter's fault */
+  int internal = lua_gettop(L);
+  lua_pushnil(L);   /* the error that stopped loading, if one did */
+  int rc = luaL_loadfile(L, adapter_path);
+  if (rc != LUA_OK) {
+    lua_replace(L, internal + 1);   /* syntax errors read "file:line: message" */
+  } else {
+    nh_error_t lerr = {0};
+    vm->load_budget_s = load_budget();
+    vm->load_deadline_ns = uv_hrtime() + (uint64_t)(vm->load_budget_s * 1e9);
+    lua_sethook(L, load_hook, LUA_MASKCOUNT, NH_LOAD_HOOK_COUNT);
+    rc = nh_vm_pcall(L, 0, 0, &lerr);
+    lua_sethook(L, NULL, 0, 0);
+    vm->load_deadline_ns = 0;
+    if (rc) {
+      push_first_line(L, lerr.msg);
+      lua_replace(L, internal + 1);
+    }
+  }
+  lua_getfield(L, internal, "check_report");
+  lua_pushvalue(L, internal + 1);
+  if (nh_vm_pcall(L, 1, 1, err) == NH_OK) {
+    if (lua_type(L, -1) == LUA_TSTRING) report = nh_xstrdup(lua_tostring(L, -1));
+    else nh_error_set(err, NH_EFAIL, "nimbus.internal.check_report returned no report");
+  }
+done:
+  nh_vm_close(vm);
+  return report;
+}
+
+int nh_vm_has_work(nh_vm_t *vm)
+{
+  return vm->live_tasks > 0 || nh_lasync_has_timers(vm) || nh_lhttpd_vm_serves(vm) > 0;
+}
+
 static void vm_free_cb(uv_handle_t *h)
 {
   nh_vm_t *vm = h->data;
@@ -305,16 +385,14 @@ int64_t nh_vm_deadline(nh_vm_t *vm) { return vm->deadline_ms; }
 int nh_vm_subscriptions(nh_vm_t *vm, nh_vm_sub_cb cb, void *data, nh_error_t *err)
 {
   lua_State *L = vm->L;
-  lua_getglobal(L, "require");
-  lua_pushliteral(L, "nimbus");
-  if (nh_vm_pcall(L, 1, 1, err)) return NH_EFAIL;
-  lua_getfield(L, -1, "_subscriptions");
+  if (push_internal(L, err)) return NH_EFAIL;
+  lua_getfield(L, -1, "subscriptions");
   if (nh_vm_pcall(L, 0, 1, err)) {
     lua_pop(L, 1);
     return NH_EFAIL;
   }
   /* Outside a protected call: nothing here may raise (no metamethods, no luaL_check*),
-   * and anything that is not the shape nimbus._subscriptions builds is skipped. */
+   * and anything that is not the shape nimbus.internal.subscriptions builds is skipped. */
   lua_pushnil(L);
   while (lua_next(L, -2)) {
     if (lua_type(L, -2) != LUA_TSTRING || lua_type(L, -1) != LUA_TTABLE) {

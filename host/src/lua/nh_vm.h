@@ -68,6 +68,20 @@ nh_vm_t *nh_vm_init(uv_loop_t *loop, const char *adapter_path, const char *lua_d
  * process exit status. */
 int nh_vm_run_script(uv_loop_t *loop, const char *script, int argc, char **argv, const char *lua_dir,
                      const nh_vm_host_t *host);
+/* Check mode (`nimbus-host check`): loads the adapter into a VM that listens on no port,
+ * creates no database file and sends nothing (nimbus.http.serve checks its routes,
+ * nimbus.sqlite.open gives an empty in-memory database, publishes go to host->publish,
+ * tasks and timers never run), with configuration mistakes recorded instead of raised.
+ * Returns what the runtime recorded, as JSON (nimbus.internal.check_report: problems,
+ * endpoints with their handlers and checkers, and "error", the "file:line: message" that
+ * stopped loading), for the caller to free; NULL with err set when the runtime itself
+ * cannot be loaded. The VM is closed before it returns. */
+char *nh_vm_check(uv_loop_t *loop, const char *adapter_path, const char *lua_dir, const nh_vm_host_t *host,
+                  nh_error_t *err);
+/* Whether a loaded adapter does anything besides its endpoints: tasks alive (nimbus.spawn),
+ * periodic tasks (checkers, nimbus.every) or HTTP servers listening. An adapter without
+ * endpoints is still an adapter when this is true. */
+int nh_vm_has_work(nh_vm_t *vm);
 void nh_vm_close(nh_vm_t *vm);
 lua_State *nh_vm_state(nh_vm_t *vm);
 const char *nh_vm_path(nh_vm_t *vm);

@@ -37,6 +37,8 @@ struct nh_vm {
   double load_budget_s;
   nh_vm_host_t host;
   int has_host;
+  int check;                 /* `nimbus-host check`: no sockets, no files, nothing sent */
+  int script;                /* a -l script, not an adapter */
   int run_ref, alive_ref, hook_ref;
   int hooks[NH_HOOK_COUNT];  /* functions registered per hook (nimbus.on) */
   int live_tasks;

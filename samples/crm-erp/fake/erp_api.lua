@@ -28,7 +28,6 @@
 --   POST /api/internal/handoff-jobs/{externalJobId}/fail { errorText } -> 200; a completed job -> 409
 local cjson = require("cjson")
 local nimbus = require("nimbus")
-local core = require("nimbus.core")
 local audit = require("fake.audit")
 
 local NULL = cjson.null
@@ -51,7 +50,7 @@ local CONTACT_FIELDS = { "customerId", "firstName", "lastName", "email", "phone"
 local now_iso = audit.now_iso
 local contracts = require("contracts")
 local guid, ms_of_iso, iso_of_ms = contracts.guid, contracts.ms_of_iso, contracts.iso_of_ms
-local function now_ms() return math.floor(core.now() * 1000) end
+local function now_ms() return math.floor(nimbus.now() * 1000) end
 
 
 -- "2025-12-02T10:00:00Z", "...T10:00:00.123+00:00", "...T12:00:00+02:00" -> ms epoch, or nil
@@ -221,7 +220,7 @@ function M.start(opts)
         .. " WHERE dispatched_at IS NULL ORDER BY id"))
       for _, r in ipairs(rows) do
         if closed then break end
-        local payload = nimbus._decode(r.payload_json)
+        local payload = nimbus.json.decode(r.payload_json)
         local ok2, res, e = pcall(publish, r.event_type, payload, r.session_id)
         if not ok2 or (res == nil and e ~= nil) then
           nimbus.log.warn(("erp_api outbox: publish of %s (row %d) failed: %s")
@@ -248,7 +247,7 @@ function M.start(opts)
   end
 
   local function new_number(tx)
-    local day = os.date("!%y%m%d", math.floor(core.now()))
+    local day = os.date("!%y%m%d", math.floor(nimbus.now()))
     for _ = 1, 100 do
       local n = ("C-%s-%05d"):format(day, rand(10000, 99999))
       if not tx:first("SELECT 1 AS x FROM customers WHERE customer_number = ?", n) then return n end
@@ -666,7 +665,7 @@ function M.start(opts)
     local job = get_job(req.params.externalJobId)
     if not job then return 404, { error = "handoff job not found" } end
     if job.state == "failed" then return 409, { error = "handoff job already failed", state = job.state } end
-    local p = job.payload_json and nimbus._decode(job.payload_json)
+    local p = job.payload_json and nimbus.json.decode(job.payload_json)
     local function upsert_failed(msg) return 422, { error = "Erp upsert failed: " .. msg } end
     if type(p) ~= "table" then return upsert_failed("payload is not a JSON object") end
     local function pf(a, b2) local v = p[a]; if blank(v) then v = p[b2] end; return opt(v) end
@@ -710,13 +709,13 @@ function M.start(opts)
     -- Sleeps in slices of at most 0.2 s so the task ends soon after close(): there is no
     -- way to cancel a spawned task, and a sleeping one keeps a `-l` script's loop alive.
     nimbus.spawn(function()
-      local next_at = core.now() + every
+      local next_at = nimbus.now() + every
       while not closed do
-        nimbus.sleep(math.max(0, math.min(0.2, next_at - core.now())))
+        nimbus.sleep(math.max(0, math.min(0.2, next_at - nimbus.now())))
         if closed then break end
-        if core.now() >= next_at then
+        if nimbus.now() >= next_at then
           dispatch_once()
-          next_at = core.now() + every
+          next_at = nimbus.now() + every
         end
       end
     end)
