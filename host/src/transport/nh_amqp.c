@@ -282,7 +282,7 @@ static int am_receive(nh_transport_t *t, const char *endpoint, int max, int64_t 
     }
   } else {
     nh_strset_t seen;
-    nh_strset_init(&seen, (size_t)ep->nbuf);
+    nh_strset_init(&seen, (size_t)(max < ep->nbuf ? max : ep->nbuf));   /* grows as needed */
     nh_queue_t *q, *next;
     nh_queue_foreach_safe(q, next, &ep->buf) {   /* a hand-out leaves the buffer */
       if (n >= max || rc != NH_OK) break;

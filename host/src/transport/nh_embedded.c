@@ -227,7 +227,7 @@ static int emb_receive(nh_transport_t *t, const char *endpoint, int max, int64_t
   sqlite3_bind_int64(st, 2, now);
   sqlite3_bind_int(st, 3, scan);
   nh_strset_t seen;
-  nh_strset_init(&seen, (size_t)scan);
+  nh_strset_init(&seen, (size_t)max);   /* it grows if the scan meets more sessions */
   if (!e->fol_endpoint || strcmp(e->fol_endpoint, endpoint) != 0) {
     free(e->fol_endpoint);
     e->fol_endpoint = nh_xstrdup(endpoint);
