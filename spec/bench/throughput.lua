@@ -12,6 +12,10 @@
 -- the temp dir), BENCH_PERF=FILE (attach `perf record -g` to the end-to-end host and
 -- write the profile to FILE), BENCH_DEADLINE (seconds for the whole bench, 110).
 --
+-- A/B: `nimbus-host -l spec/bench/throughput.lua NEW_HOST OLD_HOST` (or BENCH_BASELINE=OLD_HOST)
+-- then runs the end-to-end run BENCH_AB_ROUNDS (3) more times with each binary, alternating,
+-- and prints the medians (events/s, CPU per 1,000 events, p99) and the ratios NEW/OLD.
+--
 -- Runs, each in a fresh store in a temp dir:
 --   1. end to end: a producer handler publishes chunks of events while a consumer
 --      endpoint with a trivial handler consumes them (audit rows and history written
@@ -24,7 +28,8 @@ local cjson = require("cjson")
 local B = dofile((arg[0]:match("^(.*)/[^/]*$") or ".") .. "/benchlib.lua")
 local env_int, sh_quote, sh, read_file, die, alive, mb = B.env_int, B.sh_quote, B.sh, B.read_file, B.die, B.alive, B.mb
 
-local HOST = B.host_binary("throughput.lua")
+local HOST = B.host_binary("throughput.lua")   -- changes during the A/B rounds
+local BASELINE = arg[2] or os.getenv("BENCH_BASELINE")
 
 local N = env_int("BENCH_N", 50000)
 local SESSIONS = env_int("BENCH_SESSIONS", 1000)
@@ -102,9 +107,10 @@ local function audit_counts(store, endpoint)
 end
 
 ---------------------------------------------------------------------------- runs
-local function run_e2e()
-  local store = TMP .. "/e2e.db"
-  local h = start_host("e2e", "e2e", store)
+local function run_e2e(tag)
+  local name = "e2e" .. (tag or "")
+  local store = TMP .. "/" .. name .. ".db"
+  local h = start_host(name, "e2e", store)
   hosts:wait_ready(h, 20)
   local perf
   if os.getenv("BENCH_PERF") then
@@ -151,6 +157,42 @@ local function run_consume()
   r.preload = pr
   r.t_start, r.t_ready = t_start, t_ready
   return r
+end
+
+---------------------------------------------------------------------------- A/B
+
+local function median(xs)
+  table.sort(xs)
+  local n = #xs
+  return n % 2 == 1 and xs[(n + 1) // 2] or (xs[n // 2] + xs[n // 2 + 1]) / 2
+end
+
+-- Alternating end-to-end runs of the baseline and this binary: the machine's state drifts
+-- (other processes, the page cache), so both see the same drift.
+local function run_ab()
+  local rounds = env_int("BENCH_AB_ROUNDS", 3)
+  local new = HOST
+  local got = { old = { rate = {}, cpu = {}, p99 = {} }, new = { rate = {}, cpu = {}, p99 = {} } }
+  for i = 1, rounds do
+    for _, which in ipairs({ "old", "new" }) do
+      HOST = which == "old" and BASELINE or new
+      local e = run_e2e("-" .. which .. i)
+      if e.audit_completed ~= N then die(("A/B %s: %d Completed audit rows, expected %d"):format(HOST, e.audit_completed, N)) end
+      local g = got[which]
+      g.rate[i] = e.count / (e.t_last - e.t_first_publish)
+      g.cpu[i] = e.cpu_s * 1e6 / e.count
+      g.p99[i] = e.p99_ms
+    end
+  end
+  HOST = new
+  local o, n = got.old, got.new
+  local orate, nrate, ocpu, ncpu = median(o.rate), median(n.rate), median(o.cpu), median(n.cpu)
+  print("")
+  print(("A/B end to end, medians of %d alternating runs each:"):format(rounds))
+  print(("  baseline  %s: %7.0f events/s  %5.1f ms CPU per 1,000  p99 %3.0f ms"):format(BASELINE, orate, ocpu, median(o.p99)))
+  print(("  this      %s: %7.0f events/s  %5.1f ms CPU per 1,000  p99 %3.0f ms"):format(new, nrate, ncpu, median(n.p99)))
+  print(("  ratio     %.2fx the rate, %.2fx the CPU"):format(nrate / orate, ncpu / ocpu))
+  print(("RESULT ab_rate_ratio=%.2f ab_cpu_ratio=%.2f"):format(nrate / orate, ncpu / ocpu))
 end
 
 ---------------------------------------------------------------------------- report
@@ -204,6 +246,7 @@ local function main()
   print(("RESULT e2e_events_per_s=%.0f p50_ms=%.0f p99_ms=%.0f peak_rss_mb=%.1f e2e_cpu_ms_per_1k=%.1f%s")
         :format(rate, e.p50_ms, e.p99_ms, (e.hwm_kb or 0) / 1024, e.cpu_s * 1e6 / e.count, c and (" consume_events_per_s=%.0f"):format(c.count / (c.t_last - c.t_first)) or ""))
   if e.audit_completed ~= N then die(("audit: %d Completed rows for BenchConsumer, expected %d"):format(e.audit_completed, N)) end
+  if BASELINE then run_ab() end
   if STRICT and rate < TARGET then
     io.stderr:write(("bench: %.0f events/s is below the target %d\n"):format(rate, TARGET))
     return 1
