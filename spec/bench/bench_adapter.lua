@@ -29,6 +29,8 @@ local CHUNK = env_int("BENCH_CHUNK", CONC)
 -- Max events published but not yet consumed (e2e only). Bounds queueing delay so the
 -- latency figures describe a loaded steady state, not the length of a backlog.
 local WINDOW = env_int("BENCH_WINDOW", 2 * CHUNK)
+-- Events/s the producer holds to (0: as fast as the window lets it): for latency at a set load.
+local RATE = env_int("BENCH_RATE", 0)
 local RESULT = os.getenv("BENCH_RESULT")
 if not RESULT then error("BENCH_RESULT (the result file) is not set; run spec/bench/throughput.lua") end
 
@@ -60,6 +62,10 @@ if producer_mode then
       return
     end
     t_first_publish = t_first_publish or now()
+    if RATE > 0 then
+      local wait = t_first_publish + published / RATE - now()
+      if wait > 0 then nimbus.sleep(wait) end
+    end
     local k = math.min(CHUNK, N - published)
     for _ = 1, k do
       published = published + 1

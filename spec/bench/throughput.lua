@@ -20,6 +20,8 @@
 --   1. end to end: a producer handler publishes chunks of events while a consumer
 --      endpoint with a trivial handler consumes them (audit rows and history written
 --      as always); events/s, p50/p99 latency from enqueue to handler, host peak RSS;
+--      then again with the producer held to half that rate (BENCH_RATE, chunks of 16):
+--      the latency under a steady load;
 --   2. consume only: N events are pre-loaded by a producer-only host, then a
 --      consumer-only host drains them; also reports the publish-only (pre-load) rate.
 -- Exits 1 if a run did not complete (or is below target with BENCH_STRICT=1).
@@ -107,10 +109,10 @@ local function audit_counts(store, endpoint)
 end
 
 ---------------------------------------------------------------------------- runs
-local function run_e2e(tag)
+local function run_e2e(tag, extra_env)
   local name = "e2e" .. (tag or "")
   local store = TMP .. "/" .. name .. ".db"
-  local h = start_host(name, "e2e", store)
+  local h = start_host(name, "e2e", store, extra_env)
   hosts:wait_ready(h, 20)
   local perf
   if os.getenv("BENCH_PERF") then
@@ -227,6 +229,12 @@ local function main()
   print(("  peak RSS        %s (VmHWM of the host)"):format(mb(e.hwm_kb)))
   print(("  store I/O       %s"):format(io_line(e, e.count)))
 
+  -- the same at half that rate, in chunks of 16 (latency under a steady load, not a burst)
+  local half = math.floor(rate / 2)
+  local hr = run_e2e("-half", { "BENCH_RATE=" .. half, "BENCH_CHUNK=16" })
+  print(("  at half rate    %d events/s offered: latency p50 %.0f ms  p99 %.0f ms  max %.0f ms")
+        :format(half, hr.p50_ms, hr.p99_ms, hr.max_ms))
+
   local c
   if os.getenv("BENCH_SKIP_CONSUME") ~= "1" then
     c = run_consume()
@@ -243,8 +251,9 @@ local function main()
           c.preload.published, pspan))
   end
   print("")
-  print(("RESULT e2e_events_per_s=%.0f p50_ms=%.0f p99_ms=%.0f peak_rss_mb=%.1f e2e_cpu_ms_per_1k=%.1f%s")
-        :format(rate, e.p50_ms, e.p99_ms, (e.hwm_kb or 0) / 1024, e.cpu_s * 1e6 / e.count, c and (" consume_events_per_s=%.0f"):format(c.count / (c.t_last - c.t_first)) or ""))
+  print(("RESULT e2e_events_per_s=%.0f p50_ms=%.0f p99_ms=%.0f peak_rss_mb=%.1f e2e_cpu_ms_per_1k=%.1f "
+         .. "half_rate_p99_ms=%.0f%s")
+        :format(rate, e.p50_ms, e.p99_ms, (e.hwm_kb or 0) / 1024, e.cpu_s * 1e6 / e.count, hr.p99_ms, c and (" consume_events_per_s=%.0f"):format(c.count / (c.t_last - c.t_first)) or ""))
   if e.audit_completed ~= N then die(("audit: %d Completed rows for BenchConsumer, expected %d"):format(e.audit_completed, N)) end
   if BASELINE then run_ab() end
   if STRICT and rate < TARGET then
