@@ -268,22 +268,17 @@ int nh_cmd_publish(int argc, char **argv)
   } else if (!(body = nh_cli_json_object_arg("publish", "the payload", a.pos[1]))) {
     return NH_EXIT_USAGE;
   }
-  char mid[37], sess[37], corr[37];
-  nh_uuid_v7(mid);
-  nh_uuid_v7(sess);
-  nh_uuid_v7(corr);
-  nh_msg_t m;
-  memset(&m, 0, sizeof m);
-  m.session_id = (char *)(nh_args_get(&a, "--session") ? nh_args_get(&a, "--session") : sess);
   const char *given_id = nh_args_get(&a, "--message-id");
   if (given_id && (!*given_id || strlen(given_id) > 200 || !nh_cli_valid_utf8(given_id))) {
     free(body);
     return nh_usage_error("publish", "--message-id must be a UTF-8 text of 1 to 200 characters");
   }
-  m.message_id = given_id ? (char *)given_id : mid;
-  m.event_type = (char *)type;
-  m.type = NH_MT_EVENT;
-  m.correlation_id = (char *)(nh_args_get(&a, "--correlation-id") ? nh_args_get(&a, "--correlation-id") : corr);
+  char mid[37];
+  nh_uuid_v7(mid);
+  nh_msg_t m;
+  nh_msg_ids_t ids;
+  nh_msg_event(&m, &ids, type, body, strlen(body), nh_args_get(&a, "--session"), nh_args_get(&a, "--correlation-id"),
+               given_id ? given_id : mid);
   /* --traceparent continues the caller's trace (docs/observability.md, Traces) */
   nh_trace_ctx_t tc;
   m.traceparent = (char *)nh_args_get(&a, "--traceparent");
@@ -299,9 +294,6 @@ int nh_cmd_publish(int argc, char **argv)
     return nh_usage_error("publish", m.traceparent ? "--tracestate is not a valid W3C tracestate (key=value,...)"
                                                    : "--tracestate goes with --traceparent");
   }
-  m.body = body;
-  m.body_len = strlen(body);
-  m.enqueued_at = nh_time_now_ms();
   if (nh_amqp_is_url(transport)) {
     rc = publish_amqp(transport, a.store, &m, nh_args_get(&a, "--to"), given_id != NULL);
     free(body);

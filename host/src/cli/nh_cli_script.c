@@ -63,20 +63,10 @@ static int script_publish(void *data, void *task_data, const char *type, const c
       return nh_error_set(err, NH_ENOTFOUND, "no endpoint %s in store %s (%s%s): start its host once first", to,
                           store_path(), known[0] ? "known: " : "none has started yet", known);
   }
-  char sess[37], corr[37];
   nh_uuid_v7(message_id);
-  nh_uuid_v7(sess);
-  nh_uuid_v7(corr);
   nh_msg_t m;
-  memset(&m, 0, sizeof m);
-  m.session_id = (char *)(session ? session : sess);
-  m.message_id = (char *)(given_id ? given_id : message_id);
-  m.event_type = (char *)type;
-  m.type = NH_MT_EVENT;
-  m.correlation_id = (char *)(correlation_id ? correlation_id : corr);
-  m.body = (char *)body;
-  m.body_len = body_len;
-  m.enqueued_at = nh_time_now_ms();
+  nh_msg_ids_t ids;
+  nh_msg_event(&m, &ids, type, body, body_len, session, correlation_id, given_id ? given_id : message_id);
   /* one transaction: the MessageId claim, the copies, or nothing */
   if (nh_store_begin(s)) return nh_error_set(err, NH_EFAIL, "store busy: %s", nh_store_errmsg(s));
   if (given_id) {

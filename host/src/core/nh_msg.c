@@ -63,3 +63,19 @@ void nh_msg_copy(nh_msg_t *dst, const nh_msg_t *s)
   dst->traceparent = nh_xstrdup(s->traceparent);
   dst->tracestate = nh_xstrdup(s->tracestate);
 }
+
+void nh_msg_event(nh_msg_t *m, nh_msg_ids_t *ids, const char *type, const char *body, size_t body_len,
+                  const char *session, const char *correlation_id, const char *message_id)
+{
+  memset(m, 0, sizeof *m);
+  if (!session) nh_uuid_v7(ids->session);
+  if (!correlation_id) nh_uuid_v7(ids->correlation);
+  m->session_id = (char *)(session ? session : ids->session);
+  m->message_id = (char *)message_id;
+  m->event_type = (char *)type;
+  m->type = NH_MT_EVENT;
+  m->correlation_id = (char *)(correlation_id ? correlation_id : ids->correlation);
+  m->body = (char *)body;
+  m->body_len = body_len;
+  m->enqueued_at = nh_time_now_ms();
+}

@@ -61,4 +61,10 @@ void nh_msg_clear(nh_msg_t *m);   /* frees owned strings, zeroes the struct */
  * duplicated (body by body_len); the other fields, tr_id included, are copied as they are. */
 void nh_msg_copy(nh_msg_t *dst, const nh_msg_t *src);
 
+/* A fresh event for a publish, borrowing every string (nothing to free): a session and a
+ * correlation id of its own, written into ids (two UUIDs), when the caller gave none. */
+typedef struct nh_msg_ids { char session[37], correlation[37]; } nh_msg_ids_t;
+void nh_msg_event(nh_msg_t *m, nh_msg_ids_t *ids, const char *type, const char *body, size_t body_len,
+                  const char *session, const char *correlation_id, const char *message_id);
+
 #endif

@@ -82,18 +82,8 @@ static int host_publish(void *data, void *task_data, const char *type, const cha
     return NH_OK;
   }
   nh_msg_t m;
-  memset(&m, 0, sizeof m);
-  char sess[37], corr[37];
-  nh_uuid_v7(sess);
-  nh_uuid_v7(corr);
-  m.session_id = (char *)(session ? session : sess);
-  m.message_id = (char *)(given_id ? given_id : message_id);
-  m.event_type = (char *)type;
-  m.type = NH_MT_EVENT;
-  m.correlation_id = (char *)(correlation_id ? correlation_id : corr);
-  m.body = (char *)body;
-  m.body_len = body_len;
-  m.enqueued_at = nh_time_now_ms();
+  nh_msg_ids_t ids;
+  nh_msg_event(&m, &ids, type, body, body_len, session, correlation_id, given_id ? given_id : message_id);
   if (nh_store_begin(d->store)) return nh_error_set(err, NH_EFAIL, "store busy: %s", nh_store_errmsg(d->store));
   if (given_id && (*duplicate = nh_dispatch_pub_dedup(d, "publish", given_id, 1)) != 0) {
     nh_store_rollback(d->store);
