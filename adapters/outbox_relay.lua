@@ -30,7 +30,7 @@
 -- the table. Then it polls every `every` seconds (a periodic task of the host, stopped with
 -- the VM on reload or shutdown; a poll never overlaps the previous one): rows not sent yet,
 -- by increasing id, `batch` at a time; each batch is one transaction of the source that
--- publishes its rows in order (nimbus.publish: type, payload decoded from JSON, session)
+-- publishes its rows in order (nimbus.publish: type, the payload text unchanged, session)
 -- and marks them sent (sent = the UTC time as ISO-8601 text; or mark = "delete" removes
 -- them, and then no `sent` column is needed). A full batch is followed by the next at once.
 -- A row whose session is NULL is published without one (a session of its own: no order
@@ -47,8 +47,7 @@
 -- reach the broker in the order their rows were written. Run one relay per outbox (a
 -- second one would not publish a row twice, as each batch holds the database's write lock,
 -- but the two would only take turns and warn that the database is busy). A row that cannot
--- be published (type empty, payload not a JSON object, an integer of more than 14 digits
--- that the host's JSON encoder would change) is logged (error, once per relay) and left
+-- be published (type empty, payload not a JSON object) is logged (error, once per relay) and left
 -- unsent; later rows of its session wait behind it, other sessions go on. Fix the row (UPDATE it) and the relay takes it at its next poll. When
 -- publishing fails (store or broker down) the poll stops and the next one starts again
 -- from the oldest unsent row.
@@ -198,12 +197,12 @@ local function prepare(self, row)
   if type(text) ~= "string" then
     return nil, ("column %s is NULL or not text: it must hold the payload as a JSON object"):format(c.payload)
   end
-  local lossy = mw.lossy_number(text)
-  if lossy then return nil, ("column %s: %s"):format(c.payload, mw.lossy_number_message(lossy)) end
   if not text:find("^%s*{") then
     return nil, ("column %s must hold a JSON object, it holds: %s"):format(c.payload, text:sub(1, 60))
   end
-  local payload, err = cjson.decode(text)   -- re-encoded by nimbus.publish
+  -- checked here, so a bad row waits (logged) instead of failing the poll in nimbus.publish;
+  -- the text itself is published, byte for byte (no re-encoding: long integers and [] stay)
+  local payload, err = cjson.decode(text)
   if type(payload) ~= "table" then
     return nil, ("column %s is not JSON: %s"):format(c.payload, tostring(err))
   end
@@ -216,7 +215,7 @@ local function prepare(self, row)
   end
   local session = row.session
   if session ~= nil then session = tostring(session) end
-  return row.type, payload, { session = session, message_id = mid }
+  return row.type, text, { session = session, message_id = mid }
 end
 
 function Relay:poll()
@@ -283,11 +282,7 @@ end
 -- A periodic task of the host: stopped with the VM on reload or shutdown, and a run never
 -- overlaps the previous one (so two polls of one relay never interleave).
 local function every(secs, fn, label, timeout)
-  local nimbus = require("nimbus")
-  if type(rawget(nimbus, "every")) == "function" then
-    return nimbus.every(secs, fn, { name = label, timeout = timeout })
-  end
-  return require("nimbus.core").every(secs, fn, label, timeout)   -- hosts without nimbus.every
+  return require("nimbus").every(secs, fn, { name = label, timeout = timeout })
 end
 
 function M.start(opts)

@@ -48,10 +48,9 @@
 --     checks, before publishing (reshape, enrich, check more).
 --   signature = { secret = "..." | { "new", "old" }, header = "X-Signature", prefix = "sha256=",
 --     hmac = function(secret, body) -> digest }: the header must carry prefix .. the hex
---     HMAC-SHA256 of the raw body with one of the secrets (compared in constant time),
---     else 401. The digest (raw 32 bytes or 64 hex digits) comes from `hmac`, or from
---     nimbus.crypto.hmac_sha256 when the host has it. Today's nimbus-host does not: giving
---     `signature` without `hmac` raises at your call.
+--     HMAC-SHA256 of the raw body with one of the secrets (compared in constant time,
+--     nimbus.crypto.equal), else 401. The digest comes from nimbus.crypto.hmac_sha256;
+--     `hmac` overrides it (another digest scheme: return raw 32 bytes or 64 hex digits).
 --   cloudevents = true: the request is a CloudEvent (structured, batch or binary mode; see
 --     adapters.cloudevents): type from the event, session from its partitionkey or subject,
 --     message id "<id>@<source>", payload = its data (a JSON object; `fields` apply to it).
@@ -60,11 +59,18 @@
 -- Answers: 202 {"accepted": n, "message_ids": [...], "duplicates": k} (k: ids already
 -- published within 24 h, not published again). Refused, nothing published, a JSON
 -- {"error": "..."} saying what is wrong and where: 400 (not JSON, not an object, a field
--- missing or of the wrong type, a bad type/session/id, an integer with more than 14 digits,
--- which the host's JSON encoder would change: send those as strings), 401 (signature),
+-- missing or of the wrong type, a bad type/session/id), 401 (signature),
 -- 413 (too large), 503 + Retry-After when publishing fails (the store or broker is down;
 -- the ids published before the failure are in the answer: with a message_id source the
 -- sender's retry publishes the rest once). Each refusal is logged (warn) with its reason.
+--
+-- Numbers: each event is published as the very bytes the sender sent (the body, or its
+-- element of a batch), so 12345678901234567 and [] arrive unchanged. Where the payload is
+-- a table this module built instead -- `transform`'s result, a CloudEvent's data -- it is
+-- encoded by lua-cjson, which keeps 14 significant digits: such a request with a longer
+-- integer is refused (400: send it as a string) rather than changed. So is a session,
+-- message or correlation id `field` holding an integer past 2^53, which no Lua number holds
+-- exactly.
 local cjson = require("cjson.safe")
 local mw = require("adapters.middleware")
 
@@ -118,7 +124,7 @@ local function describe_source(src, name)
   return ("%s header %s"):format(name, src.header_name)
 end
 
--- The HMAC provider: opts.hmac, or the host's nimbus.crypto.hmac_sha256.
+-- The HMAC provider: opts.hmac (an override), else the host's nimbus.crypto.hmac_sha256.
 local function hmac_provider(sig, what, level)
   if sig.hmac ~= nil then
     if type(sig.hmac) ~= "function" then
@@ -126,12 +132,7 @@ local function hmac_provider(sig, what, level)
     end
     return sig.hmac
   end
-  local nimbus = require("nimbus")
-  local crypto = rawget(nimbus, "crypto")
-  if type(crypto) == "table" and type(crypto.hmac_sha256) == "function" then return crypto.hmac_sha256 end
-  error(what .. ": `signature` needs HMAC-SHA256, and this nimbus-host gives Lua none (nimbus.crypto.hmac_sha256 "
-        .. "is missing): use a nimbus-host that has it, or pass signature.hmac = function(secret, body) returning "
-        .. "the digest", level + 1)
+  return require("nimbus").crypto.hmac_sha256
 end
 
 local function compile_signature(sig, what, level)
@@ -220,22 +221,15 @@ local function compile(opts, what, level, known)
 end
 
 ---------------------------------------------------------------------------- signature
-local function hex(raw)
-  return (raw:gsub(".", function(c) return ("%02x"):format(c:byte()) end))
-end
+local function crypto() return require("nimbus").crypto end
 
--- Equal-length strings compared without an early exit, so the time taken says nothing
--- about how much of a guessed signature was right.
-local function same(a, b)
-  if #a ~= #b then return false end
-  local acc = 0
-  for i = 1, #a do acc = acc | (a:byte(i) ~ b:byte(i)) end
-  return acc == 0
-end
+-- Compared in constant time (no early exit), so the time taken says nothing about how much
+-- of a guessed signature was right.
+local function same(a, b) return crypto().equal(a, b) end
 
 local function digest_hex(sig, secret, body)
   local d = sig.hmac(secret, body)
-  if type(d) == "string" and #d == 32 then return hex(d) end
+  if type(d) == "string" and #d == 32 then return crypto().hex(d) end
   if type(d) == "string" and #d == 64 and d:match("^%x+$") then return d:lower() end
   error(("webhook_ingress: the HMAC function returned %s; expected the 32-byte HMAC-SHA256 digest or its 64 hex "
          .. "digits"):format(type(d) == "string" and (#d .. " bytes") or type(d)), 0)
@@ -271,6 +265,10 @@ local function resolve(src, name, body, req)
   if src.fixed then return src.fixed end
   if src.field then v = mw.get(body, src.field) else v = req.headers[src.header] end
   if v == nil or v == cjson.null or v == "" then return nil, describe_source(src, name) .. " is missing" end
+  if type(v) == "number" and (v >= 2^53 or v <= -2^53) then
+    return nil, ("%s holds an integer too large for a Lua number to hold exactly (more than 2^53): send it as a "
+                 .. "JSON string"):format(describe_source(src, name))
+  end
   if type(v) == "number" and math.tointeger(v) then return tostring(math.tointeger(v)) end
   if type(v) ~= "string" then
     return nil, ("%s must be a string or an integer (got %s)"):format(describe_source(src, name), type(v))
@@ -329,9 +327,40 @@ local function item(cfg, req, payload, base, index)
   return out
 end
 
+-- The texts of a JSON array's elements, in order, as the bytes they are in `text` (already
+-- checked to be a valid JSON array): each event of a batch is published unchanged.
+local function array_elements(text)
+  local out, depth, start = {}, 0, nil
+  local i, len = text:find("[", 1, true) + 1, #text
+  while i <= len do
+    local c = text:sub(i, i)
+    if c == '"' then
+      start = start or i
+      i = i + 1
+      while true do   -- to the closing quote, past escapes
+        local q = text:find('["\\]', i)
+        if text:sub(q, q) == "\\" then i = q + 2 else i = q; break end
+      end
+    elseif c == "{" or c == "[" then
+      start = start or i
+      depth = depth + 1
+    elseif (c == "}" or c == "]") and depth > 0 then
+      depth = depth - 1
+    elseif (c == "," or c == "]") and depth == 0 then
+      if start then out[#out + 1] = text:sub(start, i - 1):match("^(.-)%s*$") end
+      start = nil
+      if c == "]" then break end
+    elseif not c:find("%s") then
+      start = start or i
+    end
+    i = i + 1
+  end
+  return out
+end
+
 -- The request's events, or nil, status, message.
 local function items_of(cfg, req, body)
-  local bodies, bases = {}, {}
+  local bodies, bases, raws = {}, {}, {}   -- raws[i]: the JSON text of bodies[i], published as is
   local batch = false
   if cfg.cloudevents then
     local ce = require("adapters.cloudevents")
@@ -351,7 +380,8 @@ local function items_of(cfg, req, body)
     end
   else
     if body == "" then return nil, 400, "the body is empty: send one JSON object (Content-Type: application/json)" end
-    local lossy = mw.lossy_number(body)
+    -- transform's table is encoded by lua-cjson: refuse what that would change
+    local lossy = cfg.transform and mw.lossy_number(body)
     if lossy then return nil, 400, mw.lossy_number_message(lossy) end
     local v, err = mw.decode_json(body)
     if v == nil then
@@ -364,10 +394,12 @@ local function items_of(cfg, req, body)
       end
       batch = true
       for i, x in ipairs(v) do bodies[i] = x end
+      if not cfg.transform then raws = array_elements(body) end
     elseif type(v) ~= "table" then
       return nil, 400, ("the body must be a JSON object, got a %s"):format(type(v) == "userdata" and "null" or type(v))
     else
       bodies[1] = v
+      if not cfg.transform then raws = { body } end
     end
   end
   if batch and #bodies == 0 then return nil, 400, "the batch is empty: nothing to publish" end
@@ -378,7 +410,10 @@ local function items_of(cfg, req, body)
   local out, problems = {}, {}
   for i, b in ipairs(bodies) do
     local it, why = item(cfg, req, b, bases[i], batch and i or nil)
-    if it then out[i] = it else for _, p in ipairs(why) do problems[#problems + 1] = p end end
+    if it then
+      it.raw = raws[i]
+      out[i] = it
+    else for _, p in ipairs(why) do problems[#problems + 1] = p end end
   end
   if #problems > 0 then
     return nil, 400, "the body does not match what this webhook takes: " .. table.concat(problems, "; ")
@@ -407,7 +442,7 @@ local function handle(cfg, req)
   if not items then return refuse(cfg, req, status, msg) end
   local ids, dups = {}, 0
   for i, it in ipairs(items) do
-    local id, dup_or_err = nimbus.publish(it.event_type, it.payload, { session = it.session,
+    local id, dup_or_err = nimbus.publish(it.event_type, it.raw or it.payload, { session = it.session,
       message_id = it.message_id, correlation_id = it.correlation_id })
     if not id then
       local text = ("publishing failed after %d of %d events: %s; retry later"):format(i - 1, #items,
@@ -444,4 +479,5 @@ function M.serve(opts)
 end
 
 M._same = same
+M._array_elements = array_elements
 return M

@@ -8,12 +8,19 @@ trap 'rm -rf "$PREFIX"' EXIT
 cmake --install "$BUILD" --prefix "$PREFIX" >/dev/null
 cat > "$PREFIX/where.lua" <<'LUA'
 print(package.searchpath("nimbus", package.path))
+print(package.searchpath("adapters.http_forward", package.path))
 assert(require("nimbus").endpoint, "nimbus module incomplete")
 LUA
 got=$(env -u NIMBUS_LUA_DIR "$PREFIX/bin/nimbus-host" -l "$PREFIX/where.lua")
-want="$PREFIX/bin/../share/nimbus-host/lua/nimbus/init.lua"
+# the host resolves its directories (realpath): compare with the prefix's own real path
+share=$(cd "$PREFIX/share/nimbus-host" && pwd -P)
+want="$share/lua/nimbus/init.lua
+$share/adapters/http_forward.lua"
 if [[ "$got" != "$want" ]]; then
-  echo "installed host loaded nimbus from $got, expected $want" >&2
+  echo "installed host loaded nimbus and the adapter library from:" >&2
+  echo "$got" >&2
+  echo "expected:" >&2
+  echo "$want" >&2
   echo "0 passed, 1 failed"
   exit 1
 fi

@@ -936,6 +936,39 @@ TEST(transient_failures_end_failed_with_the_last_error_when_the_attempts_are_use
   env_stop(e);
 }
 
+TEST(a_transient_retry_after_delays_the_next_attempt_up_to_the_policy_max_delay)
+{
+  env_t *e = env_start(
+            "local ep = nimbus.endpoint('Ep', { transient = { base = 0.01, max_delay = 600 } })\n"
+            "ep:on('Thing', function(event, ctx)\n"
+            "  record('call ' .. ctx.event_id)\n"
+            "  error(nimbus.transient('throttled', { retry_after = event.after }))\n"
+            "end)\n");
+  int64_t t0 = nh_time_now_ms();
+  send_event(e, "s1", "ev1", "{\"after\": 300}");    /* longer than the policy's 10 ms: it wins */
+  send_event(e, "s2", "ev2", "{\"after\": 5000}");   /* longer than max_delay: capped at 600 s */
+  send_event(e, "s3", "ev3", "{}");                   /* none: the policy's delay */
+  WAIT_FOR(e, is_status(e, "ev1", NH_ST_PENDING) && is_status(e, "ev2", NH_ST_PENDING) &&
+              is_status(e, "ev3", NH_ST_PENDING));
+  int64_t t1 = nh_time_now_ms();
+  int64_t due1 = q1i(e, "SELECT retry_due FROM sessions WHERE session_id = 's1'");
+  int64_t due2 = q1i(e, "SELECT retry_due FROM sessions WHERE session_id = 's2'");
+  int64_t due3 = q1i(e, "SELECT retry_due FROM sessions WHERE session_id = 's3'");
+  ASSERT_CMP_INT(due1, >=, t0 + 300000);
+  ASSERT_CMP_INT(due1, <=, t1 + 300000);
+  ASSERT_CMP_INT(due2, >=, t0 + 600000);
+  ASSERT_CMP_INT(due2, <=, t1 + 600000);
+  ASSERT_CMP_INT(due3, <, t0 + 300000);
+  ASSERT_CONTAINS(q1s(e, "SELECT detail FROM history WHERE event_id = 'ev1' AND status = 'Pending'"),
+                  "next attempt in 300000 ms");
+  ASSERT_CONTAINS(q1s(e, "SELECT detail FROM history WHERE event_id = 'ev2' AND status = 'Pending'"),
+                  "next attempt in 600000 ms");
+  WAIT_FOR(e, calls(e, "call ev3") >= 2);   /* the policy's attempt came, the others are not due */
+  ASSERT_EQ_INT(calls(e, "call ev1"), 1);
+  ASSERT_EQ_INT(calls(e, "call ev2"), 1);
+  env_stop(e);
+}
+
 TEST(inbox_skips_duplicate_message_ids)
 {
   env_t *e = env_start(

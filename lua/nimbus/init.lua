@@ -43,8 +43,9 @@ local CHECK = core.mode == "check"
 
 ---------------------------------------------------------------------------- blame
 -- Source prefixes ("@dir/") of the runtime (this directory) and of the adapter library
--- beside lua/ (the host finds it through "<lua>/../?.lua", so its chunks are named
--- "<lua>/../adapters/x.lua"): frames there are skipped when an error is blamed.
+-- beside lua/: frames there are skipped when an error is blamed. The host puts both on
+-- package.path as canonical absolute paths (realpath: "/x/adapters/y.lua"); a path given
+-- some other way (--lpath, LUA_PATH) may still read "<lua>/../adapters/y.lua".
 local RUNTIME_SRC = debug.getinfo(1, "S").source:match("^(@.*/)[^/]*$")
 local LUA_SRC = RUNTIME_SRC and RUNTIME_SRC:match("^(@.*/)[^/]+/$")
 local LIBRARY_SRC = LUA_SRC and LUA_SRC .. "../adapters/"
@@ -525,17 +526,42 @@ function M.on(name, fn)
 end
 
 ---------------------------------------------------------------------------- publish
+-- A payload given as JSON text is sent as those very bytes: re-encoding it through
+-- lua-cjson would round integers of more than 14 digits and turn [] into {}. It must be
+-- what every handler accepts (internal.run): a JSON object. Returns the body.
+local function raw_body(text)
+  if not text:find("^%s*{") then
+    raise(("nimbus.publish: a payload given as a string must be the JSON text of an object ({...}), got %q; "
+           .. "pass a table to have it encoded"):format(text:sub(1, 60)))
+  end
+  local v, err = cjson.decode(text)
+  if type(v) ~= "table" then
+    raise(("nimbus.publish: the payload string is not valid JSON (%s): %q; fix the text, or pass a table to have "
+           .. "it encoded"):format(tostring(err or "not an object"), text:sub(1, 60)))
+  end
+  return text
+end
+
 -- nimbus.publish(type, payload, { session, correlation_id, to, message_id }) ->
--- message_id, duplicate | nil, message, code. Inside a handler it is sent when the
--- handler's outcome commits; elsewhere (a task, a script) at once.
+-- message_id, duplicate | nil, message, code. payload: a table (encoded as JSON) or the
+-- JSON text of an object (sent unchanged). Inside a handler it is sent when the handler's
+-- outcome commits; elsewhere (a task, a script) at once.
 function M.publish(event_type, payload, opts)
   if type(event_type) ~= "string" or event_type == "" then
     raise("nimbus.publish: event type must be a non-empty string")
   end
-  if type(payload) ~= "table" then raise("nimbus.publish: payload must be a table") end
+  local body, err
+  if type(payload) == "string" then
+    body = raw_body(payload)
+  elseif type(payload) ~= "table" then
+    raise(("nimbus.publish: payload must be a table (encoded as JSON) or the JSON text of an object, got %s")
+          :format(type(payload)))
+  end
   opts = check_keys(opts, PUBLISH_OPTIONS, "nimbus.publish")
-  local body, err = cjson.encode(payload)
-  if not body then raise("nimbus.publish: payload cannot be encoded as JSON: " .. tostring(err)) end
+  if not body then
+    body, err = cjson.encode(payload)
+    if not body then raise("nimbus.publish: payload cannot be encoded as JSON: " .. tostring(err)) end
+  end
   local session, corr, to = opts.session, opts.correlation_id, opts.to
   if session ~= nil then session = tostring(session) end
   if corr ~= nil then corr = tostring(corr) end
@@ -626,8 +652,8 @@ function internal.run(epname, event_type, body, ctx)
       end
       res = { err = res }
     end
-    local kind, text, etype = errors.classify(res.err)
-    return { status = kind, error_text = text, error_type = etype, error_stack = res.stack }
+    local kind, text, etype, retry_after = errors.classify(res.err)
+    return { status = kind, error_text = text, error_type = etype, error_stack = res.stack, retry_after = retry_after }
   end
   local h = rawget(ctx, "_handoff")
   if h then
@@ -725,4 +751,5 @@ M.json = { decode = decode, encode = cjson.encode, null = cjson.null }
 
 M.http = { request = require("nimbus.http").request, serve = require("nimbus.httpd").serve }
 M.sqlite = require("nimbus.sqlite")
+M.crypto = require("nimbus.crypto")
 return M

@@ -29,9 +29,13 @@
 --   out.status: completed | failed | deadletter | transient | unsupported | handoff, and
 --   out.error_text, error_type, error_stack, handoff { reason, external_job_id, expected_by },
 --   reply (what an ep:reply handler returned, decoded),
---   exactly as the runtime's handler runner returns them to the host. out.published { type, payload, body,
---   opts { session, correlation_id, to } }: a handler's publishes count only when it
---   completes or hands off (as in the host); otherwise they are in out.discarded. out.http:
+--   exactly as the runtime's handler runner returns them to the host (and out.retry_after,
+--   the seconds a transient error asked for). out.published { type, payload, body, message_id,
+--   opts { session, correlation_id, to, message_id } }: a handler's publishes count only when it
+--   completes or hands off (as in the host); otherwise they are in out.discarded. A message_id
+--   given to nimbus.publish is the message's id, and, as in the host, is published once: a
+--   second publish of it returns id, true (a duplicate) and is not recorded (a handler's
+--   publishes claim their ids when it completes, per endpoint; others at once). out.http:
 --   the requests made. out.slept (total seconds), out.sleeps, out.logs { level, message },
 --   out.ctx, out.settled { completed, failed } (nimbus.handoff.* calls).
 --   nimbus.spawn: spawned tasks run after the handler's outcome is known, in order, each to
@@ -49,7 +53,8 @@
 -- app:serve_request(method, "/path?q=1", { headers, body | json, port }) -> { status,
 --   headers, body, json, error, published, http, logs }: calls a route of the server the
 --   adapter started with nimbus.http.serve (no socket is opened).
--- nimbus.sqlite is the real one inside nimbus-host; under plain lua5.4 using it raises.
+-- nimbus.sqlite and nimbus.crypto are the real ones inside nimbus-host; under plain lua5.4
+-- using them raises.
 -- Not simulated: checker timeouts, CPU budgets, memory limits.
 -- Assertions with readable failures: testing.assert_completed(out), assert_failed(out,
 --   pattern), assert_dead_lettered(out, pattern), assert_transient(out, pattern),
@@ -290,17 +295,28 @@ function App:_make_core()
     app._retention = { resolved = resolved, inbox = inbox }   -- nothing to delete under test
     return true
   end
-  function core.publish(event_type, body, session, correlation_id, to)
+  -- As the host (dispatch/nh_vmhost.c): a given message_id is the published message's id,
+  -- and one already claimed gives (id, true) and publishes nothing. A handler's publish
+  -- claims its id when the handler commits (app:send), in the endpoint's scope; any other
+  -- publish claims it at once, in one scope shared by all of them.
+  function core.publish(event_type, body, session, correlation_id, to, message_id)
     if type(event_type) ~= "string" then error("bad argument #1 to 'publish' (string expected)", 2) end
     if type(body) ~= "string" then error("bad argument #2 to 'publish' (string expected)", 2) end
-    app._msgseq = app._msgseq + 1
-    local id = ("test-published-%d"):format(app._msgseq)
     local rec = app._rec
+    local scope = rec.in_handler and ("endpoint " .. tostring(rec.endpoint)) or "publish"
+    if message_id ~= nil and app._claimed[scope .. "\0" .. message_id] then return message_id, true end
+    app._msgseq = app._msgseq + 1
+    local id = message_id or ("test-published-%d"):format(app._msgseq)
     local entry = { type = event_type, payload = app:_decode(body), body = body, message_id = id,
-                    opts = { session = session, correlation_id = correlation_id, to = to } }
-    local list = rec.in_handler and rec.buffered or rec.published
-    list[#list + 1] = entry
-    return id
+                    opts = { session = session, correlation_id = correlation_id, to = to, message_id = message_id } }
+    if rec.in_handler then
+      entry.claim = message_id and (scope .. "\0" .. message_id)
+      rec.buffered[#rec.buffered + 1] = entry
+    else
+      if message_id then app._claimed[scope .. "\0" .. message_id] = true end
+      rec.published[#rec.published + 1] = entry
+    end
+    return id, false
   end
   function core.sleep(secs)
     if type(secs) ~= "number" then error("bad argument #1 to 'sleep' (number expected, got " .. type(secs) .. ")", 2) end
@@ -502,7 +518,8 @@ function M.load(adapter, opts)
   end
   local app = setmetatable({ clock = opts.now or os.time(), _http = opts.http, _dir = dir, _modules = {},
                              _tasks = setmetatable({}, { __mode = "k" }), _running = false, _declared = {},
-                             _everies = {}, hooks = {}, _servers = {}, _msgseq = 0, _seq = 0 }, App)
+                             _everies = {}, hooks = {}, _servers = {}, _msgseq = 0, _seq = 0,
+                             _claimed = {} }, App)
   app:set_http(opts.http)
   app._preload = app:_make_preload()
   app.startup = new_record()   -- what the main chunk (and tasks it spawned) logged, published, ...
@@ -571,6 +588,7 @@ function App:send(endpoint, event_type, payload, ctx)
   for k, v in pairs(ctx or {}) do c[k] = v end
 
   local rec = new_record()
+  rec.endpoint = endpoint   -- the scope of its publishes' message ids
   local res = self:_within(rec, function()
     rec.in_handler = true
     local ok, r = self:_task(self._internal.run, endpoint, event_type, body, c)
@@ -578,7 +596,11 @@ function App:send(endpoint, event_type, payload, ctx)
     if not ok then error("nimbus.testing: the handler task did not finish: " .. errtext(r), 0) end
     r = r[1]
     if r.status == "completed" or r.status == "handoff" then
-      for _, p in ipairs(rec.buffered) do rec.published[#rec.published + 1] = p end
+      for _, p in ipairs(rec.buffered) do
+        if p.claim then self._claimed[p.claim] = true end
+        p.claim = nil
+        rec.published[#rec.published + 1] = p
+      end
     else
       rec.discarded = rec.buffered
     end
@@ -588,7 +610,7 @@ function App:send(endpoint, event_type, payload, ctx)
   if rec.kit_error then error(rec.kit_error, 2) end
 
   local out = { status = res.status, error_text = res.error_text, error_type = res.error_type,
-                error_stack = res.error_stack, ctx = c, published = rec.published, discarded = rec.discarded,
+                error_stack = res.error_stack, retry_after = res.retry_after, ctx = c, published = rec.published, discarded = rec.discarded,
                 http = rec.http, slept = rec.slept, sleeps = rec.sleeps, logs = rec.logs,
                 spawn_errors = rec.spawn_errors, stopped = rec.stopped,
                 settled = { completed = rec.completed, failed = rec.failed } }

@@ -245,9 +245,10 @@ function nimbus.run(fn, ...) end
 
 -- Inside a handler: sent when its outcome commits (a failure publishes nothing).
 -- Elsewhere (a task, a -l script) at once. Returns the MessageId and whether it was a
--- duplicate, or nil, message, code.
+-- duplicate, or nil, message, code. payload: a table (encoded as JSON), or the JSON text of
+-- an object, sent byte for byte (integers of any length, [] kept); other text raises.
 ---@param event_type string
----@param payload table
+---@param payload table|string
 ---@param opts? nimbus.PublishOptions
 ---@return string|nil message_id, boolean|string duplicate_or_message, string? code
 function nimbus.publish(event_type, payload, opts) end
@@ -268,6 +269,11 @@ function nimbus.request(request_type, payload, opts) end
 ---@field kind "permanent"|"transient"
 ---@field message string
 ---@field type string
+---@field retry_after? number transient: the least wait before the next attempt, in seconds
+
+---@class nimbus.TransientErrorOptions
+---@field type? string the error type (default "TransientFailure")
+---@field retry_after? number seconds >= 0: the next attempt waits at least this long (an API's Retry-After), up to the policy's max_delay (one hour without one)
 
 -- error(nimbus.permanent("...")): the event is dead-lettered; its session is not blocked.
 ---@param message? string
@@ -276,8 +282,9 @@ function nimbus.request(request_type, payload, opts) end
 function nimbus.permanent(message, error_type) end
 
 -- error(nimbus.transient("...")): Pending+Retrying under the endpoint's `transient` policy.
+-- error(nimbus.transient("throttled", { type = "Throttled", retry_after = 30 })): not before 30 s.
 ---@param message? string
----@param error_type? string default "TransientFailure"
+---@param error_type? string|nimbus.TransientErrorOptions default "TransientFailure"
 ---@return nimbus.Error
 function nimbus.transient(message, error_type) end
 
@@ -436,5 +443,36 @@ function nimbus.http.serve(opts) end
 ---------------------------------------------------------------------------- sqlite
 
 nimbus.sqlite = require("nimbus.sqlite")
+
+---------------------------------------------------------------------------- crypto
+
+-- Hashes done by OpenSSL (lua/nimbus/crypto.lua), e.g. a webhook signature:
+--   crypto.equal(header, "sha256=" .. crypto.hex(crypto.hmac_sha256(secret, body)))
+-- Every argument must be a string; anything else raises at the caller's line.
+---@class nimbus.crypto
+nimbus.crypto = {}
+
+-- HMAC-SHA256 (RFC 2104) of message with key: 32 raw bytes (nimbus.crypto.hex for text).
+---@param key string
+---@param message string
+---@return string digest
+function nimbus.crypto.hmac_sha256(key, message) end
+
+-- SHA-256 of s: 32 raw bytes.
+---@param s string
+---@return string digest
+function nimbus.crypto.sha256(s) end
+
+-- s as lowercase hex, two digits a byte.
+---@param s string
+---@return string hex
+function nimbus.crypto.hex(s) end
+
+-- Whether a and b are the same bytes, in a time that does not depend on where they differ
+-- (only on the length): compare signatures with it, never with ==.
+---@param a string
+---@param b string
+---@return boolean
+function nimbus.crypto.equal(a, b) end
 
 return nimbus

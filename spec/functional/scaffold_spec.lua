@@ -259,6 +259,23 @@ ep:checker("jobs", { every = 5 }, function(chk) end)
                    line_at(r.out, "lonely.lua:3:"))
   end)
 
+  it("reports an option mistake made through the adapter library at the caller's line", function()
+    -- adapters/http_forward.lua passes `endpoint` on to nimbus.endpoint: the problem is the
+    -- caller's (line 3), not the library's, whatever path the library was loaded from
+    nh.write(sb:path("lib.lua"), [[
+local forward = require("adapters.http_forward")
+forward.endpoint("Orders", { types = { "OrderPlaced" }, url = "http://127.0.0.1:1/orders",
+  endpoint = { concurency = 5 } })
+forward.endpoint("Audit", { types = { "OrderPlaced" }, url = "http://127.0.0.1:1/audit",
+  endpoint = { concurrency = 5 } })
+]])
+    local r = check("lib.lua")
+    assert.are.equal(1, r.code, r.out .. r.err)
+    assert.matches("unknown option concurency %(did you mean concurrency%?%)", line_at(r.out, "lib.lua:2:"), 1)
+    assert.is_nil(r.out:find("adapters/http_forward.lua", 1, true), r.out)
+    assert.matches("1 problem in 1 adapter", r.out)
+  end)
+
   it("reports what stopped loading after what was found before it", function()
     nh.write(sb:path("raises.lua"), [[
 local nimbus = require("nimbus")

@@ -346,6 +346,20 @@ nimbus.on("session_blocked", function() end)
       assert.matches("run this spec inside the host: nimbus%-host %-l", err)
     end
   end)
+
+  it("nimbus.crypto: the real one inside the host, a clear error under plain lua5.4", function()
+    local digest
+    local adapter = function() digest = require("nimbus").crypto.hex(require("nimbus").crypto.sha256("abc")) end
+    if package.preload["nimbus.crypto.core"] then
+      testing.load(adapter)
+      assert.are.equal("ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad", digest)
+    else
+      local ok, err = pcall(testing.load, adapter)
+      assert.is_false(ok)
+      assert.matches("nimbus.crypto is implemented in C by nimbus-host", err, 1, true)
+      assert.matches("testing_spec.lua:%d+: nimbus.crypto", err)   -- at the adapter's line
+    end
+  end)
 end)
 
 describe("nimbus.testing: HTTP routes", function()
@@ -384,5 +398,128 @@ describe("nimbus.testing: assertion helpers", function()
                     { external_job_id = "DMF-2" })
     assert.is_false(ok)
     assert.matches("external_job_id = DMF%-2, got external_job_id = DMF%-1", err)
+  end)
+end)
+
+describe("nimbus.testing: publish as the host does", function()
+  -- An adapter whose handler publishes what the event says: { type, payload, mid, fail }.
+  local function publisher()
+    local results = {}
+    local app = testing.load(function()
+      local nimbus = require("nimbus")
+      nimbus.endpoint("Pub"):on("Go", function(ev)
+        local id, dup = nimbus.publish("Done", ev.raw or { n = ev.n }, { message_id = ev.mid })
+        results[#results + 1] = { id, dup }
+        if ev.fail then error("boom") end
+      end)
+    end)
+    return app, results
+  end
+
+  it("records the message_id given in opts, returns it, and publishes an id once (a failed handler claims none)",
+     function()
+    local app, results = publisher()
+    local out = testing.assert_completed(app:send("Pub", "Go", { n = 1, mid = "m-1" }))
+    assert.are.same({ "m-1", false }, results[1])
+    assert.are.equal("m-1", out.published[1].message_id)
+    assert.are.equal("m-1", out.published[1].opts.message_id)
+
+    out = testing.assert_completed(app:send("Pub", "Go", { n = 2, mid = "m-1" }))
+    assert.are.same({ "m-1", true }, results[2])     -- a duplicate: nothing published
+    assert.are.same({}, out.published)
+
+    out = app:send("Pub", "Go", { n = 3, mid = "m-2", fail = true })
+    assert.are.equal("failed", out.status)
+    assert.are.equal("m-2", out.discarded[1].opts.message_id)
+    out = testing.assert_completed(app:send("Pub", "Go", { n = 4, mid = "m-2" }))
+    assert.are.same({ "m-2", false }, results[4])    -- the failed run did not claim m-2
+    assert.are.equal(4, out.published[1].payload.n)
+
+    out = testing.assert_completed(app:send("Pub", "Go", { n = 5 }))
+    assert.matches("^test%-published%-%d+$", results[5][1])
+    assert.is_nil(out.published[1].opts.message_id)
+  end)
+
+  it("claims a message_id at once outside a handler", function()
+    local got = {}
+    local app = testing.load(function()
+      local nimbus = require("nimbus")
+      got[1] = { nimbus.publish("Started", { n = 1 }, { message_id = "boot" }) }
+      got[2] = { nimbus.publish("Started", { n = 2 }, { message_id = "boot" }) }
+    end)
+    assert.are.same({ { "boot", false }, { "boot", true } }, got)
+    assert.are.equal(1, #app.startup.published)
+    assert.are.equal(1, app.startup.published[1].payload.n)
+  end)
+
+  it("sends a payload given as JSON text byte for byte", function()
+    local app = publisher()
+    local raw = ' {"id":12345678901234567890,"tags":[],"o":{"x":-0.5e-7}} '
+    local out = testing.assert_completed(app:send("Pub", "Go", { raw = raw }))
+    assert.are.equal(raw, out.published[1].body)
+  end)
+
+  it("refuses JSON text that is not an object, at the handler's line", function()
+    local app = publisher()
+    for _, case in ipairs({
+      { "[1,2]", 'a payload given as a string must be the JSON text of an object %({...}%), got "%[1,2%]"' },
+      { "", 'a payload given as a string must be the JSON text of an object' },
+      { '{"a":1', "the payload string is not valid JSON %(.+%): \"{\\\"a\\\":1\"" },
+      { '{"a":1} x', "the payload string is not valid JSON" },
+    }) do
+      local out = app:send("Pub", "Go", { raw = case[1] })
+      testing.assert_failed(out, "nimbus.publish: " .. case[2])
+      assert.matches("testing_spec.lua:%d+: nimbus.publish", out.error_text)
+      assert.are.same({}, out.discarded)
+    end
+  end)
+end)
+
+describe("nimbus.testing: transient errors with retry_after", function()
+  local function raising(make)
+    return testing.load(function()
+      local nimbus = require("nimbus")
+      nimbus.endpoint("E"):on("T", function() error(make(nimbus)) end)
+    end)
+  end
+
+  it("report the least wait an error asks for, with its type", function()
+    local out = raising(function(n) return n.transient("throttled", { type = "Throttled", retry_after = 30 }) end)
+      :send("E", "T", {})
+    testing.assert_transient(out, "^throttled$")
+    assert.are.same({ "Throttled", 30 }, { out.error_type, out.retry_after })
+
+    out = raising(function(n) return n.transient("busy", "Busy") end):send("E", "T", {})   -- as before
+    assert.are.same({ "transient", "Busy" }, { out.status, out.error_type })
+    assert.is_nil(out.retry_after)
+
+    out = raising(function(n)   -- set on the error value: taken when it is seconds
+      local e = n.transient("late")
+      e.retry_after = 2.5
+      return e
+    end):send("E", "T", {})
+    assert.are.equal(2.5, out.retry_after)
+    out = raising(function(n)
+      local e = n.transient("late")
+      e.retry_after = "soon"
+      return e
+    end):send("E", "T", {})
+    assert.are.same({ "transient", nil }, { out.status, out.retry_after })
+    out = raising(function(n) return n.transient("x", { retry_after = 0 }) end):send("E", "T", {})
+    assert.are.equal(0, out.retry_after)
+  end)
+
+  it("refuse bad options at the caller's line", function()
+    for _, case in ipairs({
+      { function(n) return n.transient("x", { retry_after = -1 }) end, "`retry_after` must be a number of seconds >= 0, got %-1" },
+      { function(n) return n.transient("x", { retry_after = "30" }) end, "`retry_after` must be a number of seconds >= 0, got 30" },
+      { function(n) return n.transient("x", { after = 1 }) end, "unknown option after %(options: { type = error_type, retry_after = seconds }%)" },
+      { function(n) return n.transient("x", { type = 7 }) end, "`type` must be a string naming the failure, got number" },
+      { function(n) return n.permanent("x", { retry_after = 1 }) end, "nimbus.permanent: the error type %(argument 2%) must be a string" },
+    }) do
+      local out = raising(case[1]):send("E", "T", {})
+      testing.assert_failed(out, case[2])
+      assert.matches("testing_spec.lua:%d+: nimbus%.", out.error_text)
+    end
   end)
 end)

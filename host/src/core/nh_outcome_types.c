@@ -2,6 +2,7 @@
  * results own (nh_outcome_types.h). */
 #include "nh_outcome_types.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -30,6 +31,16 @@ void nh_outcome_init(nh_outcome_t *o)
 {
   memset(o, 0, sizeof *o);
   o->expected_by_s = -1;
+  o->retry_after_s = -1;
+}
+
+int64_t nh_outcome_retry_delay_ms(const nh_outcome_t *o, int64_t delay_ms, int64_t cap_ms)
+{
+  if (!(o->retry_after_s > 0)) return delay_ms;   /* none given (or NaN): the policy decides */
+  if (delay_ms >= cap_ms) return delay_ms;       /* the policy waits that long anyway */
+  double want = ceil(o->retry_after_s * 1000.0);
+  if (want > (double)cap_ms) return cap_ms;
+  return (int64_t)want > delay_ms ? (int64_t)want : delay_ms;
 }
 
 void nh_outcome_clear(nh_outcome_t *o)

@@ -9,6 +9,8 @@
 #ifndef NH_OUTCOME_TYPES_H
 #define NH_OUTCOME_TYPES_H
 
+#include <stdint.h>
+
 /* Why a message's handler runs: ctx.kind in Lua. */
 typedef enum {
   NH_RUN_EVENT,      /* a message from the queue */
@@ -68,10 +70,17 @@ typedef struct nh_outcome {
   char *handoff_reason, *external_job_id;
   double expected_by_s;   /* < 0: none given */
   char *reply;            /* reply handlers: the JSON to send back to the requester */
+  double retry_after_s;   /* transient: the least wait before the next attempt (< 0: none given),
+                           * nimbus.transient(msg, { retry_after = s }), e.g. an API's Retry-After */
 } nh_outcome_t;
 
-/* An empty outcome (no strings, no expected_by). */
+/* An empty outcome (no strings, no expected_by, no retry_after). */
 void nh_outcome_init(nh_outcome_t *o);
+/* The wait before a transient outcome's next attempt: the policy's `delay_ms`, or the
+ * outcome's retry_after when that is longer, never more than `cap_ms` (> 0) -- a Retry-After
+ * of a day must not park a session for a day unasked. Whole milliseconds, rounded up so the
+ * attempt is never due before retry_after. */
+int64_t nh_outcome_retry_delay_ms(const nh_outcome_t *o, int64_t delay_ms, int64_t cap_ms);
 /* Frees the strings and leaves it empty. */
 void nh_outcome_clear(nh_outcome_t *o);
 

@@ -567,7 +567,8 @@ int nh_dispatch_apply(nh_dispatch_t *d, nh_job_t *job)
   if (o->kind == NH_OUT_TRANSIENT && m->reply_to && *m->reply_to) {
     /* A request: its reply address is on the message, not in the audit a retry runs
      * from, so it is redelivered (the requester's timeout bounds it). */
-    int64_t delay = transient_delay(m->release_count + 1);
+    /* a Retry-After is honoured up to the same 30 s: a requester waits no longer than that */
+    int64_t delay = nh_outcome_retry_delay_ms(o, transient_delay(m->release_count + 1), 30000);
     nh_log_info("dispatch", "%s %s: transient failure, redelivering in %lld ms: %s", ep->name, m->event_id,
                 (long long)delay, o->error_text ? o->error_text : "");
     if (job->src == NH_JOB_RETRY) {
@@ -623,7 +624,11 @@ int nh_dispatch_apply(nh_dispatch_t *d, nh_job_t *job)
     if (attempt < max && own) {
       audit_status(&a, NH_ST_PENDING, o->error_text, o->error_type, o->error_stack);
       set(&a.sub_status, NH_SUB_RETRYING);
-      int64_t delay = nh_retry_delay_ms(&ep->transient, attempt - 1, nh_random_unit());
+      /* the error's retry_after (an API's Retry-After) lengthens the wait, up to the policy's
+       * max_delay, or one hour when the policy has no cap */
+      int64_t cap = ep->transient.max_delay_ms > 0 ? ep->transient.max_delay_ms : 3600000;
+      int64_t delay = nh_outcome_retry_delay_ms(o, nh_retry_delay_ms(&ep->transient, attempt - 1, nh_random_unit()),
+                                                cap);
       st.retry_due = nh_time_now_ms() + delay;
       job->retry_in_ms = delay;
       snprintf(buf, sizeof buf, "transient failure (attempt %d of %d); next attempt in %lld ms", attempt, max,

@@ -297,5 +297,7 @@ void nh_lapi_open(nh_vm_t *vm)
   lua_setfield(L, -2, "nimbus.httpd.core");
   lua_pushcfunction(L, nh_lhttp_open);
   lua_setfield(L, -2, "nimbus.http.core");
+  lua_pushcfunction(L, nh_lcrypto_open);
+  lua_setfield(L, -2, "nimbus.crypto.core");
   lua_pop(L, 1);
 }

@@ -7,6 +7,7 @@
 int nh_lsqlite_open(lua_State *L);   /* require("nimbus.sqlite.core") */
 int nh_lhttpd_open(lua_State *L);    /* require("nimbus.httpd.core") */
 int nh_lhttp_open(lua_State *L);     /* require("nimbus.http.core"): the client */
+int nh_lcrypto_open(lua_State *L);   /* require("nimbus.crypto.core") */
 
 typedef struct nh_vm nh_vm_t;
 /* Stops the VM's HTTP servers accepting (a retiring generation); in-flight requests finish. */

@@ -76,6 +76,12 @@ const char *nh_vm_lua_dir(const char *argv0)
 
 static void set_package_path(lua_State *L, const char *lua_dir, const char *adapter_dir)
 {
+  /* Chunk names come from these paths ("@<path>/nimbus/init.lua"), and the runtime blames a
+   * configuration mistake on the first frame outside lua/ and adapters/ by comparing them:
+   * canonical absolute paths ("/x/adapters/y.lua", not "/x/lua/../adapters/y.lua" or a
+   * relative "lua/../adapters/y.lua") make that comparison and the file:line it prints exact. */
+  char real_lua[PATH_MAX];
+  if (realpath(lua_dir, real_lua)) lua_dir = real_lua;
   lua_getglobal(L, "package");
   lua_getfield(L, -1, "path");
   const char *old = lua_tostring(L, -1);
@@ -90,9 +96,10 @@ static void set_package_path(lua_State *L, const char *lua_dir, const char *adap
   /* The adapter library (adapters/, docs/adapters.md) sits beside lua/: in the source tree
    * and under <prefix>/share/nimbus-host. `require("adapters.http_forward")` resolves through
    * the parent directory, after the adapter's own directory so a local module wins. */
-  char parent[PATH_MAX], probe[PATH_MAX + 16];
+  char up[PATH_MAX + 4], parent[PATH_MAX + 4], probe[PATH_MAX + 24];
   struct stat sb;
-  snprintf(parent, sizeof parent, "%s/..", lua_dir);
+  snprintf(up, sizeof up, "%s/..", lua_dir);
+  if (!realpath(up, parent)) snprintf(parent, sizeof parent, "%s", up);
   snprintf(probe, sizeof probe, "%s/adapters", parent);
   if (stat(probe, &sb) == 0 && S_ISDIR(sb.st_mode)) {
     lua_pushfstring(L, "%s/?.lua;", parent);
@@ -471,6 +478,9 @@ static nh_runner_ret_t outcome_from_table(lua_State *co, int idx, nh_outcome_t *
   o->reply = field_str(co, idx, "reply");
   lua_getfield(co, idx, "expected_by");
   o->expected_by_s = lua_isnumber(co, -1) ? lua_tonumber(co, -1) : -1;
+  lua_pop(co, 1);
+  lua_getfield(co, idx, "retry_after");   /* the runner checked it: seconds >= 0 */
+  o->retry_after_s = lua_type(co, -1) == LUA_TNUMBER ? lua_tonumber(co, -1) : -1;
   lua_pop(co, 1);
   return NH_RUNNER_OUTCOME;
 }

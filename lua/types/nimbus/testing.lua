@@ -38,7 +38,7 @@ local testing = {}
 ---@field payload table
 ---@field body string
 ---@field message_id string
----@field opts { session: string?, correlation_id: string?, to: string? }
+---@field opts { session: string?, correlation_id: string?, to: string?, message_id: string? } message_id: the one given to nimbus.publish
 
 ---@class nimbus.testing.Log
 ---@field level "debug"|"info"|"warn"|"error"
@@ -48,6 +48,7 @@ local testing = {}
 ---@field status "completed"|"failed"|"deadletter"|"transient"|"unsupported"|"handoff"
 ---@field error_text? string
 ---@field error_type? string
+---@field retry_after? number transient: the seconds nimbus.transient(msg, { retry_after = s }) asked for
 ---@field error_stack? string
 ---@field handoff? { reason: string, external_job_id: string?, expected_by: number? }
 ---@field reply? any what an ep:reply handler returned
