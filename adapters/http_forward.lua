@@ -44,7 +44,8 @@
 --   408 429 5xx         transient: Pending+Retrying under the endpoint's `transient` policy.
 --                       A Retry-After (seconds or HTTP-date) up to `retry_wait` (5 s) is waited
 --                       for inside the handler and the request sent again (3 times at most);
---                       a longer one is in the error text and on the error (`retry_after`).
+--                       after a longer one the host retries no sooner than it asks (up to
+--                       the transient policy's `max_delay`: raise it to honour long waits).
 --   other 4xx           permanent: DeadLettered with method, URL, status, reason and the first
 --                       500 characters of the body; the session goes on
 --   no answer in time, refused, reset, a malformed answer (a status outside 200-599, a 2xx that
@@ -52,6 +53,17 @@
 --   included) stays inside `timeout` (30 s); keep it below the endpoint's handler `timeout`.
 --   A bad URL built at run time (map, url function) fails the event (an adapter bug); an
 --   event without a field of the URL template is dead-lettered.
+--   no_answer = "failed": no answer (refused, reset, timed out) fails the event instead
+--   (Failed, the session blocks until an operator resubmits): for APIs that must not be
+--   retried behind the operator's back.
+--   error_text = function(f) -> string: your wording of a refused or unanswered request
+--   (keeps the outcome, replaces the text). f.kind is "status" (f.status, f.reason or nil,
+--   f.body: the whole body, f.retry_after) or "no_answer" (f.message, f.code); both carry
+--   f.name, f.method, f.url and f.path (path and query of f.url). E.g. a legacy format:
+--     error_text = function(f)
+--       if f.kind == "no_answer" then return ("%s %s unreachable: %s"):format(f.method, f.path, f.message) end
+--       return ("%s %s → %d. Body: %s"):format(f.method, f.path, f.status, f.body:sub(1, 500))
+--     end
 local cjson = require("cjson.safe")
 
 local M = {}
@@ -98,12 +110,8 @@ local NO_BODY = { GET = true, HEAD = true, DELETE = true, OPTIONS = true }   -- 
 -- outside all of them (a spec reading forward.REASONS at its top).
 local function rt() return require("nimbus") end
 
--- The host's clock (the fake one under nimbus.testing); nimbus.now once it exists.
-local function now()
-  local nimbus = rt()
-  if nimbus.now then return nimbus.now() end
-  return require("nimbus.core").now()
-end
+-- The host's clock (the fake one under nimbus.testing).
+local function now() return rt().now() end
 M._now = now
 
 -- First n characters of s (bytes when s is not UTF-8), marked when cut.
@@ -277,12 +285,10 @@ end
 local function fail_permanent(text, etype) error(rt().permanent(text, etype), 0) end
 local function fail_plain(text, etype) error({ message = text, type = etype }, 0) end
 
--- A transient error; its Retry-After rides along for a host that honours it (`retry_after`
--- on the error value, in seconds).
+-- A transient error; its Retry-After (seconds) is the least wait before the next attempt:
+-- the host waits for the longer of it and the endpoint's transient policy (up to max_delay).
 local function fail_transient(text, etype, retry_after)
-  local e = rt().transient(text, etype)
-  e.retry_after = retry_after
-  error(e, 0)
+  error(rt().transient(text, { type = etype, retry_after = retry_after }), 0)
 end
 
 ---------------------------------------------------------------------------- options
@@ -290,6 +296,7 @@ local HANDLER_KEYS = {
   name = "string", url = "string|function", method = "string", map = "function", headers = "table|function",
   timeout = "number", outcomes = "table", response = "string", on_response = "function",
   handoff = "table|boolean", max_redirects = "number", retry_wait = "number", idempotency_header = "string",
+  no_answer = "string", error_text = "function",
 }
 local ENDPOINT_KEYS = { types = "table", endpoint = "table", poll = "table" }
 
@@ -390,9 +397,14 @@ local function compile(opts, where, extra_keys)
   end
   if opts.outcomes then check_outcomes(where, opts.outcomes) end
   check_handoff(where, opts.handoff)
+  if opts.no_answer ~= nil and opts.no_answer ~= "transient" and opts.no_answer ~= "failed" then
+    error(("%s: no_answer must be \"transient\" (tried again later) or \"failed\", got %q"):format(where,
+          opts.no_answer), 0)
+  end
   return {
     name = opts.name, map = opts.map, headers = opts.headers, on_response = opts.on_response,
     idempotency_header = opts.idempotency_header, method = method,
+    no_answer = opts.no_answer or "transient", error_text = opts.error_text,
     url = type(opts.url) == "string" and compile_template(opts.url) or opts.url,
     url_text = type(opts.url) == "string" and opts.url or nil,
     timeout = opts.timeout or DEFAULT_TIMEOUT,
@@ -490,22 +502,51 @@ local function action_for(outcomes, status)
   return outcomes[status] or outcomes[class] or M.DEFAULT_OUTCOMES[status] or M.DEFAULT_OUTCOMES[class]
 end
 
--- Raises the outcome of a request that got no answer: transient, but for a URL the client
--- refuses (an adapter bug).
+-- The path and query of a URL (error texts that name the API once and the path after it).
+local function path_of(url)
+  local _, path, query = split_url(url)
+  if not path then return url end
+  return path .. query
+end
+
+-- The adapter's own wording of a failure (option error_text), or nil without one. f gets
+-- name, method, url (the one that answered), path; the caller filled in the rest.
+local function custom_text(conf, req, url, f)
+  if not conf.error_text then return nil end
+  f.name, f.method, f.url, f.path = conf.name, req.method, url, path_of(url)
+  local text = conf.error_text(f)
+  if type(text) ~= "string" then
+    config_error(("error_text must return the error text as a string, got %s"):format(type(text)))
+  end
+  return text
+end
+
+-- Raises the outcome of no answer: transient, or a plain failure under no_answer = "failed"
+-- (an API whose callers want an operator to look, not a retry).
+local function no_answer(conf, req, url, text, etype, msg, code)
+  local custom = custom_text(conf, req, url, { kind = "no_answer", message = msg, code = code })
+  if conf.no_answer == "failed" then fail_plain(custom or text, etype) end
+  fail_transient(custom or (text .. "; tried again later"), etype)
+end
+
+-- Raises the outcome of a request that got no answer (see no_answer), but for a URL the
+-- client refuses: that is an adapter bug, a plain failure.
 local function transport_failure(conf, req, url, msg, code)
   local what = (conf.name and (conf.name .. ": ") or "") .. req.method .. " " .. req.url
   if url ~= req.url then what = what .. " (redirected to " .. url .. ")" end
   msg = tostring(msg)
-  if code == "ETIMEDOUT" then
-    fail_transient(("%s: no answer within %s (timeout = %s): %s; tried again later")
-                   :format(what, seconds_text(conf.timeout), conf.timeout, msg), "HttpTimeout")
-  elseif code == "EINVAL" then
+  if code == "EINVAL" then
     fail_plain(("%s: the URL cannot be used: %s (EINVAL); fix the adapter's url"):format(what, msg),
                "ForwardConfigError")
-  elseif code == "EMSGSIZE" then
-    fail_transient(("%s: the answer is too large: %s; tried again later"):format(what, msg), "HttpBadResponse")
   end
-  fail_transient(("%s: unreachable: %s (%s); tried again later"):format(what, msg, tostring(code)), "HttpUnreachable")
+  if code == "ETIMEDOUT" then
+    no_answer(conf, req, url, ("%s: no answer within %s (timeout = %s): %s")
+              :format(what, seconds_text(conf.timeout), conf.timeout, msg), "HttpTimeout", msg, code)
+  elseif code == "EMSGSIZE" then
+    no_answer(conf, req, url, ("%s: the answer is too large: %s"):format(what, msg), "HttpBadResponse", msg, code)
+  end
+  no_answer(conf, req, url, ("%s: unreachable: %s (%s)"):format(what, msg, tostring(code)), "HttpUnreachable",
+            msg, code)
 end
 
 -- Headers for a hop to another origin: credentials are for the API that was configured,
@@ -555,8 +596,9 @@ local function send(conf, req, deadline)
   while true do
     local left = deadline - now()
     if left <= 0 then
-      fail_transient(("%s: no answer within the delivery timeout of %s (timeout = %s); tried again later")
-                     :format(label(conf, req), seconds_text(conf.timeout), conf.timeout), "HttpTimeout")
+      local msg = ("no answer within the delivery timeout of %s (timeout = %s)")
+                  :format(seconds_text(conf.timeout), conf.timeout)
+      no_answer(conf, req, hop.url, label(conf, req) .. ": " .. msg, "HttpTimeout", msg, "ETIMEDOUT")
     end
     local res, msg, code = rt().http.request{ method = hop.method, url = hop.url, headers = hop.headers,
                                               body = hop.body, json = hop.json, timeout = left }
@@ -611,6 +653,13 @@ end
 local function refuse(conf, req, res, url, action, ra, raw)
   local what = describe_answer(conf, req, res, url)
   local body, etype = first_chars(res.body, BODY_CHARS), "HttpStatus" .. res.status
+  local custom = custom_text(conf, req, url, { kind = "status", status = res.status, reason = M.REASONS[res.status],
+                                               body = res.body or "", retry_after = ra })
+  if custom then
+    if action == "permanent" then fail_permanent(custom, etype) end
+    if action == "failed" then fail_plain(custom, etype) end
+    fail_transient(custom, etype, ra)
+  end
   if action == "permanent" then
     fail_permanent(("%s: the API refused the event (dead-lettered: the same request gets the same answer); fix the "
                     .. "event and resubmit it, or skip it. Body: %s"):format(what, body), etype)

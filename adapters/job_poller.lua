@@ -21,6 +21,7 @@
 --     backoff      = { base = 2, factor = 2, max = 120 },   -- per job: 2, 4, 8 ... 120 s apart
 --     not_found    = "fail",                     -- 404/410 on the status URL: fail (or "wait")
 --     headers      = { Authorization = "Bearer demo-token" },
+--     error_text   = function(f) return f.kind == "failed" and ("import " .. f.state) or f.text end,
 --     url          = function(h) return h.external_job_id end,   -- the default, for URL job ids
 --   })
 --
@@ -36,6 +37,9 @@
 --   anything else         (an unknown state, no state field, not JSON, other statuses, no
 --                         answer) a warning that names the job, the URL and what came back;
 --                         keep polling with backoff. A Retry-After on the answer is respected.
+-- error_text(f) -> text[, type]: your wording of a failed job, replacing "job <url> ended
+-- <state>: <error>" (f.kind "failed": f.state, f.body the decoded answer) or the 404/410 text
+-- (f.kind "not_found"); f also has res, h (the hand-off), url, and text and type (ours).
 -- The backoff lives in the checker's memory: after a reload or restart every job is polled once
 -- at the first run, then backs off again. A hand-off without a status URL is logged and left
 -- to the operator (nimbus-host handoff complete|fail).
@@ -60,6 +64,7 @@ local KEYS = {
   url = "function", headers = "table|function", timeout = "number", status_field = "string|function",
   done = "table", failed = "table", running = "table", result_field = "string|function",
   error_field = "string|function", error_type = "string", backoff = "table", not_found = "string",
+  error_text = "function",
 }
 local ATTACH_KEYS = { name = "string", every = "number", run_timeout = "number" }
 
@@ -108,7 +113,7 @@ local function compile(opts, where, extra)
   end
   local d = M.DEFAULTS
   local conf = {
-    url = opts.url, headers = opts.headers,
+    url = opts.url, headers = opts.headers, error_text = opts.error_text,
     timeout = opts.timeout or d.timeout,
     status_field = opts.status_field or d.status_field,
     result_field = opts.result_field,
@@ -207,7 +212,8 @@ local function judge_state(conf, body, res, h, url)
     if result == cjson.null then result = nil end
     return { "complete", result }
   elseif conf.failed[key] then
-    return { "fail", failure_text(conf, body, res, h, url, state), conf.error_type }
+    return { "fail", failure_text(conf, body, res, h, url, state), conf.error_type,
+             { kind = "failed", state = state, body = body } }
   elseif conf.running[key] then
     return { "wait", state }
   end
@@ -222,7 +228,8 @@ local function judge(conf, res, h, url)
   if status == 303 and loc then return { "complete", { location = forward.resolve(url, loc) } } end
   if (status == 404 or status == 410) and conf.not_found == "fail" then
     return { "fail", ("job status URL %s answered %s: the API does not know the job (any more); resubmit the event "
-                      .. "to send it again, or skip it"):format(url, status_text(status)), "ExternalJobNotFound" }
+                      .. "to send it again, or skip it"):format(url, status_text(status)), "ExternalJobNotFound",
+             { kind = "not_found" } }
   end
   if status < 200 or status > 299 then
     return { "odd", ("unexpected answer %s from the job's status URL; polled again later"):format(status_text(status)),
@@ -234,6 +241,22 @@ local function judge(conf, res, h, url)
              { body = forward._first_chars(res.body, 200), error = err or "a JSON value that is not an object" } }
   end
   return judge_state(conf, body, res, h, url)
+end
+
+-- The adapter's wording of a failed job (option error_text): text[, type] from
+-- error_text(f), f = { kind = "failed" | "not_found", state, body, res, h, url, text, type }
+-- where text and type are what the poller would have said.
+local function own_text(conf, v, res, h, url)
+  local f = v[4]
+  f.res, f.h, f.url, f.text, f.type = res, h, url, v[2], v[3]
+  local text, etype = conf.error_text(f)
+  if type(text) ~= "string" or text == "" then
+    error(("job_poller: error_text must return the error text as a non-empty string, got %s"):format(type(text)), 0)
+  end
+  if etype ~= nil and type(etype) ~= "string" then
+    error(("job_poller: error_text's second result (the error type) must be a string, got %s"):format(type(etype)), 0)
+  end
+  return text, etype or v[3]
 end
 
 local function request_headers(conf, h)
@@ -258,6 +281,7 @@ local function poll_one(conf, chk, h, url)
   local ra = forward.retry_after(header(res.headers, "retry-after"))
   local v = judge(conf, res, h, url)
   local kind = v[1]
+  if kind == "fail" and conf.error_text then v[2], v[3] = own_text(conf, v, res, h, url) end
   if kind == "complete" or kind == "fail" then
     local ok, err = chk[kind](chk, h, v[2], v[3])
     if not ok then

@@ -320,13 +320,9 @@ function M.required_fields(by_type)
 end
 
 ---------------------------------------------------------------------------- clock
--- nimbus.now() once the host has it (issue 18); nimbus.core's clock until then. Both are
--- the fake clock under nimbus.testing.
-local function now()
-  local nimbus = require("nimbus")
-  if type(nimbus.now) == "function" then return nimbus.now() end
-  return require("nimbus.core").now()
-end
+-- The host's clock (the fake one under nimbus.testing), looked up at call time: nimbus.testing
+-- gives each app its own.
+local function now() return require("nimbus").now() end
 
 ---------------------------------------------------------------------------- http knobs
 -- A reader of a JSON switch behind a URL, its answer reused for `cache` seconds.

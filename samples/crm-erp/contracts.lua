@@ -1,7 +1,18 @@
 -- CrmErpDemo contracts (docs/crm-erp-demo.md section 2): event types, required fields, the
--- session key of each type, and a validation middleware that dead-letters an event with
--- missing required fields, as NimBus's ValidationMiddleware does.
+-- session key of each type, the validation middleware that dead-letters an event with
+-- missing required fields, as NimBus's ValidationMiddleware does (adapters.middleware), and
+-- the API call both adapters make (adapters.http_forward with the section 3 outcomes).
+--
+--   local contracts = require("contracts")
+--   local ep = nimbus.endpoint("CrmEndpoint")
+--   ep:use(contracts.validation)
+--   local call = contracts.api("CRM API", "http://127.0.0.1:5080")
+--   ep:on("ErpContactDeleted", call("DeleteContactFromErp", "POST", function(e)
+--     return "/api/contacts/" .. contracts.seg(e.ContactId) .. "/deleted"
+--   end))
 local nimbus = require("nimbus")
+local forward = require("adapters.http_forward")
+local mw = require("adapters.middleware")
 
 local M = {}
 
@@ -40,22 +51,66 @@ function M.publish(event_type, payload)
   return nimbus.publish(event_type, payload, { session = M.session_of(event_type, payload) })
 end
 
-local null = require("cjson").null
-local function missing(v) return v == nil or v == "" or v == null end
-
 -- Middleware: a missing required field is a permanent failure (DeadLettered, session not
--- blocked) with "Validation failed: <Type>.<Field> is required".
-function M.validation(event, ctx, next)
-  local t = M.types[ctx.event_type]
-  if t then
-    for _, f in ipairs(t.required) do
-      if missing(event[f]) then
-        error(nimbus.permanent(("Validation failed: %s.%s is required"):format(ctx.event_type, f),
-                               "ValidationError"), 0)
-      end
+-- blocked) with "Validation failed: <Type>.<Field> is required" (adapters.middleware).
+local required = {}
+for event_type, t in pairs(M.types) do required[event_type] = t.required end
+M.validation = mw.required_fields(required)
+
+---------------------------------------------------------------------------- API calls
+-- Both adapters call their API the same way (docs/crm-erp-demo.md section 3): every answer
+-- that is not 2xx, and no answer at all, fails the event (Failed, the session blocks; no
+-- retry policy, as in the original), with
+--   "<operation> failed: <API> <METHOD> <path> → <status> <reason>. Body: <first 500 chars>"
+--   "<operation> failed: <API> <METHOD> <path> unreachable: <message>"
+
+-- A path segment, percent-encoded outside the unreserved characters (ids are GUIDs).
+function M.seg(v)
+  return (tostring(v):gsub("[^%w%-%._~]", function(c) return ("%%%02X"):format(c:byte()) end))
+end
+
+local function first_chars(s, n)
+  local len = utf8.len(s)
+  if len == nil then return s:sub(1, n) end   -- not UTF-8: bytes
+  if len <= n then return s end
+  return s:sub(1, utf8.offset(s, n + 1) - 1)
+end
+
+-- http_forward's error_text in the section 3 wording, for `api` ("CRM API").
+local function api_error_text(api)
+  return function(f)
+    if f.kind == "no_answer" then
+      return ("%s failed: %s %s %s unreachable: %s"):format(f.name, api, f.method, f.path, f.message)
     end
+    return ("%s failed: %s %s %s → %d %s. Body: %s"):format(f.name, api, f.method, f.path, f.status,
+      f.reason or "Unknown", first_chars(f.body, 500))
   end
-  return next()
+end
+M.api_error_text = api_error_text
+
+-- contracts.api("ERP API", "http://127.0.0.1:5090") -> call, where
+--   call(operation, method, path_of, opts) -> an http_forward handler(event, ctx):
+--   path_of(event) -> "/api/..." ; opts.json(event) -> the request body ; opts.outcomes adds
+--   to "2xx done, anything else failed" (e.g. [404] = function(res, event, ctx) ... end) ;
+--   opts.on_response(res, event, ctx) runs on a 2xx.
+--   Its handler returns what an outcome function returned (a reply table).
+function M.api(api, base, timeout)
+  base = base:gsub("/+$", "")
+  local text = api_error_text(api)
+  return function(operation, method, path_of, opts)
+    opts = opts or {}
+    local outcomes = { ["2xx"] = "done", ["3xx"] = "failed", ["4xx"] = "failed", ["5xx"] = "failed" }
+    for k, v in pairs(opts.outcomes or {}) do outcomes[k] = v end
+    local body = opts.json
+    return forward.handler{
+      name = operation, method = method, timeout = timeout or 30, max_redirects = 0,
+      outcomes = outcomes, no_answer = "failed", error_text = text, on_response = opts.on_response,
+      map = function(event, ctx)
+        if opts.count then opts.count(operation) end
+        return { url = base .. path_of(event, ctx), json = body and body(event, ctx) or nil }
+      end,
+    }
+  end
 end
 
 ---------------------------------------------------------------------------- ids and times

@@ -32,7 +32,8 @@ local crm, crm_err = require("fake.crm_api").start{
   request = function(t, payload, opts) return nimbus.request(t, payload, opts) end,
 }
 started(crm, crm_err, "CRM", "CRM_API_PORT")
-local erp, erp_err = require("fake.erp_api").start{ port = ERP_PORT, db = DATA .. "/erp.db", publish = publish }
+-- Erp.Api publishes through its outbox (adapters.outbox_relay), not through `publish`
+local erp, erp_err = require("fake.erp_api").start{ port = ERP_PORT, db = DATA .. "/erp.db" }
 started(erp, erp_err, "ERP", "ERP_API_PORT")
 -- port 0 picks free ports (tests); the adapters call the ports actually bound
 local CRM_URL = ("http://127.0.0.1:%d"):format(crm.port)

@@ -523,6 +523,8 @@ describe("adapters.http_forward", function()
       { "a handoff option", { url = ORDERS, handoff = { expected = 3 } }, "unknown handoff option expected" },
       { "max_redirects", { url = ORDERS, max_redirects = -1 }, "max_redirects must be a whole number" },
       { "retry_wait", { url = ORDERS, retry_wait = -1 }, "retry_wait must be >= 0" },
+      { "no_answer", { url = ORDERS, no_answer = "retry" }, 'no_answer must be "transient" %(tried again later%) or "failed", got "retry"' },
+      { "error_text", { url = ORDERS, error_text = "x" }, "option error_text must be a function, got string" },
     }
     for _, c in ipairs(cases) do
       it(c[1], function()
@@ -564,5 +566,43 @@ describe("adapters.http_forward", function()
     local app = load({ url = ORDERS }, always(200))
     local out = testing.assert_completed(send(app, { list = { 1, 2, 3 }, flag = cjson.null }))
     assert.same({ 1, 2, 3 }, out.http[1].json.list)
+  end)
+  describe("no_answer and error_text", function()
+    it("fails (not transient) when the API does not answer under no_answer = \"failed\"", function()
+      local app = load({ url = ORDERS, no_answer = "failed" }, function() return nil, "Connection refused", "ECONNREFUSED" end)
+      local out = testing.assert_failed(send(app), "unreachable: Connection refused")
+      assert.equal("HttpUnreachable", out.error_type)
+      app = load({ url = ORDERS }, function() return nil, "Connection refused", "ECONNREFUSED" end)
+      testing.assert_transient(send(app))
+    end)
+
+    it("words refused and unanswered requests with error_text, keeping each outcome", function()
+      local seen = {}
+      local function text(f)
+        seen[#seen + 1] = f
+        if f.kind == "no_answer" then return ("%s %s %s gone: %s/%s"):format(f.name, f.method, f.path, f.message, f.code) end
+        return ("%s %s %s said %d %s: %s"):format(f.name, f.method, f.path, f.status, tostring(f.reason), f.body)
+      end
+      local opts = { name = "Orders", url = ORDERS .. "/{OrderId}?v=1", method = "PUT", error_text = text,
+                     outcomes = { [409] = "failed" } }
+      local out = testing.assert_dead_lettered(send(load(opts, always({ status = 404, body = "nope" }))))
+      assert.equal("Orders PUT /api/orders/O-1?v=1 said 404 Not Found: nope", out.error_text)
+      assert.equal(ORDERS .. "/O-1?v=1", seen[1].url)
+      out = testing.assert_failed(send(load(opts, always({ status = 409, body = "" }))))
+      assert.equal("Orders PUT /api/orders/O-1?v=1 said 409 Conflict: ", out.error_text)
+      out = testing.assert_transient(send(load(opts, always({ status = 503, body = "x" }))))
+      assert.equal("Orders PUT /api/orders/O-1?v=1 said 503 Service Unavailable: x", out.error_text)
+      testing.assert_transient(send(load(opts, always({ status = 599, body = "?" }))))
+      assert.is_nil(seen[#seen].reason)
+      out = testing.assert_transient(send(load(opts, function() return nil, "Timeout", "ETIMEDOUT" end)))
+      assert.equal("Orders PUT /api/orders/O-1?v=1 gone: Timeout/ETIMEDOUT", out.error_text)
+    end)
+
+    it("fails the event, naming the option, when error_text returns no string", function()
+      local app = load({ url = ORDERS, error_text = function() return 42 end }, always({ status = 500 }))
+      local out = testing.assert_failed(send(app), "error_text must return the error text as a string, got number")
+      assert.equal("ForwardConfigError", out.error_type)
+    end)
+
   end)
 end)

@@ -354,4 +354,38 @@ describe("adapters.job_poller", function()
       end, 'already has a checker "job%-poller"', 3)
     end)
   end)
+  describe("error_text", function()
+    it("words a failed job and a 404 in the adapter's own text and type", function()
+      local seen = {}
+      local app = load({ error_text = function(f)
+        seen[#seen + 1] = f
+        if f.kind == "not_found" then return "no such job " .. f.h.external_job_id, "Gone" end
+        return "import " .. f.state .. ": " .. f.body.why
+      end }, {
+        ["GET " .. JOBS .. "1"] = { json = { status = "Failed", why = "bad row 7" } },
+        ["GET " .. JOBS .. "2"] = { status = 404, body = "" },
+      })
+      local r = run(app, { handoff(1), handoff(2) })
+      assert.equal(2, #r.failed)
+      assert.same({ "import Failed: bad row 7", "ExternalJobFailed" }, { r.failed[1].text, r.failed[1].type })
+      assert.same({ "no such job " .. JOBS .. "2", "Gone" }, { r.failed[2].text, r.failed[2].type })
+      assert.matches("^job " .. JOBS:gsub("%p", "%%%0") .. "1 ended Failed", seen[1].text)
+      assert.equal(JOBS .. "1", seen[1].url)
+      assert.equal("ExternalJobNotFound", seen[2].type)
+    end)
+
+    it("logs and keeps polling when error_text returns no text", function()
+      local app = load({ error_text = function() return nil end },
+                       { ["GET " .. JOBS .. "1"] = { json = { status = "Failed" } } })
+      local r = run(app)
+      assert_untouched(r)
+      assert.equal(1, warns(r, "checking a job failed"))
+    end)
+
+    it("refuses an error_text that is not a function at the caller's line", function()
+      local ok, err = pcall(load, { error_text = "oops" })
+      assert.is_false(ok)
+      assert.matches("option error_text must be a function, got string", err)
+    end)
+  end)
 end)

@@ -1,7 +1,8 @@
 -- samples/crm-erp/erp_adapter.lua under nimbus.testing: the ErpEndpoint handlers, the
 -- service-mode / processing-delay middleware, the error-mode guard, the hand-off branch,
--- the credit check reply, the credit-hold command and the DMF status checker, against a
--- fake ERP API (canned HTTP answers; nothing listens).
+-- the credit check reply, the credit-hold command and the DMF job poller, against a
+-- fake ERP API (canned HTTP answers; nothing listens). The settlement itself (the roll, the
+-- import) is the fake ERP API's: spec/host/erp_api_spec.lua.
 local testing = require("nimbus.testing")
 local cjson = require("cjson")
 
@@ -45,10 +46,7 @@ local function load(state, roll)
   local app = testing.load(function()
     package.path = SAMPLE .. "/?.lua;" .. SAMPLE .. "/?/init.lua;" .. package.path
     local mod = require("erp_adapter")
-    info.rejections = mod.DMF_REJECTIONS
-    info.fake_rejections = require("fake.erp_api").DMF_REJECTIONS
-    local ep = mod.setup{ erp_url = ERP, checker_every = 1,
-                                             random = function() return roll.value end }
+    local ep = mod.setup{ erp_url = ERP, checker_every = 1 }
     ep:use(function(_, ctx, next)
       local r = next()
       replies[ctx.event_id] = r
@@ -380,16 +378,14 @@ describe("ERP adapter: ErpCreditCheckRequested (request handler)", function()
   end)
 end)
 
-describe("ERP adapter: the dmf-jobs status checker", function()
-  local state, app, roll, info
+describe("ERP adapter: the dmf-jobs status checker (adapters.job_poller)", function()
+  local state, app
   local JOB = "DMF-0123456789ab"
   local JOB_PATH = "/api/internal/handoff-jobs/" .. JOB
 
   before_each(function()
-    state, roll = {}, { value = 0.5 }
-    local _replies
-    app, _replies, info = load(state, roll)
-    state.knobs["handoff-mode"] = { enabled = true, durationSeconds = 5, failureRate = 0.25 }
+    state = {}
+    app = load(state, { value = 0.5 })
   end)
 
   local function row(id, event)
@@ -397,19 +393,14 @@ describe("ERP adapter: the dmf-jobs status checker", function()
              external_job_id = id or JOB, reason = "Awaiting ERP DMF import job (demo)", payload = account() }
   end
 
-  local function job(due_ms, st)
-    return { json = { eventId = "ev-1", externalJobId = JOB, state = st or "pending", dueAtMs = due_ms,
-                      dueAt = os.date("!%Y-%m-%dT%H:%M:%S", due_ms // 1000) .. ".000Z" } }
+  local function job(st, over)
+    local j = { eventId = "ev-1", externalJobId = JOB, state = st, dueAtMs = NOW * 1000 }
+    for k, v in pairs(over or {}) do j[k] = v end
+    return { json = j }
   end
 
-  it("uses the fake ERP API's five DMF rejection texts", function()
-    assert.equal(5, #info.rejections)
-    assert.same(info.fake_rejections, info.rejections)
-    for _, t in ipairs(info.rejections) do assert.truthy(t:find("^DMF rejected: ")) end
-  end)
-
-  it("leaves a job that is not due yet alone (no roll, no settlement)", function()
-    state.routes["GET " .. JOB_PATH] = job((NOW + 3) * 1000)
+  it("leaves a pending job pending, reading only its status", function()
+    state.routes["GET " .. JOB_PATH] = job("pending")
     local run = app:run_checker(EP, "dmf-jobs", { pending = { row() } })
     assert.is_nil(run.error)
     assert.same({}, run.completed)
@@ -417,67 +408,24 @@ describe("ERP adapter: the dmf-jobs status checker", function()
     assert.same({ "GET " .. JOB_PATH }, urls(run))
   end)
 
-  it("reads dueAt when the API gives no dueAtMs", function()
-    state.routes["GET " .. JOB_PATH] = { json = { externalJobId = JOB, state = "pending",
-                                                  dueAt = os.date("!%Y-%m-%dT%H:%M:%S", NOW + 60) .. "+00:00" } }
+  it("completes a completed job with { importedRecordId = the job id }", function()
+    state.routes["GET " .. JOB_PATH] = job("completed")
     local run = app:run_checker(EP, "dmf-jobs", { pending = { row() } })
-    assert.same({}, run.completed)
-    assert.same({}, run.failed)
-    app:advance(61)
-    state.routes["POST " .. JOB_PATH .. "/apply"] = { json = { importedRecordId = JOB } }
-    run = app:run_checker(EP, "dmf-jobs", { pending = { row() } })
-    assert.equal(1, #run.completed)
-  end)
-
-  it("fails a due job when the roll is under the CURRENT failure rate, with a DMF rejection text", function()
-    state.routes["GET " .. JOB_PATH] = job((NOW - 1) * 1000)
-    state.routes["POST " .. JOB_PATH .. "/fail"] = { json = { state = "failed" } }
-    state.knobs["handoff-mode"] = { enabled = false, durationSeconds = 5, failureRate = 0.6 }   -- changed since
-    roll.value = 0.59
-    local run = app:run_checker(EP, "dmf-jobs", { pending = { row() } })
-    assert.is_nil(run.error)
-    assert.same({}, run.completed)
-    assert.equal(1, #run.failed)
-    local f = run.failed[1]
-    assert.equal("ev-1", f.h.event_id)
-    assert.equal("DmfValidationError", f.type)
-    local known = false
-    for _, t in ipairs(info.rejections) do if t == f.text then known = true end end
-    assert.is_true(known, f.text)
-    assert.same({ "GET " .. JOB_PATH, "GET /api/admin/handoff-mode", "POST " .. JOB_PATH .. "/fail" }, urls(run))
-    assert.same({ errorText = f.text }, calls(run, "POST", JOB_PATH .. "/fail")[1].json)
-  end)
-
-  it("applies a due job and completes it with { importedRecordId } when the roll is at or over the rate", function()
-    state.routes["GET " .. JOB_PATH] = job(NOW * 1000)
-    state.routes["POST " .. JOB_PATH .. "/apply"] = { json = { importedRecordId = JOB, customerId = "c1" } }
-    roll.value = 0.25
-    local run = app:run_checker(EP, "dmf-jobs", { pending = { row() } })
-    assert.is_nil(run.error)
     assert.same({}, run.failed)
     assert.equal(1, #run.completed)
     assert.equal("ev-1", run.completed[1].h.event_id)
     assert.same({ importedRecordId = JOB }, run.completed[1].result)
-    assert.same({ "GET " .. JOB_PATH, "GET /api/admin/handoff-mode", "POST " .. JOB_PATH .. "/apply" }, urls(run))
   end)
 
-  it("fails with 'Erp upsert failed: ...' when the apply is refused, and marks the job failed", function()
-    state.routes["GET " .. JOB_PATH] = job(NOW * 1000)
-    state.routes["POST " .. JOB_PATH .. "/apply"] = { status = 422,
-      json = { error = "Erp upsert failed: LegalName is missing from the payload" } }
-    state.routes["POST " .. JOB_PATH .. "/fail"] = { json = {} }
-    roll.value = 0.9
-    local run = app:run_checker(EP, "dmf-jobs", { pending = { row() } })
-    assert.same({}, run.completed)
-    assert.equal(1, #run.failed)
-    assert.equal("Erp upsert failed: LegalName is missing from the payload", run.failed[1].text)
-    assert.equal("DmfValidationError", run.failed[1].type)
-    assert.equal(run.failed[1].text, calls(run, "POST", JOB_PATH .. "/fail")[1].json.errorText)
-
-    state.routes["POST " .. JOB_PATH .. "/apply"] = { status = 500, body = "boom" }
-    run = app:run_checker(EP, "dmf-jobs", { pending = { row() } })
-    assert.equal("Erp upsert failed: ApplyHandoffJob failed: ERP API POST " .. JOB_PATH
-                 .. "/apply → 500 Internal Server Error. Body: boom", run.failed[1].text)
+  it("fails a failed job with exactly its errorText, type DmfValidationError", function()
+    for _, text in ipairs({ "DMF rejected: invalid postal code", "Erp upsert failed: LegalName is missing" }) do
+      state.routes["GET " .. JOB_PATH] = job("failed", { errorText = text })
+      local run = app:run_checker(EP, "dmf-jobs", { pending = { row() } })
+      assert.same({}, run.completed)
+      assert.equal(1, #run.failed)
+      assert.equal(text, run.failed[1].text)
+      assert.equal("DmfValidationError", run.failed[1].type)
+    end
   end)
 
   it("fails a job the ERP API does not know (404)", function()
@@ -489,39 +437,29 @@ describe("ERP adapter: the dmf-jobs status checker", function()
     assert.same({ "GET " .. JOB_PATH }, urls(run))
   end)
 
-  it("settles a job the API already settled without rolling again", function()
-    state.routes["GET " .. JOB_PATH] = { json = { externalJobId = JOB, state = "failed", dueAtMs = NOW * 1000,
-                                                  errorText = "DMF rejected: invalid postal code" } }
-    local run = app:run_checker(EP, "dmf-jobs", { pending = { row() } })
-    assert.equal("DMF rejected: invalid postal code", run.failed[1].text)
-    state.routes["GET " .. JOB_PATH] = job(NOW * 1000, "completed")
-    run = app:run_checker(EP, "dmf-jobs", { pending = { row() } })
-    assert.same({ importedRecordId = JOB }, run.completed[1].result)
-    assert.same({ "GET " .. JOB_PATH }, urls(run))
+  it("percent-encodes the job id in the status URL, and leaves a row without one alone", function()
+    state.routes["GET /api/internal/handoff-jobs/DMF%201"] = job("completed")
+    local nojob = row(nil, "ev-3")
+    nojob.external_job_id = nil
+    local run = app:run_checker(EP, "dmf-jobs", { pending = { row("DMF 1"), nojob } })
+    assert.equal(1, #run.completed)
+    assert.same({}, run.failed)
+    assert.same({ "GET /api/internal/handoff-jobs/DMF%201" }, urls(run))
   end)
 
-  it("leaves a row pending when the ERP API is down, and still checks the others", function()
-    local other = "DMF-ffffffffffff"
+  it("leaves a row pending when the ERP API is down or answers garbage, and still checks the others", function()
+    local other, odd = "DMF-ffffffffffff", "DMF-eeeeeeeeeeee"
     state.routes["GET /api/internal/handoff-jobs/" .. other] = { status = 404, json = {} }
-    local run = app:run_checker(EP, "dmf-jobs", { pending = { row(), row(other, "ev-2") } })
+    state.routes["GET /api/internal/handoff-jobs/" .. odd] = { status = 200, body = "<html>" }
+    local run = app:run_checker(EP, "dmf-jobs", { pending = { row(), row(other, "ev-2"), row(odd, "ev-4") } })
     assert.is_nil(run.error)
     assert.same({}, run.completed)
     assert.equal(1, #run.failed)
     assert.equal("ev-2", run.failed[1].h.event_id)
-    local warned = false
+    local warned = {}
     for _, l in ipairs(run.logs) do
-      if l.level == "warn" and l.message:find("GetHandoffJob failed: ERP API GET " .. JOB_PATH .. " unreachable", 1, true) then
-        warned = true
-      end
+      if l.level == "warn" then warned[#warned + 1] = l.message end
     end
-    assert.is_true(warned)
-  end)
-
-  it("does not roll when the hand-off mode cannot be read, and settles nothing", function()
-    state.routes["GET " .. JOB_PATH] = job(NOW * 1000)
-    state.knobs["handoff-mode"] = "down"
-    local run = app:run_checker(EP, "dmf-jobs", { pending = { row() } })
-    assert.same({}, run.completed)
-    assert.same({}, run.failed)
+    assert.equal(2, #warned)
   end)
 end)

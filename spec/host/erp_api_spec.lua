@@ -21,14 +21,24 @@ local function rmdb(p)
   for _, s in ipairs({ "", "-wal", "-shm" }) do os.remove(p .. s) end
 end
 
--- Starts the API on a free port with a recorder publish; fn(api, call, published) runs in a task.
+-- Starts the API on a free port; fn(api, call, published) runs in a task. The outbox relay
+-- publishes with nimbus.publish, and a spec has no store to publish to: nimbus.publish is
+-- a recorder meanwhile (or extra.publish(type, payload, session), which may raise).
 local function with_api(fn, extra)
   local path = extra and extra.db or tmpdb()
   local published = {}
+  local record = extra and extra.publish
+                 or function(t, p, s) published[#published + 1] = { type = t, payload = p, session = s } end
+  local real_publish = nimbus.publish
+  nimbus.publish = function(t, p, o)
+    if type(p) == "string" then p = nimbus.json.decode(p) end   -- the relay publishes the row's JSON text
+    record(t, p, o and o.session)
+    assert(o and type(o.message_id) == "string", "the relay publishes with the row's message id")
+    return o.message_id
+  end
   local ok, err = pcall(nimbus.run, function()
-    local o = { port = 0, db = path, outbox_every = 3600,
-                publish = function(t, p, s) published[#published + 1] = { type = t, payload = p, session = s } end }
-    for k, v in pairs(extra or {}) do o[k] = v end
+    local o = { port = 0, db = path, outbox_every = 3600 }
+    for k, v in pairs(extra or {}) do if k ~= "publish" then o[k] = v end end
     local api = assert(erp.start(o))
     local base = ("http://127.0.0.1:%d"):format(api.port)
     local function call(method, path_, body, raw)
@@ -42,6 +52,7 @@ local function with_api(fn, extra)
     api.close()
     if not fok then error(ferr, 0) end
   end)
+  nimbus.publish = real_publish
   if not (extra and extra.keep) then rmdb(path) end
   if not ok then error(err, 0) end
 end
@@ -536,5 +547,46 @@ describe("fake ERP API: hand-off jobs", function()
       assert.are.equal("pending", select(2, call("GET", "/api/internal/handoff-jobs/DMF-9")).state)
       assert.are.equal(0, count(api.db, "customers"))
     end)
+  end)
+  it("settles a due job when it is read: the roll under the CURRENT failure rate fails it with a DMF text", function()
+    local r = 0.59
+    with_api(function(api, call)
+      assert.are.equal(200, (call("PUT", "/api/admin/handoff-mode", { enabled = true, durationSeconds = 1,
+                                                                     failureRate = 0.1 })))
+      call("POST", "/api/internal/handoff-jobs", job({ durationSeconds = NULL, dueAt = "2999-01-01T00:00:00Z" }))
+      assert.are.equal("pending", select(2, call("GET", "/api/internal/handoff-jobs/DMF-1")).state)   -- not due
+      call("POST", "/api/internal/handoff-jobs", job({ durationSeconds = NULL, dueAt = "2000-01-01T00:00:00Z" }))
+      -- the rate changed after the registration: the one at settlement counts
+      call("PUT", "/api/admin/handoff-mode", { enabled = false, durationSeconds = 1, failureRate = 0.6 })
+      local st, j = call("GET", "/api/internal/handoff-jobs/DMF-1")
+      assert.are.same({ 200, "failed" }, { st, j.state })
+      local known = false
+      for _, t in ipairs(erp.DMF_REJECTIONS) do known = known or t == j.errorText end
+      assert.is_true(known, j.errorText)
+      assert.are.equal(0, count(api.db, "customers"))
+      -- settled once: reading again does not roll again
+      r = 0.99
+      assert.are.same({ "failed", j.errorText }, { select(2, call("GET", "/api/internal/handoff-jobs/DMF-1")).state,
+                                                   select(2, call("GET", "/api/internal/handoff-jobs/DMF-1")).errorText })
+    end, { roll = function() return r end })
+  end)
+
+  it("settles a due job when it is read: a roll at or over the rate imports the customer and completes", function()
+    with_api(function(api, call, published)
+      call("PUT", "/api/admin/handoff-mode", { enabled = true, durationSeconds = 1, failureRate = 0.25 })
+      call("POST", "/api/internal/handoff-jobs", job({ durationSeconds = NULL, dueAt = "2000-01-01T00:00:00Z" }))
+      local _, j = call("GET", "/api/internal/handoff-jobs/DMF-1")
+      assert.are.same({ "completed", NULL }, { j.state, j.errorText })
+      local _, c = call("GET", "/api/customers/by-crm/crm-h")
+      assert.are.same({ "Crm", "Handoff Ltd" }, { c.origin, c.legalName })
+      assert.are.equal(1, api.dispatch_outbox())
+      assert.are.same({ "ErpCustomerCreated", "crm-h" }, { published[1].type, published[1].session })
+
+      -- an import that cannot run fails the job with "Erp upsert failed: ..."
+      call("POST", "/api/internal/handoff-jobs", job({ eventId = "ev-2", externalJobId = "DMF-2", durationSeconds = NULL,
+                                                      dueAt = "2000-01-01T00:00:00Z", payloadJson = '{"LegalName":"x"}' }))
+      local _, j2 = call("GET", "/api/internal/handoff-jobs/DMF-2")
+      assert.are.same({ "failed", "Erp upsert failed: AccountId is missing from the payload" }, { j2.state, j2.errorText })
+    end, { roll = function() return 0.25 end })
   end)
 end)

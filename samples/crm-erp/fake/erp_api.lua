@@ -2,25 +2,28 @@
 -- an HTTP server on the host's loop over one sqlite file holding customers, contacts,
 -- field-level audits (fake/audit.lua), the transactional outbox and the hand-off jobs.
 --
+--   package.path = "samples/crm-erp/?.lua;" .. package.path
 --   local erp = require("fake.erp_api")
---   local api = assert(erp.start{ host = "127.0.0.1", port = 5090, db = "erp.db",
---                                 publish = function(event_type, payload, session_id) ... end,
---                                 outbox_every = 1 })
+--   local api = assert(erp.start{ host = "127.0.0.1", port = 5090, db = "erp.db", outbox_every = 1 })
 --   api.port ; api.db ; api.dispatch_outbox() ; api.close()
 --
 -- Outbox: every entity write that raises an Erp* event inserts its outbox_messages row in
--- the same db:tx. A detached task publishes pending rows in id order every `outbox_every`
--- seconds (0 or false: no task; call api.dispatch_outbox() yourself) and then sets
--- dispatched_at. A publish that raises (or returns nil, err) stops the pass; the row stays
--- pending and is retried next pass, so delivery is at least once, in order.
--- `publish` may be nimbus.publish itself: it is then called as
--- nimbus.publish(type, payload, { session = session_id }).
+-- the same db:tx. An adapters.outbox_relay publishes pending rows in id order every
+-- `outbox_every` seconds (nimbus.publish with the row's session and message id) and sets
+-- dispatched_at; api.dispatch_outbox() runs one pass now and returns how many it published.
+-- A publish that fails stops the pass; the row stays pending and is sent at the next pass,
+-- so delivery is at least once, in order.
 --
 -- Knobs, alerts: memory only (as in the original). Hand-off jobs: sqlite (section 8.2),
--- so they survive a restart. Hand-off job routes (for the ERP adapter's status checker):
+-- so they survive a restart. Hand-off job routes (the ERP adapter's job poller reads them):
 --   POST /api/internal/handoff-jobs                      register or replace (by eventId) -> 201
 --   GET  /api/internal/handoff-jobs[?due=true]           pending jobs (only due ones with ?due), oldest due first
---   GET  /api/internal/handoff-jobs/{externalJobId}      one job with state / errorText, or 404
+--   GET  /api/internal/handoff-jobs/{externalJobId}      one job with state / errorText, or 404. A pending
+--        job past its due time is settled first (section 5.3): roll() (opts.roll, default
+--        math.random) under the CURRENT failureRate fails it with one of DMF_REJECTIONS;
+--        otherwise the import runs as /apply does (an upsert that cannot run fails the job
+--        with "Erp upsert failed: ...")
+-- and to settle a job by hand (tests, an operator):
 --   POST /api/internal/handoff-jobs/{externalJobId}/apply   success path of section 5.3 -> 200
 --        { importedRecordId, customerId }; a completed job re-applies idempotently (update path,
 --        no new event); a failed one -> 409; an upsert that cannot run -> 422
@@ -28,6 +31,7 @@
 --   POST /api/internal/handoff-jobs/{externalJobId}/fail { errorText } -> 200; a completed job -> 409
 local cjson = require("cjson")
 local nimbus = require("nimbus")
+local outbox = require("adapters.outbox_relay")
 local audit = require("fake.audit")
 
 local NULL = cjson.null
@@ -178,14 +182,9 @@ end
 ---------------------------------------------------------------------------- the API
 function M.start(opts)
   opts = opts or {}
-  local publish = opts.publish
-  if type(publish) ~= "function" then error("erp_api.start: `publish` must be a function", 2) end
-  if publish == nimbus.publish then
-    publish = function(t, p, s) return nimbus.publish(t, p, { session = s }) end
-  end
   local rand = opts.rand or math.random   -- rand(lo, hi): customer number suffix (specs inject one)
-  local every = opts.outbox_every
-  if every == nil then every = 1 end
+  local roll = opts.roll or math.random   -- roll() in [0, 1): the hand-off settlement (specs pin it)
+  local every = opts.outbox_every or 1
 
   local db, err = nimbus.sqlite.open(opts.db or ":memory:")
   if not db then return nil, err end
@@ -206,35 +205,6 @@ function M.start(opts)
   local function stage(tx, event_type, payload, session_id)
     x(tx, "INSERT INTO outbox_messages(message_id, event_type, session_id, payload_json, created_at)"
       .. " VALUES (?, ?, ?, ?, ?)", guid(), event_type, session_id, cjson.encode(payload), now_iso())
-  end
-
-  local busy = false
-  local function dispatch_once()
-    if closed then return 0 end
-    while busy do nimbus.sleep(0.01) end   -- one pass at a time (a publish may wait)
-    if closed then return 0 end
-    busy = true
-    local sent = 0
-    local pok, perr = pcall(function()
-      local rows = assert(db:rows("SELECT id, event_type, session_id, payload_json FROM outbox_messages"
-        .. " WHERE dispatched_at IS NULL ORDER BY id"))
-      for _, r in ipairs(rows) do
-        if closed then break end
-        local payload = nimbus.json.decode(r.payload_json)
-        local ok2, res, e = pcall(publish, r.event_type, payload, r.session_id)
-        if not ok2 or (res == nil and e ~= nil) then
-          nimbus.log.warn(("erp_api outbox: publish of %s (row %d) failed: %s")
-            :format(r.event_type, r.id, tostring(ok2 and e or res)))
-          break
-        end
-        if closed then break end
-        assert(db:exec("UPDATE outbox_messages SET dispatched_at = ? WHERE id = ?", now_iso(), r.id))
-        sent = sent + 1
-      end
-    end)
-    busy = false
-    if not pok then nimbus.log.warn("erp_api outbox: dispatch pass failed: " .. tostring(perr)) end
-    return sent
   end
 
   -------------------------------------------------------------- customers
@@ -614,6 +584,48 @@ function M.start(opts)
       .. " LIMIT 1", ext)
   end
 
+  local function fail_job(job, text)
+    assert(db:exec("UPDATE handoff_jobs SET state = 'failed', error_text = ? WHERE event_id = ?", text, job.event_id))
+  end
+
+  -- The import the handler never ran (section 5.3): the by-crm upsert and the job's state in
+  -- one transaction. Returns 200, result or 422, { error = "Erp upsert failed: ..." }.
+  local function apply_job(job)
+    local p = job.payload_json and nimbus.json.decode(job.payload_json)
+    local function upsert_failed(msg) return 422, { error = "Erp upsert failed: " .. msg } end
+    if type(p) ~= "table" then return upsert_failed("payload is not a JSON object") end
+    local function pf(a, b2) local v = p[a]; if blank(v) then v = p[b2] end; return opt(v) end
+    local crm_id = pf("AccountId", "accountId")
+    local fields = { legalName = pf("LegalName", "legalName"), taxId = pf("TaxId", "taxId"),
+                     countryCode = pf("CountryCode", "countryCode") }
+    if crm_id == nil then return upsert_failed("AccountId is missing from the payload") end
+    if fields.legalName == nil then return upsert_failed("LegalName is missing from the payload") end
+    if fields.countryCode == nil then return upsert_failed("CountryCode is missing from the payload") end
+    crm_id = tostring(crm_id)
+    fields.legalName, fields.countryCode = tostring(fields.legalName), tostring(fields.countryCode)
+    if fields.taxId ~= nil then fields.taxId = tostring(fields.taxId) end
+    local c
+    local ok2, _, b2 = in_tx(function(tx)
+      c = upsert_by_crm(tx, crm_id, fields)
+      x(tx, "UPDATE handoff_jobs SET state = 'completed', error_text = NULL WHERE event_id = ?", job.event_id)
+    end)
+    if not ok2 then return upsert_failed(b2.error) end
+    return 200, { importedRecordId = job.external_job_id, customerId = c.id, customerNumber = c.customerNumber }
+  end
+
+  -- A pending job past its due time settles when read (the original's 1 s loop would have
+  -- settled it by then): the failure rate is the one of now, not of the registration.
+  local function settle_if_due(job)
+    if job.state ~= "pending" or now_ms() < job.due_at then return job end
+    if roll() < (tonumber(knobs.handoff.failureRate) or 0) then
+      fail_job(job, M.DMF_REJECTIONS[math.random(#M.DMF_REJECTIONS)])
+    else
+      local st, r = apply_job(job)
+      if st ~= 200 then fail_job(job, r.error) end
+    end
+    return get_job(job.external_job_id)
+  end
+
   routes["POST /api/internal/handoff-jobs"] = function(req)
     local b, st, eb = body_object(req)
     if not b then return st, eb end
@@ -658,33 +670,14 @@ function M.start(opts)
   routes["GET /api/internal/handoff-jobs/{externalJobId}"] = function(req)
     local r = get_job(req.params.externalJobId)
     if not r then return 404, { error = "handoff job not found" } end
-    return 200, job_json(r)
+    return 200, job_json(settle_if_due(r))
   end
 
   routes["POST /api/internal/handoff-jobs/{externalJobId}/apply"] = function(req)
     local job = get_job(req.params.externalJobId)
     if not job then return 404, { error = "handoff job not found" } end
     if job.state == "failed" then return 409, { error = "handoff job already failed", state = job.state } end
-    local p = job.payload_json and nimbus.json.decode(job.payload_json)
-    local function upsert_failed(msg) return 422, { error = "Erp upsert failed: " .. msg } end
-    if type(p) ~= "table" then return upsert_failed("payload is not a JSON object") end
-    local function pf(a, b2) local v = p[a]; if blank(v) then v = p[b2] end; return opt(v) end
-    local crm_id = pf("AccountId", "accountId")
-    local fields = { legalName = pf("LegalName", "legalName"), taxId = pf("TaxId", "taxId"),
-                     countryCode = pf("CountryCode", "countryCode") }
-    if crm_id == nil then return upsert_failed("AccountId is missing from the payload") end
-    if fields.legalName == nil then return upsert_failed("LegalName is missing from the payload") end
-    if fields.countryCode == nil then return upsert_failed("CountryCode is missing from the payload") end
-    crm_id = tostring(crm_id)
-    fields.legalName, fields.countryCode = tostring(fields.legalName), tostring(fields.countryCode)
-    if fields.taxId ~= nil then fields.taxId = tostring(fields.taxId) end
-    local c
-    local ok2, s2, b2 = in_tx(function(tx)
-      c = upsert_by_crm(tx, crm_id, fields)
-      x(tx, "UPDATE handoff_jobs SET state = 'completed', error_text = NULL WHERE event_id = ?", job.event_id)
-    end)
-    if not ok2 then return upsert_failed(b2.error) end
-    return 200, { importedRecordId = job.external_job_id, customerId = c.id, customerNumber = c.customerNumber }
+    return apply_job(job)
   end
 
   routes["POST /api/internal/handoff-jobs/{externalJobId}/fail"] = function(req)
@@ -697,7 +690,7 @@ function M.start(opts)
       if not b then return st, eb end
       if not blank(b.errorText) then text = tostring(b.errorText) end
     end
-    assert(db:exec("UPDATE handoff_jobs SET state = 'failed', error_text = ? WHERE event_id = ?", text, job.event_id))
+    fail_job(job, text)
     return 200, job_json(db:first("SELECT * FROM handoff_jobs WHERE event_id = ?", job.event_id))
   end
 
@@ -705,27 +698,20 @@ function M.start(opts)
   local srv, serr2 = nimbus.http.serve{ host = opts.host or "127.0.0.1", port = opts.port or 5090, routes = routes }
   if not srv then db:close(); return nil, serr2 end
 
-  if every and every > 0 then
-    -- Sleeps in slices of at most 0.2 s so the task ends soon after close(): there is no
-    -- way to cancel a spawned task, and a sleeping one keeps a `-l` script's loop alive.
-    nimbus.spawn(function()
-      local next_at = nimbus.now() + every
-      while not closed do
-        nimbus.sleep(math.max(0, math.min(0.2, next_at - nimbus.now())))
-        if closed then break end
-        if nimbus.now() >= next_at then
-          dispatch_once()
-          next_at = nimbus.now() + every
-        end
-      end
-    end)
-  end
+  -- The transactional outbox's relay: rows in id order, each with its session and message id.
+  local relay = outbox.start{
+    source = outbox.sqlite{ db = db, table = "outbox_messages" },
+    columns = { id = "id", type = "event_type", session = "session_id", payload = "payload_json",
+                sent = "dispatched_at", message_id = "message_id" },
+    every = every, name = "erp_api outbox",
+  }
 
   local api = { port = srv.port, db = db, knobs = function() return knobs end }
-  api.dispatch_outbox = dispatch_once
+  function api.dispatch_outbox() return relay:poll() end
   function api.close()
     if closed then return end
     closed = true
+    relay:stop()
     srv:close()
     db:close()
   end
