@@ -308,6 +308,7 @@ local function key_list(...)
   table.sort(names)
   return table.concat(names, ", ")
 end
+M._key_list = key_list   -- job_poller names its options the same way
 
 local function check_type(where, k, v, want)
   for t in want:gmatch("[^|]+") do

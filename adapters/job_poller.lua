@@ -74,14 +74,7 @@ local now = forward._now
 local header, get_path = forward.header, forward.get_path
 
 ---------------------------------------------------------------------------- options
-local function key_list(...)
-  local names = {}
-  for _, set in ipairs({ ... }) do
-    for k in pairs(set) do names[#names + 1] = k end
-  end
-  table.sort(names)
-  return table.concat(names, ", ")
-end
+local key_list = forward._key_list
 
 -- A list of states as a lower-case set (states compare without case).
 local function state_set(where, name, list)
