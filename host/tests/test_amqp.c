@@ -304,6 +304,11 @@ TEST(event_id_is_name_based_per_endpoint)
   ASSERT_EQ_INT((int)strlen(a), 36);
   ASSERT_TRUE(a[14] == '5');   /* version 5 without a creation time */
   ASSERT_TRUE(a[19] == '8' || a[19] == '9' || a[19] == 'a' || a[19] == 'b');
+  /* pinned: ids in existing stores must not change with the implementation (the value is
+   * Python's uuid.uuid5 of the same namespace and name) */
+  ASSERT_EQ_STR(a, "9a81b158-19ad-516f-8a63-21bf68a6b8fa");
+  nh_amqp_event_id("Ep", "m-zzz", 1700000000000, c);
+  ASSERT_EQ_STR(c, "018bcfe5-6800-8dc6-a68c-e0d60fab7799");
 }
 
 TEST(event_id_with_a_creation_time_is_time_ordered)

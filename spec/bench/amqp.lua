@@ -12,6 +12,8 @@
 -- BENCH_DEADLINE (seconds for the whole bench, 300), BENCH_SKIP_HOST=1 (no host runs),
 -- BENCH_ROUNDS (rounds of host, node, bare runs, 3; medians are reported),
 -- BENCH_PERF=FILE (attach `perf record -g` to the first timed host, profile to FILE),
+-- BENCH_HOST_WRAP=CMD (timed hosts run under CMD, e.g. "valgrind --tool=callgrind
+-- --callgrind-out-file=/tmp/cg.%p": instructions per event, repeatable on a busy machine),
 -- BENCH_NODE (the Node.js peer: unset = run it when it can be set up, else say why not and go
 -- on; 0 = skip it; 1 = a peer that cannot be set up fails the bench), BENCH_NODE_WINDOW (its
 -- credit window, 4 x BENCH_CONCURRENCY as the host's), BENCH_NODE_BATCH (deliveries per
@@ -332,7 +334,8 @@ ep:on("BenchEvent", function() end)
 ]]
 
 local function start_host(name, adapter, store)
-  return spawn(name, sh_quote(HOST) .. " run " .. sh_quote(adapter) .. " --store " .. sh_quote(store) ..
+  local wrap = name:match("^host%d") and os.getenv("BENCH_HOST_WRAP") or nil
+  return spawn(name, (wrap and wrap .. " " or "") .. sh_quote(HOST) .. " run " .. sh_quote(adapter) .. " --store " .. sh_quote(store) ..
                " --transport " .. sh_quote(HOST_URL) .. " --no-reload")
 end
 

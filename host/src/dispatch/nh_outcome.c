@@ -700,7 +700,10 @@ int nh_dispatch_apply(nh_dispatch_t *d, nh_job_t *job)
       rc = nh_store_audit_retext_deferred(d->store, ep->name, m->session_id, text);
     }
   }
-  if (!rc) rc = nh_store_session_put(d->store, ep->name, m->session_id, &st);
+  /* A session that had no row when this job was routed (its lock kept it so) and is still
+   * free has none to delete: the common case, a statement per event saved. */
+  int untouched = !st.exists && !st.blocked_by && !st.draining && !st.retry_due;
+  if (!rc && !untouched) rc = nh_store_session_put(d->store, ep->name, m->session_id, &st);
   if (!rc) rc = audit_write(d, job, &a, detail);
   else nh_audit_clear(&a);
   note_session(d, job, job->st.blocked_by, &st);   /* told after the outcome that caused it */
