@@ -37,6 +37,11 @@ static const char *const embedded_migrations[] = {
   /* 4: the W3C trace context travels with each message (docs/observability.md, Traces) */
   "ALTER TABLE queue ADD COLUMN traceparent TEXT;"
   "ALTER TABLE queue ADD COLUMN tracestate TEXT;",
+  /* 5: the owner index served one query at start-up (reap_dead_owners), and cost every
+   * session lock an index insert and every unlock an index delete: a second B-tree
+   * written twice per event. The table holds only locked (and recently released)
+   * sessions, so the start-up scan reads a few pages. */
+  "DROP INDEX session_locks_owner;",
 };
 
 enum {
