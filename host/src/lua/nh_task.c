@@ -61,8 +61,14 @@ static void task_free(nh_task_t *t)
   }
   if (vm->L) {
     lua_sethook(t->co, NULL, 0, 0);
-    lua_resetthread(t->co);   /* 5.4.4: closes pending to-be-closed variables */
-    luaL_unref(vm->L, LUA_REGISTRYINDEX, t->co_ref);
+    /* 5.4.4: closes pending to-be-closed variables; a thread reset cleanly is as good as new */
+    int st = lua_resetthread(t->co);
+    if (t->reusable && st == LUA_OK && vm->nspare < NH_VM_SPARE_THREADS) {
+      *(void **)lua_getextraspace(t->co) = NULL;
+      vm->spare_co[vm->nspare++] = t->co_ref;
+    } else {
+      luaL_unref(vm->L, LUA_REGISTRYINDEX, t->co_ref);
+    }
   }
   vm->live_tasks--;
   free(t);
@@ -76,6 +82,9 @@ static void task_end(nh_task_t *t, nh_task_status_t status, int nres)
     op->cancel(op);
   }
   t->done = 1;
+  /* Only a handler that returned gives its thread back: internal.run cleared what the
+   * runtime keeps per coroutine (its log context), and only handlers take spare ones. */
+  t->reusable = status == NH_TASK_OK && t->kind == NH_TASK_KIND_HANDLER;
   if (t->done_flag) *t->done_flag = NULL;
   if (t->on_done) t->on_done(t, status, nres);
   task_free(t);
@@ -119,9 +128,16 @@ nh_task_t *nh_task_new(nh_vm_t *vm, const nh_task_opts_t *o)
   t->cpu_budget_ns = (uint64_t)((o->cpu_budget_s > 0 ? o->cpu_budget_s : NH_DEFAULT_CPU_BUDGET_S) * 1e9);
   t->deadline_s = o->deadline_s;
   if (o->trace) t->trace = *o->trace, t->has_trace = 1;
-  t->co = lua_newthread(vm->L);
+  if (o->kind == NH_TASK_KIND_HANDLER && vm->nspare > 0) {
+    t->co_ref = vm->spare_co[--vm->nspare];
+    lua_rawgeti(vm->L, LUA_REGISTRYINDEX, t->co_ref);
+    t->co = lua_tothread(vm->L, -1);
+    lua_pop(vm->L, 1);
+  } else {
+    t->co = lua_newthread(vm->L);
+    t->co_ref = luaL_ref(vm->L, LUA_REGISTRYINDEX);
+  }
   *(void **)lua_getextraspace(t->co) = t;
-  t->co_ref = luaL_ref(vm->L, LUA_REGISTRYINDEX);
   nh_queue_init(&t->ready_node);
   nh_queue_insert_head(&vm->tasks, &t->node);
   vm->live_tasks++;

@@ -19,6 +19,7 @@ struct nh_task {
   nh_task_t **done_flag;     /* the owner's pointer to this task, NULLed when it ends */
   int start_nargs;
   int done;
+  int reusable;              /* ended cleanly: its thread may serve the next handler (task_free) */
   nh_task_kill_t kill;       /* set once the budget or the deadline stopped it */
   nh_task_err_t error;       /* what ended it with NH_TASK_ERROR */
   uint64_t resume_ns, cpu_budget_ns;
@@ -28,6 +29,8 @@ struct nh_task {
   nh_trace_ctx_t trace;      /* the span it runs in, when has_trace */
   int has_trace;
 };
+
+#define NH_VM_SPARE_THREADS 64
 
 struct nh_vm {
   uv_loop_t *loop;
@@ -50,6 +53,10 @@ struct nh_vm {
   int in_task;               /* > 0 while a task runs: the memory limit applies */
   size_t mem, mem_limit;
   struct nh_every *everies;  /* periodic tasks (status checkers) */
+  /* Threads of tasks that ended cleanly, reset and kept for the next task: a handler run
+   * then allocates no coroutine (and the collector frees none). Registry refs. */
+  int spare_co[NH_VM_SPARE_THREADS];
+  int nspare;
   char warn_buf[512];
   size_t warn_len;
 };
