@@ -10,6 +10,7 @@ packages=(
   clang libclang-rt-14-dev
   libqpid-proton11-dev libssl-dev rabbitmq-server python3-qpid-proton openssl
   nodejs chromium prometheus
+  postgresql libpq-dev
 )
 
 missing=()
