@@ -612,6 +612,9 @@ local function run_chain(mw, handler, event, ctx)
   return step(1)
 end
 
+-- The outcome of most handlers: one table, read (never changed) by the host.
+local COMPLETED = { status = "completed" }
+
 -- Called by the host in a fresh coroutine for every message that needs a handler.
 -- Returns a plain table the C side turns into an outcome.
 function internal.run(epname, event_type, body, ctx)
@@ -637,7 +640,8 @@ function internal.run(epname, event_type, body, ctx)
   setmetatable(ctx, ctx_mt)
   local co = coroutine.running()
   task_ctx[co] = ctx
-  local is_alive = ep.handler_opts[event_type].is_alive
+  local hopts = ep.handler_opts[event_type]
+  local is_alive = hopts.is_alive
   if is_alive then alive_checks[ctx.event_id] = { fn = is_alive, ctx = ctx } end
   local ok, res = xpcall(run_chain, capture, ep.middleware, handler, event, ctx)
   task_ctx[co] = nil
@@ -660,7 +664,7 @@ function internal.run(epname, event_type, body, ctx)
     return { status = "handoff", handoff_reason = h.reason, external_job_id = h.external_job_id,
              expected_by = h.expected_by }
   end
-  if ep.handler_opts[event_type].reply then
+  if hopts.reply then
     local rbody, jerr = cjson.encode(res == nil and cjson.null or res)
     if not rbody then
       return { status = "failed", error_type = "ReplyEncodingError",
@@ -668,7 +672,7 @@ function internal.run(epname, event_type, body, ctx)
     end
     return { status = "completed", reply = rbody }
   end
-  return { status = "completed" }
+  return COMPLETED
 end
 
 -- The event types an endpoint subscribes to (the host reads this after loading).

@@ -461,14 +461,15 @@ static nh_runner_ret_t outcome_from_table(lua_State *co, int idx, nh_outcome_t *
     { "deadletter", NH_OUT_DEADLETTER }, { "unsupported", NH_OUT_UNSUPPORTED },
     { "transient", NH_OUT_TRANSIENT },
   };
-  char *status = field_str(co, idx, "status");
+  lua_getfield(co, idx, "status");
+  const char *status = lua_type(co, -1) == LUA_TSTRING ? lua_tostring(co, -1) : NULL;
   int known = 0;
-  for (size_t i = 0; status && i < sizeof kinds / sizeof kinds[0]; i++)
+  for (size_t i = 0; status && !known && i < sizeof kinds / sizeof kinds[0]; i++)
     if (strcmp(status, kinds[i].name) == 0) {
       o->kind = kinds[i].kind;
       known = 1;
     }
-  free(status);
+  lua_pop(co, 1);
   if (!known) return NH_RUNNER_UNKNOWN_STATUS;
   o->error_text = field_str(co, idx, "error_text");
   o->error_type = field_str(co, idx, "error_type");
