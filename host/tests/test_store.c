@@ -751,16 +751,22 @@ TEST(inbox_add_has)
   nh_store_close(s);
 }
 
-TEST(processed_add_has)
+TEST(processed_has_reads_the_outcome_history)
 {
   nh_store_t *s = open_store("nimbus.db");
   ASSERT_EQ_INT(nh_store_processed_has(s, "Ep", "m1", "e1"), 0);
-  ASSERT_EQ_INT(nh_store_processed_add(s, "Ep", "m1", "e1"), NH_OK);
-  ASSERT_EQ_INT(nh_store_processed_add(s, "Ep", "m1", "e1"), NH_OK);
+  /* an operator's request (its own MessageId) and a cancelled run are not outcomes */
+  ASSERT_EQ_INT(nh_store_history_add(s, "Ep", "e1", "m1", "SkipRequest", "Requested", "asked"), NH_OK);
+  ASSERT_EQ_INT(nh_store_history_add(s, "Ep", "e1", "m1", "EventRequest", "Cancelled", "lock lost"), NH_OK);
+  ASSERT_EQ_INT(nh_store_processed_has(s, "Ep", "m1", "e1"), 0);
+  ASSERT_EQ_INT(nh_store_history_add(s, "Ep", "e1", "m1", "EventRequest", NH_ST_COMPLETED, "done"), NH_OK);
   ASSERT_EQ_INT(nh_store_processed_has(s, "Ep", "m1", "e1"), 1);
   ASSERT_EQ_INT(nh_store_processed_has(s, "Ep", "m1", "e2"), 0);
   ASSERT_EQ_INT(nh_store_processed_has(s, "Ep", "m2", "e1"), 0);
   ASSERT_EQ_INT(nh_store_processed_has(s, "Other", "m1", "e1"), 0);
+  /* a parked message was handled too (settled, waiting in the store) */
+  ASSERT_EQ_INT(nh_store_history_add(s, "Ep", "e2", "m2", "EventRequest", NH_ST_DEFERRED, "parked"), NH_OK);
+  ASSERT_EQ_INT(nh_store_processed_has(s, "Ep", "m2", "e2"), 1);
   nh_store_close(s);
 }
 

@@ -158,14 +158,14 @@ static int audit_write(nh_dispatch_t *d, nh_job_t *job, nh_audit_t *a, const cha
   return rc;
 }
 
+/* On a broker, whose settlement is not atomic with the store, a redelivery whose outcome
+ * was committed is recognised by that outcome's history row (nh_store_processed_has):
+ * every path that settles a delivery here writes one first, in this transaction. */
 static int settle(nh_dispatch_t *d, nh_job_t *job, nh_settle_t how, int64_t delay, const char *reason)
 {
   if (job->src != NH_JOB_QUEUE && how != NH_SETTLE_RELEASE) return NH_OK;
   nh_transport_t *t = d->tr;
-  int rc = t->vt->settle(t, &job->msg, how, delay, reason);
-  if (!rc && !(t->caps & NH_CAP_ATOMIC_SETTLE) && job->src == NH_JOB_QUEUE && how != NH_SETTLE_RELEASE)
-    rc = nh_store_processed_add(d->store, job->ep->name, job->msg.message_id, job->msg.event_id);
-  return rc;
+  return t->vt->settle(t, &job->msg, how, delay, reason);
 }
 
 /* Ends our hold on the session. If the lock is no longer ours (it expired and another

@@ -82,9 +82,10 @@ static const char *const stmt_sql[NH_SQL_COUNT] = {
   [NH_SQL_PARKED_ANY] = "SELECT 1 FROM parked WHERE endpoint = ?1 AND session_id = ?2 LIMIT 1",
   [NH_SQL_INBOX_HAS] = "SELECT 1 FROM inbox WHERE endpoint = ?1 AND message_id = ?2",
   [NH_SQL_INBOX_ADD] = "INSERT OR IGNORE INTO inbox(endpoint, message_id, at) VALUES (?1,?2,?3)",
-  [NH_SQL_PROCESSED_HAS] = "SELECT 1 FROM processed WHERE endpoint = ?1 AND message_id = ?2 AND event_id = ?3",
-  [NH_SQL_PROCESSED_ADD] =
-    "INSERT OR IGNORE INTO processed(endpoint, message_id, event_id, at) VALUES (?1,?2,?3,?4)",
+  /* every recorded outcome of a delivery writes a history row with its MessageId in the
+   * same transaction; an operator's "Requested" row and a "Cancelled" run are not outcomes */
+  [NH_SQL_PROCESSED_HAS] = "SELECT 1 FROM history WHERE event_id = ?3 AND endpoint = ?1 AND message_id = ?2"
+                           " AND status NOT IN ('Requested', 'Cancelled') LIMIT 1",
   [NH_SQL_OPPENDING_ADD] =
     "INSERT OR REPLACE INTO operator_pending(message_id, endpoint, event_id, action, expected_status, at)"
     " VALUES (?1,?2,?3,?4,?5,?6)",

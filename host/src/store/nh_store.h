@@ -281,10 +281,13 @@ int nh_store_parked_any(nh_store_t *s, const char *endpoint, const char *session
 int nh_store_inbox_has(nh_store_t *s, const char *endpoint, const char *message_id);
 int nh_store_inbox_add(nh_store_t *s, const char *endpoint, const char *message_id);
 
-/* processed deliveries: lets a transport whose settlement is not atomic with the store
- * recognise a redelivery whose outcome was already committed. */
+/* Lets a transport whose settlement is not atomic with the store (AMQP) recognise a
+ * redelivery whose outcome was already committed: 1 if the event has a history row from
+ * this message that records an outcome (not an operator's request, not a cancelled run).
+ * Every path that settles a delivery writes one in the same transaction, so no row of its
+ * own is needed per message (the `processed` table of schema 1 is no longer written; its
+ * old rows go with retention). */
 int nh_store_processed_has(nh_store_t *s, const char *endpoint, const char *message_id, const char *event_id);
-int nh_store_processed_add(nh_store_t *s, const char *endpoint, const char *message_id, const char *event_id);
 
 /* operator requests queued and not yet applied: one at a time per event */
 /* expected_status: the event's status when the request was made; the host rejects the

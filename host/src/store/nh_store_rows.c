@@ -517,14 +517,6 @@ int nh_store_processed_has(nh_store_t *s, const char *endpoint, const char *mess
   return exists2(s, NH_SQL_PROCESSED_HAS, endpoint, message_id, event_id);
 }
 
-int nh_store_processed_add(nh_store_t *s, const char *endpoint, const char *message_id, const char *event_id)
-{
-  sqlite3_stmt *st = stmt(s, NH_SQL_PROCESSED_ADD);
-  T(st, 1, endpoint); T(st, 2, message_id); T(st, 3, event_id);
-  sqlite3_bind_int64(st, 4, nh_time_now_ms());
-  return done(s, st, "processed add");
-}
-
 int nh_store_oppending_add(nh_store_t *s, const char *message_id, const char *endpoint, const char *event_id,
                            const char *action, const char *expected_status)
 {
