@@ -1,6 +1,7 @@
 /* Store: open/close, migrations, transactions, statement cache. The row-level
  * operations live in nh_store_rows.c. */
 #include "nh_store_int.h"
+#include "nh_pg.h"
 #include "nh_store_schema.h"
 #include "core/nh_failgroup.h"
 #include "core/nh_log.h"
@@ -275,6 +276,7 @@ static int backfill_groups(nh_store_t *s)
 int nh_store_open(nh_store_t **out, const char *path, int flags, nh_error_t *err)
 {
   *out = NULL;
+  if (nh_pg_url_is(path)) return nh_store_open_pg(path, flags, err);
   struct stat sb;
   int exists = stat(path, &sb) == 0;
   if (!exists && !(flags & NH_STORE_CREATE))

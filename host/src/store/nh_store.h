@@ -54,7 +54,10 @@ typedef struct nh_session_state {
 
 typedef enum { NH_STORE_CREATE = 1, NH_STORE_READONLY = 2 } nh_store_flags_t;
 
+/* `path`: a sqlite file; a postgresql:// URL is reached and migrated, then refused for now
+ * (nh_store_open_pg, docs/store-backends.md). */
 int nh_store_open(nh_store_t **out, const char *path, int flags, nh_error_t *err);
+int nh_store_open_pg(const char *url, int flags, nh_error_t *err);
 void nh_store_close(nh_store_t *s);
 sqlite3 *nh_store_db(nh_store_t *s);
 const char *nh_store_path(nh_store_t *s);
