@@ -241,9 +241,9 @@ int nh_pg_explain_result(PGconn *conn, const PGresult *res, const char *doing, n
     hostport_t hp;
     hostport(conn, &hp);
     return nh_error_set(err, NH_EFAIL,
-                        "store %s: the connection to %s was lost while %s (%s%s%s): is the server still running? "
-                        "`pg_isready %s`", where, hp.text, doing, code ? "SQLSTATE " : "", code ? code : "", primary,
-                        hp.opts);
+                        "store %s: the connection to %s was lost while %s (%s%s%s%s): is the server still running? "
+                        "`pg_isready %s`", where, hp.text, doing, code ? "SQLSTATE " : "", code ? code : "",
+                        code ? ": " : "", primary, hp.opts);
   }
   if (!code) code = "";
   nh_pg_quote_ident(conn, user, qu, sizeof qu);

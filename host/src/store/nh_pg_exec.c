@@ -1,0 +1,465 @@
+/* The PostgreSQL store's executor: operations prepared once per connection, run one at a
+ * time or many in a batch, always through libpq's pipeline mode. A pipeline is a list of
+ * items sent back to back (a prepare the first time an operation is used, then the
+ * operation; a batch adds BEGIN before and COMMIT after) and ended by one sync; their
+ * results come back in the same order. Nothing waits for the server while a pipeline is
+ * sent, so one pipeline is one round trip.
+ *
+ * The connection is non-blocking and pump() never waits: it sends what libpq holds and
+ * takes the results that have arrived. Only wait_socket() waits (poll(2) on libpq's
+ * socket); a loop drives the same pump from a uv_poll instead (nh_pg_batch_poll).
+ *
+ * A failed item aborts the rest of its pipeline (the server skips them until the sync):
+ * in a batch, COMMIT is among them, and the transaction, left failed, is rolled back by
+ * a second pipeline. Callbacks run only for a batch that committed. */
+#include "nh_pg.h"
+#include "nh_pg_ops.h"
+#include "core/nh_log.h"
+#include "core/nh_util.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef enum { ITEM_PREPARE, ITEM_OP, ITEM_BEGIN, ITEM_COMMIT, ITEM_ROLLBACK } item_kind_t;
+
+typedef struct item {
+  item_kind_t kind;
+  nh_pgop_t op;
+  int seq;                  /* ITEM_OP: the operation's number in its batch, from 1 */
+  nh_pg_result_cb cb;
+  void *data;
+  PGresult *res;            /* kept until the pipeline is over */
+} item_t;
+
+typedef enum { IDLE, ADDING, WAITING, ROLLING_BACK } phase_t;
+enum { UNPREPARED, PREPARE_SENT, PREPARED };
+
+struct nh_pg_db {
+  PGconn *conn;
+  unsigned char prepared[NH_PGOP_COUNT];
+  nh_pg_db_stats_t stats;
+  int failed;
+  nh_error_t last;
+  /* the pipeline under way */
+  phase_t phase;
+  int batch;                /* BEGIN ... COMMIT around it (else one operation, nh_pg_db_run) */
+  item_t *items;
+  int nitems, cap;
+  int nops;
+  int next;                 /* the item whose result comes next */
+  int got;                  /* ... has come (its NULL is still to come) */
+  int failed_at;            /* the first item that failed (-1: none) */
+  int lost;                 /* the connection is gone */
+  int send_failed;          /* an item could not be sent: err holds why */
+  int commit_sent;
+  nh_error_t err;
+};
+
+nh_pg_db_t *nh_pg_db_new(PGconn *conn)
+{
+  nh_pg_db_t *db = nh_xcalloc(1, sizeof *db);
+  db->conn = conn;
+  db->failed_at = -1;
+  /* the executor waits itself (wait_socket): libpq must never block in a send */
+  PQsetnonblocking(conn, 1);
+  return db;
+}
+
+static void drop_items(nh_pg_db_t *db)
+{
+  for (int i = 0; i < db->nitems; i++) PQclear(db->items[i].res);
+  db->nitems = 0;
+}
+
+void nh_pg_db_free(nh_pg_db_t *db)
+{
+  if (!db) return;
+  drop_items(db);
+  free(db->items);
+  PQfinish(db->conn);
+  free(db);
+}
+
+PGconn *nh_pg_db_conn(nh_pg_db_t *db) { return db->conn; }
+void nh_pg_db_stats(nh_pg_db_t *db, nh_pg_db_stats_t *out) { *out = db->stats; }
+int nh_pg_db_failed(nh_pg_db_t *db) { return db->failed; }
+const nh_error_t *nh_pg_db_error(nh_pg_db_t *db) { return &db->last; }
+void nh_pg_db_clear_failed(nh_pg_db_t *db) { db->failed = 0; }
+
+void nh_pg_db_set_failed(nh_pg_db_t *db, const nh_error_t *err)
+{
+  db->failed = 1;
+  if (err) db->last = *err;
+}
+
+/* The operation's name as messages show it: "audit_put". */
+static const char *shown(nh_pgop_t op) { return nh_pgop_name(op) + 3; }
+
+static item_t *push(nh_pg_db_t *db, item_kind_t kind, nh_pgop_t op)
+{
+  if (db->nitems == db->cap) {
+    db->cap = db->cap ? db->cap * 2 : 16;
+    db->items = nh_xrealloc(db->items, sizeof *db->items * (size_t)db->cap);
+  }
+  item_t *it = &db->items[db->nitems++];
+  memset(it, 0, sizeof *it);
+  it->kind = kind;
+  it->op = op;
+  return it;
+}
+
+/* ---------------------------------------------------------------- sending */
+
+static int send_failed(nh_pg_db_t *db, const char *doing, nh_error_t *err)
+{
+  if (!db->send_failed) {
+    db->send_failed = 1;
+    nh_pg_explain_result(db->conn, NULL, doing, &db->err);
+  }
+  if (err) *err = db->err;
+  return NH_EFAIL;
+}
+
+static int start(nh_pg_db_t *db, int batch, nh_error_t *err)
+{
+  if (db->phase != IDLE)
+    return nh_error_set(err, NH_ESTATE, "store: a batch is under way on this connection: commit it first "
+                        "(a bug of nimbus-host)");
+  db->batch = batch;
+  db->nops = 0;
+  db->next = db->got = 0;
+  db->failed_at = -1;
+  db->lost = db->send_failed = db->commit_sent = 0;
+  memset(&db->err, 0, sizeof db->err);
+  if (!PQenterPipelineMode(db->conn)) {
+    nh_pg_explain_result(db->conn, NULL, batch ? "starting a batch" : "starting a statement", err);
+    return NH_EFAIL;
+  }
+  db->phase = ADDING;
+  return NH_OK;
+}
+
+static int send_plain(nh_pg_db_t *db, item_kind_t kind, const char *sql, nh_error_t *err)
+{
+  if (!PQsendQueryParams(db->conn, sql, 0, NULL, NULL, NULL, NULL, 0)) return send_failed(db, sql, err);
+  push(db, kind, NH_PGOP_COUNT);
+  db->stats.statements++;
+  return NH_OK;
+}
+
+static int send_op(nh_pg_db_t *db, nh_pgop_t op, const nh_pg_args_t *args, nh_pg_result_cb cb, void *data,
+                   nh_error_t *err)
+{
+  char doing[96];
+  if ((unsigned)op >= NH_PGOP_COUNT || args->n != nh_pgop_nparams(op))
+    return nh_error_set(err, NH_EUSAGE, "store: operation %d given %d parameters, not %d (a bug of nimbus-host)",
+                        (int)op, args->n, nh_pgop_nparams(op));
+  if (db->send_failed) {
+    *err = db->err;
+    return NH_EFAIL;
+  }
+  if (db->prepared[op] == UNPREPARED) {
+    if (!PQsendPrepare(db->conn, nh_pgop_name(op), nh_pgop_sql(op), nh_pgop_nparams(op), NULL)) {
+      snprintf(doing, sizeof doing, "preparing %s", shown(op));
+      return send_failed(db, doing, err);
+    }
+    push(db, ITEM_PREPARE, op);
+    db->prepared[op] = PREPARE_SENT;
+    db->stats.prepares++;
+  }
+  /* binary results: bodies as their bytes, numbers as 8 bytes (nh_pg_col_*) */
+  if (!PQsendQueryPrepared(db->conn, nh_pgop_name(op), args->n, args->values, args->lengths, args->formats, 1)) {
+    snprintf(doing, sizeof doing, "sending %s", shown(op));
+    return send_failed(db, doing, err);
+  }
+  item_t *it = push(db, ITEM_OP, op);
+  it->seq = ++db->nops;
+  it->cb = cb;
+  it->data = data;
+  db->stats.statements++;
+  return NH_OK;
+}
+
+static int send_sync(nh_pg_db_t *db, nh_error_t *err)
+{
+  if (!PQpipelineSync(db->conn)) return send_failed(db, "ending a pipeline", err);
+  db->stats.pipelines++;
+  db->phase = db->phase == ROLLING_BACK ? ROLLING_BACK : WAITING;
+  return NH_OK;
+}
+
+/* ---------------------------------------------------------------- results */
+
+/* What the failed item was doing, for nh_pg_explain_result. */
+static void describe(nh_pg_db_t *db, const item_t *it, char *out, size_t len)
+{
+  const char *none = "; nothing of the batch was committed";
+  switch (it ? it->kind : ITEM_OP) {
+  case ITEM_PREPARE:
+    snprintf(out, len, "preparing %s%s", shown(it->op), db->batch ? none : "");
+    break;
+  case ITEM_BEGIN:
+    snprintf(out, len, "starting a batch of %d statements", db->nops);
+    break;
+  case ITEM_COMMIT:
+    if (db->lost)
+      snprintf(out, len, "committing a batch of %d statements; whether it was committed is unknown: read the rows "
+               "back to know", db->nops);
+    else
+      snprintf(out, len, "committing a batch of %d statements%s", db->nops, none);
+    break;
+  case ITEM_ROLLBACK:
+    snprintf(out, len, "rolling back a failed batch");
+    break;
+  case ITEM_OP:
+    /* The server saying why it stopped at this statement proves it never got to COMMIT.
+     * A connection that just broke proves nothing: the results of a batch that committed
+     * may be what was lost. */
+    if (db->batch && db->lost && db->commit_sent && !(it && it->res && PQresultErrorField(it->res, PG_DIAG_SQLSTATE)))
+      none = "; whether the batch was committed is unknown: read its rows back to know";
+    if (!it) snprintf(out, len, "waiting for the results of %s%s", db->batch ? "a batch" : "a statement",
+                      db->batch ? none : "");
+    else if (db->batch)
+      snprintf(out, len, "running statement %d of a batch of %d (%s)%s", it->seq, db->nops, shown(it->op), none);
+    else
+      snprintf(out, len, "running %s", shown(it->op));
+    break;
+  }
+}
+
+static int failed_result(const PGresult *r)
+{
+  ExecStatusType st = PQresultStatus(r);
+  return st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK && st != PGRES_PIPELINE_ABORTED;
+}
+
+static void took(nh_pg_db_t *db, PGresult *r)
+{
+  if (db->next >= db->nitems) {   /* a result with no item: libpq's own (a lost connection) */
+    if (db->failed_at < 0 && failed_result(r)) {
+      db->lost = 1;
+      nh_pg_explain_result(db->conn, r, "waiting for results", &db->err);
+    }
+    PQclear(r);
+    return;
+  }
+  item_t *it = &db->items[db->next];
+  if (it->res) {   /* a second result for one item: an error after its rows */
+    if (failed_result(r) && !failed_result(it->res)) {
+      PQclear(it->res);
+      it->res = r;
+    } else {
+      PQclear(r);
+    }
+  } else {
+    it->res = r;
+  }
+  db->got = 1;
+  if (it->kind == ITEM_PREPARE)
+    db->prepared[it->op] = PQresultStatus(it->res) == PGRES_COMMAND_OK ? PREPARED : UNPREPARED;
+  if (db->failed_at < 0 && failed_result(it->res)) db->failed_at = db->next;
+}
+
+/* Explains the first failure into db->err (once). */
+static void explain_failure(nh_pg_db_t *db)
+{
+  if (db->err.code) return;
+  char doing[256];
+  const item_t *it = db->failed_at >= 0 ? &db->items[db->failed_at]
+                     : db->next < db->nitems ? &db->items[db->next] : NULL;
+  describe(db, it, doing, sizeof doing);
+  nh_pg_explain_result(db->conn, it ? it->res : NULL, doing, &db->err);
+}
+
+/* The pipeline is over, the connection idle again (or gone). */
+static void finish(nh_pg_db_t *db)
+{
+  for (int op = 0; op < NH_PGOP_COUNT; op++)
+    if (db->prepared[op] == PREPARE_SENT) db->prepared[op] = UNPREPARED;   /* skipped, or never answered */
+  if (!db->lost && !PQexitPipelineMode(db->conn) && !db->err.code)
+    nh_pg_explain_result(db->conn, NULL, "leaving pipeline mode", &db->err);
+  db->phase = IDLE;
+}
+
+/* The sync came back: done, or (a batch whose transaction failed) roll back first. */
+static int synced(nh_pg_db_t *db)
+{
+  int failed = db->failed_at >= 0 || db->send_failed;
+  if (failed) explain_failure(db);
+  /* failed (INERROR), or never told to commit (a send failed: INTRANS) */
+  PGTransactionStatusType tx = PQtransactionStatus(db->conn);
+  if (db->phase == WAITING && db->batch && (tx == PQTRANS_INERROR || tx == PQTRANS_INTRANS)) {
+    db->phase = ROLLING_BACK;
+    db->next = db->nitems;
+    db->got = 0;
+    nh_error_t ignored;
+    if (send_plain(db, ITEM_ROLLBACK, "ROLLBACK", &ignored) == NH_OK && send_sync(db, &ignored) == NH_OK)
+      return NH_PG_WANT_READ;
+    db->lost = PQstatus(db->conn) == CONNECTION_BAD;
+  }
+  finish(db);
+  return 0;
+}
+
+static int lost(nh_pg_db_t *db)
+{
+  db->lost = 1;
+  explain_failure(db);
+  finish(db);
+  return 0;
+}
+
+/* Sends, receives, never waits: what to wait for next, or 0 when the pipeline is over. */
+static int pump(nh_pg_db_t *db)
+{
+  if (db->phase != WAITING && db->phase != ROLLING_BACK) return 0;
+  int flush = PQflush(db->conn);
+  int input = PQconsumeInput(db->conn);
+  /* after a failed send or read libpq may still hold the server's last words (57P01,
+   * say): they are read below, before the connection is declared lost */
+  while (!PQisBusy(db->conn)) {
+    PGresult *r = PQgetResult(db->conn);
+    if (!r) {
+      if (PQstatus(db->conn) == CONNECTION_BAD) return lost(db);
+      if (!db->got) break;   /* the next item's results have not started */
+      db->next++;
+      db->got = 0;
+      continue;
+    }
+    if (PQresultStatus(r) == PGRES_PIPELINE_SYNC) {
+      PQclear(r);
+      return synced(db);
+    }
+    took(db, r);
+  }
+  if (flush < 0 || !input || PQstatus(db->conn) == CONNECTION_BAD) return lost(db);
+  return NH_PG_WANT_READ | (flush > 0 ? NH_PG_WANT_WRITE : 0);
+}
+
+/* The one place the executor waits. */
+static void wait_socket(nh_pg_db_t *db, int want)
+{
+  struct pollfd p = { .fd = PQsocket(db->conn), .events = POLLIN };
+  if (p.fd < 0) return;   /* gone: the next pump finds out */
+  if (want & NH_PG_WANT_WRITE) p.events |= POLLOUT;
+  while (poll(&p, 1, -1) < 0 && errno == EINTR) {}
+}
+
+static int run_to_end(nh_pg_db_t *db)
+{
+  int want;
+  while ((want = pump(db)) != 0) wait_socket(db, want);
+  return db->err.code ? db->err.code : NH_OK;
+}
+
+/* ---------------------------------------------------------------- one operation */
+
+int nh_pg_db_run(nh_pg_db_t *db, nh_pgop_t op, const nh_pg_args_t *args, PGresult **res, nh_error_t *err)
+{
+  if (res) *res = NULL;
+  int rc = start(db, 0, err);
+  if (rc) return rc;
+  rc = send_op(db, op, args, NULL, NULL, err);
+  if (rc == NH_OK) rc = send_sync(db, err);
+  if (rc) {
+    /* what was sent still comes back: read it, then say the first thing that failed */
+    nh_error_t first = *err;
+    if (db->phase == ADDING && send_sync(db, NULL) != NH_OK) lost(db);
+    run_to_end(db);
+    drop_items(db);
+    *err = db->err.code ? db->err : first;
+    return err->code ? err->code : NH_EFAIL;
+  }
+  rc = run_to_end(db);
+  if (rc) {
+    *err = db->err;
+  } else {
+    for (int i = 0; i < db->nitems; i++)
+      if (db->items[i].kind == ITEM_OP && res) {
+        *res = db->items[i].res;
+        db->items[i].res = NULL;
+      }
+  }
+  drop_items(db);
+  return rc;
+}
+
+/* ---------------------------------------------------------------- batches */
+
+int nh_pg_batch_begin(nh_pg_db_t *db, nh_error_t *err)
+{
+  if (db->phase == IDLE && PQtransactionStatus(db->conn) != PQTRANS_IDLE)
+    return nh_error_set(err, NH_ESTATE, "store: a batch cannot start inside an open transaction on its connection "
+                        "(a bug of nimbus-host)");
+  int rc = start(db, 1, err);
+  if (rc) return rc;
+  if (send_plain(db, ITEM_BEGIN, "BEGIN", err)) return NH_EFAIL;
+  return NH_OK;
+}
+
+int nh_pg_batch_add(nh_pg_db_t *db, nh_pgop_t op, const nh_pg_args_t *args, nh_pg_result_cb cb, void *data,
+                    nh_error_t *err)
+{
+  if (db->phase != ADDING || !db->batch)
+    return nh_error_set(err, NH_ESTATE, "store: no batch is open on this connection (a bug of nimbus-host)");
+  return send_op(db, op, args, cb, data, err);
+}
+
+int nh_pg_batch_send_commit(nh_pg_db_t *db, nh_error_t *err)
+{
+  if (db->phase != ADDING || !db->batch)
+    return nh_error_set(err, NH_ESTATE, "store: no batch is open on this connection (a bug of nimbus-host)");
+  if (!db->send_failed) db->commit_sent = send_plain(db, ITEM_COMMIT, "COMMIT", NULL) == NH_OK;
+  /* even after a failed send: the sync lets the server skip the rest and answer */
+  if (send_sync(db, NULL) != NH_OK) {
+    db->phase = WAITING;
+    lost(db);
+  }
+  return NH_OK;
+}
+
+int nh_pg_batch_poll(nh_pg_db_t *db, int *rc, nh_error_t *err)
+{
+  if (db->phase == ADDING) {
+    *rc = nh_error_set(err, NH_ESTATE, "store: the batch has not been sent (nh_pg_batch_send_commit first; a bug "
+                       "of nimbus-host)");
+    return 0;
+  }
+  int want = pump(db);
+  if (want) return want;
+  *rc = db->err.code ? db->err.code : NH_OK;
+  if (*rc) {
+    *err = db->err;
+  } else {
+    for (int i = 0; i < db->nitems; i++) {
+      item_t *it = &db->items[i];
+      if (it->kind == ITEM_OP && it->cb) it->cb(it->data, it->op, it->res);
+    }
+  }
+  drop_items(db);
+  return 0;
+}
+
+int nh_pg_batch_commit(nh_pg_db_t *db, nh_error_t *err)
+{
+  int rc = nh_pg_batch_send_commit(db, err);
+  if (rc) return rc;
+  int want;
+  while ((want = nh_pg_batch_poll(db, &rc, err)) != 0) wait_socket(db, want);
+  return rc;
+}
+
+void nh_pg_batch_abandon(nh_pg_db_t *db)
+{
+  if (db->phase != ADDING || !db->batch) return;
+  if (!db->send_failed) send_plain(db, ITEM_ROLLBACK, "ROLLBACK", NULL);
+  if (send_sync(db, NULL) != NH_OK) {
+    db->phase = WAITING;
+    lost(db);
+  }
+  run_to_end(db);
+  drop_items(db);
+}

@@ -1,0 +1,685 @@
+/* The PostgreSQL store's row statements, their argument builders and their row readers.
+ * Each statement is its sqlite twin's (nh_store.c stmt_sql, nh_store_rows.c,
+ * nh_store_query.c) in PostgreSQL's dialect; what differs, and why:
+ * - INSERT OR REPLACE and upserts are INSERT ... ON CONFLICT (the primary key) DO UPDATE
+ *   of every column; INSERT OR IGNORE is ON CONFLICT DO NOTHING, and since sqlite's IGNORE
+ *   also skips a row with a NULL where NOT NULL is declared, those inserts skip it too.
+ * - sqlite's LIMIT without ORDER BY returns rows in the index's order; here that order is
+ *   spelled out (it is the same index), so both stores return the same row.
+ * - Reading then deleting (oppending_take) is one DELETE ... RETURNING, and a claim of a
+ *   published MessageId one upsert that also says what it found. */
+#include "nh_pg_ops.h"
+#include "nh_store_int.h"
+#include "core/nh_util.h"
+
+#include <arpa/inet.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The audit columns in the order nh_pgrow_audit reads them: the sqlite store's. */
+#define AUDIT_COLS NH_AUDIT_COLS
+
+typedef struct opdef {
+  const char *name, *sql;
+  int nparams;
+} opdef_t;
+
+static const opdef_t ops[NH_PGOP_COUNT] = {
+  [NH_PGOP_AUDIT_PUT] = { "nh_audit_put",
+    "INSERT INTO audit(endpoint, event_id, session_id, event_type, status, sub_status, error_text, error_type,"
+    " handoff_reason, external_job_id, expected_by, message_id, correlation_id, originating_message_id,"
+    " retry_count, payload, result, created_at, updated_at, error_stack, fail_group, attempts, queue_time_ms,"
+    " processing_time_ms, overdue_at, traceparent)"
+    " VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$18,$19,$20,$21,$22,$23,$24,$25)"
+    " ON CONFLICT (event_id, endpoint) DO UPDATE SET session_id = excluded.session_id,"
+    " event_type = excluded.event_type, status = excluded.status, sub_status = excluded.sub_status,"
+    " error_text = excluded.error_text, error_type = excluded.error_type, handoff_reason = excluded.handoff_reason,"
+    " external_job_id = excluded.external_job_id, expected_by = excluded.expected_by,"
+    " message_id = excluded.message_id, correlation_id = excluded.correlation_id,"
+    " originating_message_id = excluded.originating_message_id, retry_count = excluded.retry_count,"
+    " payload = excluded.payload, result = excluded.result, updated_at = excluded.updated_at,"
+    " error_stack = excluded.error_stack, fail_group = excluded.fail_group, attempts = excluded.attempts,"
+    " queue_time_ms = excluded.queue_time_ms, processing_time_ms = excluded.processing_time_ms,"
+    " overdue_at = excluded.overdue_at, traceparent = excluded.traceparent", 25 },
+  [NH_PGOP_AUDIT_GET] = { "nh_audit_get",
+    "SELECT " AUDIT_COLS " FROM audit WHERE endpoint = $1 AND event_id = $2", 2 },
+  /* sqlite returns the first row of the primary key (event_id, endpoint) */
+  [NH_PGOP_AUDIT_FIND] = { "nh_audit_find",
+    "SELECT " AUDIT_COLS " FROM audit WHERE event_id = $1 ORDER BY endpoint LIMIT 1", 1 },
+  /* $2 || $3: the upper end of the prefix's range (nh_pgargs_audit_find_prefix) */
+  [NH_PGOP_AUDIT_FIND_PREFIX] = { "nh_audit_find_prefix",
+    "SELECT " AUDIT_COLS " FROM audit WHERE event_id >= $1::text AND event_id < $2::text || $3::text"
+    " ORDER BY event_id, endpoint LIMIT 2", 3 },
+  [NH_PGOP_AUDIT_FIND_PREFIX_OPEN] = { "nh_audit_find_prefix_open",
+    "SELECT " AUDIT_COLS " FROM audit WHERE event_id >= $1::text ORDER BY event_id, endpoint LIMIT 2", 1 },
+  [NH_PGOP_AUDIT_RETEXT] = { "nh_audit_retext",
+    "UPDATE audit SET error_text = $3 WHERE endpoint = $1 AND session_id = $2 AND status = 'Deferred'", 3 },
+  /* seq breaks ties as sqlite's rowid does in the partial index audit_handoff_due */
+  [NH_PGOP_HANDOFFS_DUE] = { "nh_handoffs_due",
+    "SELECT " AUDIT_COLS " FROM audit WHERE status = 'Pending' AND sub_status = 'Handoff'"
+    " AND expected_by IS NOT NULL AND overdue_at IS NULL AND expected_by < $1 ORDER BY expected_by, seq LIMIT $2",
+    2 },
+  [NH_PGOP_HANDOFF_FLAG_OVERDUE] = { "nh_handoff_flag_overdue",
+    "UPDATE audit SET overdue_at = $3 WHERE endpoint = $1 AND event_id = $2"
+    " AND overdue_at IS NULL AND status = 'Pending' AND sub_status = 'Handoff'", 3 },
+  [NH_PGOP_HISTORY_ADD] = { "nh_history_add",
+    "INSERT INTO history(endpoint, event_id, message_id, message_type, status, detail, at, error_text, error_type,"
+    " error_stack, previous_payload) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11)", 11 },
+  [NH_PGOP_HISTORY_LIST] = { "nh_history_list",
+    "SELECT at, message_id, message_type, status, detail, error_text, error_type, error_stack, previous_payload"
+    " FROM history WHERE endpoint = $1 AND event_id = $2 ORDER BY id", 2 },
+  [NH_PGOP_SESSION_GET] = { "nh_session_get",
+    "SELECT blocked_by, draining, retry_due, next_park_seq FROM sessions WHERE endpoint = $1 AND session_id = $2",
+    2 },
+  [NH_PGOP_SESSION_PUT] = { "nh_session_put",
+    "INSERT INTO sessions(endpoint, session_id, blocked_by, draining, retry_due, next_park_seq)"
+    " VALUES ($1,$2,$3,$4,$5,$6) ON CONFLICT (endpoint, session_id) DO UPDATE SET blocked_by = excluded.blocked_by,"
+    " draining = excluded.draining, retry_due = excluded.retry_due, next_park_seq = excluded.next_park_seq", 6 },
+  [NH_PGOP_SESSION_DEL] = { "nh_session_del", "DELETE FROM sessions WHERE endpoint = $1 AND session_id = $2", 2 },
+  /* session_id breaks ties as the primary key does behind sqlite's sessions_retry index */
+  [NH_PGOP_SESSIONS_RETRY_DUE] = { "nh_sessions_retry_due",
+    "SELECT session_id, blocked_by, draining, retry_due, next_park_seq FROM sessions WHERE endpoint = $1"
+    " AND blocked_by IS NOT NULL AND retry_due IS NOT NULL AND retry_due <= $2 ORDER BY retry_due, session_id"
+    " LIMIT $3", 3 },
+  [NH_PGOP_SESSIONS_DRAINING] = { "nh_sessions_draining",
+    "SELECT session_id, blocked_by, draining, retry_due, next_park_seq FROM sessions WHERE endpoint = $1"
+    " AND blocked_by IS NULL AND draining = 1 AND session_id > $2 ORDER BY session_id LIMIT $3", 3 },
+  [NH_PGOP_SESSIONS_LIST] = { "nh_sessions_list",
+    "SELECT session_id, blocked_by, draining, retry_due, next_park_seq, endpoint FROM sessions"
+    " WHERE (NOT $1::boolean OR blocked_by IS NOT NULL) ORDER BY endpoint, session_id", 1 },
+  [NH_PGOP_SESSIONS_LIST_ENDPOINT] = { "nh_sessions_list_endpoint",
+    "SELECT session_id, blocked_by, draining, retry_due, next_park_seq, endpoint FROM sessions"
+    " WHERE endpoint = $1 AND (NOT $2::boolean OR blocked_by IS NOT NULL) ORDER BY endpoint, session_id", 2 },
+  [NH_PGOP_PARK] = { "nh_park",
+    "INSERT INTO parked(endpoint, session_id, park_seq, message_id, event_id, event_type, message_type,"
+    " correlation_id, originating_message_id, parent_message_id, from_, retry_count, enqueued_at, body,"
+    " error_text, error_type, reply_to, traceparent, tracestate)"
+    " VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19)", 19 },
+  [NH_PGOP_PARKED_HEAD] = { "nh_parked_head",
+    "SELECT park_seq, message_id, event_id, event_type, message_type, correlation_id, originating_message_id,"
+    " parent_message_id, from_, retry_count, enqueued_at, body, error_text, error_type, reply_to, traceparent,"
+    " tracestate FROM parked WHERE endpoint = $1 AND session_id = $2 ORDER BY park_seq LIMIT 1", 2 },
+  [NH_PGOP_PARKED_DEL] = { "nh_parked_del",
+    "DELETE FROM parked WHERE endpoint = $1 AND session_id = $2 AND park_seq = $3", 3 },
+  [NH_PGOP_PARKED_DEL_EVENT] = { "nh_parked_del_event", "DELETE FROM parked WHERE endpoint = $1 AND event_id = $2",
+    2 },
+  [NH_PGOP_PARKED_COUNT] = { "nh_parked_count",
+    "SELECT count(*) FROM parked WHERE endpoint = $1 AND session_id = $2", 2 },
+  [NH_PGOP_PARKED_ANY] = { "nh_parked_any",
+    "SELECT true FROM parked WHERE endpoint = $1 AND session_id = $2 LIMIT 1", 2 },
+  [NH_PGOP_INBOX_HAS] = { "nh_inbox_has", "SELECT true FROM inbox WHERE endpoint = $1 AND message_id = $2", 2 },
+  [NH_PGOP_INBOX_ADD] = { "nh_inbox_add",
+    "INSERT INTO inbox(endpoint, message_id, at) SELECT $1::text, $2::text, $3::bigint"
+    " WHERE $1::text IS NOT NULL AND $2::text IS NOT NULL ON CONFLICT DO NOTHING", 3 },
+  /* a delivery's recorded outcome is a history row from its message (nh_store.h) */
+  [NH_PGOP_PROCESSED_HAS] = { "nh_processed_has",
+    "SELECT true FROM history WHERE event_id = $3 AND endpoint = $1 AND message_id = $2"
+    " AND status NOT IN ('Requested', 'Cancelled') LIMIT 1", 3 },
+  [NH_PGOP_OPPENDING_ADD] = { "nh_oppending_add",
+    "INSERT INTO operator_pending(message_id, endpoint, event_id, action, expected_status, at)"
+    " VALUES ($1,$2,$3,$4,$5,$6) ON CONFLICT (message_id) DO UPDATE SET endpoint = excluded.endpoint,"
+    " event_id = excluded.event_id, action = excluded.action, expected_status = excluded.expected_status,"
+    " at = excluded.at", 6 },
+  [NH_PGOP_OPPENDING_HAS] = { "nh_oppending_has",
+    "SELECT true FROM operator_pending WHERE event_id = $2 AND endpoint = $1 LIMIT 1", 2 },
+  [NH_PGOP_OPPENDING_TAKE] = { "nh_oppending_take",
+    "DELETE FROM operator_pending WHERE message_id = $1 RETURNING expected_status", 1 },
+  [NH_PGOP_OPLOG_ADD] = { "nh_oplog_add",
+    "INSERT INTO operator_log(at, actor, action, endpoint, event_id, session_id, detail)"
+    " VALUES ($1,$2,$3,$4,$5,$6,$7)", 7 },
+  [NH_PGOP_PUBLISHED_SEEN] = { "nh_published_seen", "SELECT at FROM published WHERE message_id = $1", 1 },
+  /* Claims unless claimed since $3; answers (the claim's time or NULL, the time it found
+   * or NULL). `prev` reads the snapshot the statement started with: a claim another host
+   * committed after that (the upsert waited for it, then left it) shows as two NULLs. */
+  [NH_PGOP_PUBLISHED_CLAIM] = { "nh_published_claim",
+    "WITH prev AS (SELECT at FROM published WHERE message_id = $1),"
+    " claim AS (INSERT INTO published(message_id, at) VALUES ($1, $2) ON CONFLICT (message_id)"
+    "  DO UPDATE SET at = excluded.at WHERE published.at < $3 RETURNING at)"
+    " SELECT (SELECT at FROM claim), (SELECT at FROM prev)", 3 },
+  [NH_PGOP_HOST_PUT] = { "nh_host_put",
+    "INSERT INTO hosts(owner, endpoints, started_at, seen_at) VALUES ($1,$2,$3,$4) ON CONFLICT (owner)"
+    " DO UPDATE SET endpoints = excluded.endpoints, started_at = excluded.started_at, seen_at = excluded.seen_at",
+    4 },
+  [NH_PGOP_HOST_DEL] = { "nh_host_del", "DELETE FROM hosts WHERE owner = $1", 1 },
+  [NH_PGOP_HOSTS_SERVING] = { "nh_hosts_serving",
+    "SELECT owner FROM hosts WHERE seen_at >= $2 AND strpos(endpoints, ',' || $1::text || ',') > 0", 2 },
+  [NH_PGOP_BULK_GET] = { "nh_bulk_get", "SELECT cutoff, started_at, owner, queued FROM bulk_runs WHERE key = $1", 1 },
+  [NH_PGOP_BULK_PUT] = { "nh_bulk_put",
+    "INSERT INTO bulk_runs(key, cutoff, started_at, owner, queued) VALUES ($1,$2,$3,$4,$5) ON CONFLICT (key)"
+    " DO UPDATE SET cutoff = excluded.cutoff, started_at = excluded.started_at, owner = excluded.owner,"
+    " queued = excluded.queued", 5 },
+  [NH_PGOP_BULK_DONE] = { "nh_bulk_done", "DELETE FROM bulk_runs WHERE key = $1", 1 },
+};
+
+static int known(nh_pgop_t op) { return (unsigned)op < NH_PGOP_COUNT; }
+const char *nh_pgop_name(nh_pgop_t op) { return known(op) ? ops[op].name : "nh_unknown"; }
+const char *nh_pgop_sql(nh_pgop_t op) { return known(op) ? ops[op].sql : NULL; }
+int nh_pgop_nparams(nh_pgop_t op) { return known(op) ? ops[op].nparams : 0; }
+
+/* ---------------------------------------------------------------- arguments */
+
+void nh_pg_args_reset(nh_pg_args_t *a) { a->n = 0; }
+
+/* A builder with more parameters than the struct holds is a bug of this file. */
+static int slot(nh_pg_args_t *a)
+{
+  if (a->n >= NH_PG_MAX_ARGS) {
+    fprintf(stderr, "nh_pg_args: more than %d parameters\n", NH_PG_MAX_ARGS);
+    abort();
+  }
+  return a->n++;
+}
+
+void nh_pg_args_text(nh_pg_args_t *a, const char *s)
+{
+  int i = slot(a);
+  a->values[i] = s;
+  a->lengths[i] = 0;
+  a->formats[i] = 0;
+}
+
+void nh_pg_args_bytes(nh_pg_args_t *a, const char *p, size_t len)
+{
+  int i = slot(a);
+  a->values[i] = p;
+  a->lengths[i] = p ? (int)len : 0;
+  a->formats[i] = p ? 1 : 0;
+}
+
+void nh_pg_args_i64(nh_pg_args_t *a, int64_t v)
+{
+  int i = slot(a);
+  snprintf(a->num[i], sizeof a->num[i], "%" PRId64, v);
+  a->values[i] = a->num[i];
+  a->lengths[i] = 0;
+  a->formats[i] = 0;
+}
+
+void nh_pg_args_null(nh_pg_args_t *a) { nh_pg_args_text(a, NULL); }
+
+/* 0 stands for "none" in the store's structs, NULL in its columns */
+static void i64_or_null(nh_pg_args_t *a, int64_t v)
+{
+  if (v) nh_pg_args_i64(a, v);
+  else nh_pg_args_null(a);
+}
+
+#define TXT(v) nh_pg_args_text(a, v)
+#define I64(v) nh_pg_args_i64(a, v)
+
+static nh_pgop_t two(nh_pg_args_t *a, nh_pgop_t op, const char *x, const char *y)
+{
+  nh_pg_args_reset(a);
+  TXT(x);
+  TXT(y);
+  return op;
+}
+
+static nh_pgop_t one(nh_pg_args_t *a, nh_pgop_t op, const char *x)
+{
+  nh_pg_args_reset(a);
+  TXT(x);
+  return op;
+}
+
+nh_pgop_t nh_pgargs_audit_put(nh_pg_args_t *a, const nh_audit_t *au)
+{
+  nh_pg_args_reset(a);
+  TXT(au->endpoint); TXT(au->event_id); TXT(au->session_id); TXT(au->event_type);
+  TXT(au->status); TXT(au->sub_status); TXT(au->error_text); TXT(au->error_type);
+  TXT(au->handoff_reason); TXT(au->external_job_id);
+  i64_or_null(a, au->expected_by);
+  TXT(au->message_id); TXT(au->correlation_id); TXT(au->originating_message_id);
+  I64(au->retry_count);
+  nh_pg_args_bytes(a, au->payload, nh_audit_payload_len(au));
+  TXT(au->result);
+  I64(au->updated_at ? au->updated_at : nh_time_now_ms());
+  TXT(au->error_stack);
+  if (nh_audit_unresolved_failure(au->status)) {
+    nh_failgroup_id(au->endpoint, au->error_type, au->error_text, a->group);
+    TXT(a->group);
+  } else {
+    nh_pg_args_null(a);
+  }
+  I64(au->attempts);
+  if (au->queue_time_ms >= 0) I64(au->queue_time_ms); else nh_pg_args_null(a);
+  if (au->processing_time_ms >= 0) I64(au->processing_time_ms); else nh_pg_args_null(a);
+  i64_or_null(a, au->overdue_at);
+  TXT(au->traceparent);
+  return NH_PGOP_AUDIT_PUT;
+}
+
+nh_pgop_t nh_pgargs_audit_get(nh_pg_args_t *a, const char *endpoint, const char *event_id)
+{
+  return two(a, NH_PGOP_AUDIT_GET, endpoint, event_id);
+}
+
+nh_pgop_t nh_pgargs_audit_find(nh_pg_args_t *a, const char *event_id)
+{
+  return one(a, NH_PGOP_AUDIT_FIND, event_id);
+}
+
+/* The length of the UTF-8 sequence at s (at most `left` bytes), and its code point;
+ * 0 if it is not well-formed (overlong, a surrogate, past U+10FFFF, cut short). */
+static int utf8_char(const unsigned char *s, size_t left, uint32_t *cp)
+{
+  static const uint32_t min[5] = { 0, 0, 0x80, 0x800, 0x10000 };
+  int n = s[0] < 0x80 ? 1 : (s[0] & 0xE0) == 0xC0 ? 2 : (s[0] & 0xF0) == 0xE0 ? 3 : (s[0] & 0xF8) == 0xF0 ? 4 : 0;
+  if (n == 0 || (size_t)n > left) return 0;
+  uint32_t c = n == 1 ? s[0] : s[0] & (0x7F >> n);
+  for (int i = 1; i < n; i++) {
+    if ((s[i] & 0xC0) != 0x80) return 0;
+    c = c << 6 | (s[i] & 0x3F);
+  }
+  if (c < min[n] || c > 0x10FFFF || (c >= 0xD800 && c <= 0xDFFF)) return 0;
+  *cp = c;
+  return n;
+}
+
+int nh_pg_utf8_valid(const char *s, size_t len)
+{
+  const unsigned char *p = (const unsigned char *)s;
+  uint32_t cp;
+  for (size_t i = 0; i < len;) {
+    if (p[i] == 0) return 0;
+    int n = utf8_char(p + i, len - i, &cp);
+    if (!n) return 0;
+    i += (size_t)n;
+  }
+  return 1;
+}
+
+static int utf8_put(uint32_t c, char out[5])
+{
+  int n = c < 0x80 ? 1 : c < 0x800 ? 2 : c < 0x10000 ? 3 : 4;
+  static const unsigned char lead[5] = { 0, 0, 0xC0, 0xE0, 0xF0 };
+  for (int i = n - 1; i > 0; i--) {
+    out[i] = (char)(0x80 | (c & 0x3F));
+    c >>= 6;
+  }
+  out[0] = (char)(lead[n] | c);
+  out[n] = '\0';
+  return n;
+}
+
+/* sqlite's range is [prefix, prefix || x'ff'): no UTF-8 byte is 0xFF, so that is exactly
+ * the ids starting with the prefix. PostgreSQL's text cannot hold 0xFF; in byte order the
+ * least string above every id with the prefix is the prefix cut after its last character
+ * below U+10FFFF, that character incremented (past the surrogates, which no text holds).
+ * A prefix of U+10FFFF only has nothing above its range: whatever is at or after it starts
+ * with it, and the open range is exact. */
+nh_pgop_t nh_pgargs_audit_find_prefix(nh_pg_args_t *a, const char *prefix)
+{
+  nh_pg_args_reset(a);
+  TXT(prefix);
+  const unsigned char *p = (const unsigned char *)prefix;
+  size_t len = strlen(prefix), cut = 0;
+  uint32_t last = 0, cp;
+  int found = 0;
+  for (size_t i = 0; i < len;) {
+    int n = utf8_char(p + i, len - i, &cp);
+    if (!n) break;   /* callers check first (nh_pg_utf8_valid); the server would refuse it */
+    if (cp < 0x10FFFF) {
+      cut = i;
+      last = cp;
+      found = 1;
+    }
+    i += (size_t)n;
+  }
+  if (!found) return NH_PGOP_AUDIT_FIND_PREFIX_OPEN;
+  nh_pg_args_bytes(a, prefix, cut);   /* text in binary format: the bytes, with their length */
+  last = last + 1 == 0xD800 ? 0xE000 : last + 1;
+  utf8_put(last, a->bound);
+  TXT(a->bound);
+  return NH_PGOP_AUDIT_FIND_PREFIX;
+}
+
+nh_pgop_t nh_pgargs_audit_retext(nh_pg_args_t *a, const char *endpoint, const char *session, const char *text)
+{
+  nh_pg_args_reset(a);
+  TXT(endpoint); TXT(session); TXT(text);
+  return NH_PGOP_AUDIT_RETEXT;
+}
+
+nh_pgop_t nh_pgargs_handoffs_due(nh_pg_args_t *a, int64_t now, int limit)
+{
+  nh_pg_args_reset(a);
+  I64(now); I64(limit);
+  return NH_PGOP_HANDOFFS_DUE;
+}
+
+nh_pgop_t nh_pgargs_handoff_flag_overdue(nh_pg_args_t *a, const char *endpoint, const char *event_id, int64_t at)
+{
+  nh_pg_args_reset(a);
+  TXT(endpoint); TXT(event_id); I64(at);
+  return NH_PGOP_HANDOFF_FLAG_OVERDUE;
+}
+
+nh_pgop_t nh_pgargs_history_add(nh_pg_args_t *a, const char *endpoint, const char *event_id, const char *message_id,
+                                const char *message_type, const char *status, const char *detail,
+                                const nh_history_extra_t *x)
+{
+  nh_pg_args_reset(a);
+  TXT(endpoint); TXT(event_id); TXT(message_id); TXT(message_type); TXT(status); TXT(detail);
+  I64(nh_time_now_ms());
+  TXT(x ? x->error_text : NULL);
+  TXT(x ? x->error_type : NULL);
+  TXT(x ? x->error_stack : NULL);
+  const char *prev = x ? x->previous_payload : NULL;
+  nh_pg_args_bytes(a, prev, prev ? strlen(prev) : 0);
+  return NH_PGOP_HISTORY_ADD;
+}
+
+nh_pgop_t nh_pgargs_history_list(nh_pg_args_t *a, const char *endpoint, const char *event_id)
+{
+  return two(a, NH_PGOP_HISTORY_LIST, endpoint, event_id);
+}
+
+nh_pgop_t nh_pgargs_session_get(nh_pg_args_t *a, const char *endpoint, const char *session)
+{
+  return two(a, NH_PGOP_SESSION_GET, endpoint, session);
+}
+
+/* A free session with nothing parked needs no row (nh_store_session_put says why). */
+nh_pgop_t nh_pgargs_session_put(nh_pg_args_t *a, const char *endpoint, const char *session,
+                                const nh_session_state_t *st)
+{
+  if (!st->blocked_by && !st->draining && !st->retry_due) return two(a, NH_PGOP_SESSION_DEL, endpoint, session);
+  two(a, NH_PGOP_SESSION_PUT, endpoint, session);
+  TXT(st->blocked_by);
+  I64(st->draining);
+  i64_or_null(a, st->retry_due);
+  I64(st->next_park_seq > 0 ? st->next_park_seq : 1);
+  return NH_PGOP_SESSION_PUT;
+}
+
+nh_pgop_t nh_pgargs_sessions_retry_due(nh_pg_args_t *a, const char *endpoint, int64_t now, int limit)
+{
+  one(a, NH_PGOP_SESSIONS_RETRY_DUE, endpoint);
+  I64(now); I64(limit);
+  return NH_PGOP_SESSIONS_RETRY_DUE;
+}
+
+nh_pgop_t nh_pgargs_sessions_draining(nh_pg_args_t *a, const char *endpoint, const char *after, int limit)
+{
+  two(a, NH_PGOP_SESSIONS_DRAINING, endpoint, after ? after : "");
+  I64(limit);
+  return NH_PGOP_SESSIONS_DRAINING;
+}
+
+nh_pgop_t nh_pgargs_sessions_list(nh_pg_args_t *a, const char *endpoint, int blocked_only)
+{
+  nh_pg_args_reset(a);
+  if (endpoint) TXT(endpoint);
+  TXT(blocked_only ? "true" : "false");
+  return endpoint ? NH_PGOP_SESSIONS_LIST_ENDPOINT : NH_PGOP_SESSIONS_LIST;
+}
+
+nh_pgop_t nh_pgargs_park(nh_pg_args_t *a, const nh_msg_t *m, int64_t park_seq)
+{
+  two(a, NH_PGOP_PARK, m->endpoint, m->session_id);
+  I64(park_seq);
+  TXT(m->message_id); TXT(m->event_id); TXT(m->event_type);
+  TXT(nh_msg_type_name(m->type)); TXT(m->correlation_id);
+  TXT(m->originating_message_id); TXT(m->parent_message_id); TXT(m->from);
+  I64(m->retry_count);
+  I64(m->enqueued_at);
+  nh_pg_args_bytes(a, m->body, m->body_len);
+  TXT(m->error_text); TXT(m->error_type); TXT(m->reply_to);
+  TXT(m->traceparent); TXT(m->tracestate);
+  return NH_PGOP_PARK;
+}
+
+nh_pgop_t nh_pgargs_parked_head(nh_pg_args_t *a, const char *endpoint, const char *session)
+{
+  return two(a, NH_PGOP_PARKED_HEAD, endpoint, session);
+}
+
+nh_pgop_t nh_pgargs_parked_delete(nh_pg_args_t *a, const char *endpoint, const char *session, int64_t park_seq)
+{
+  two(a, NH_PGOP_PARKED_DEL, endpoint, session);
+  I64(park_seq);
+  return NH_PGOP_PARKED_DEL;
+}
+
+nh_pgop_t nh_pgargs_parked_delete_event(nh_pg_args_t *a, const char *endpoint, const char *event_id)
+{
+  return two(a, NH_PGOP_PARKED_DEL_EVENT, endpoint, event_id);
+}
+
+nh_pgop_t nh_pgargs_parked_count(nh_pg_args_t *a, const char *endpoint, const char *session)
+{
+  return two(a, NH_PGOP_PARKED_COUNT, endpoint, session);
+}
+
+nh_pgop_t nh_pgargs_parked_any(nh_pg_args_t *a, const char *endpoint, const char *session)
+{
+  return two(a, NH_PGOP_PARKED_ANY, endpoint, session);
+}
+
+nh_pgop_t nh_pgargs_inbox_has(nh_pg_args_t *a, const char *endpoint, const char *message_id)
+{
+  return two(a, NH_PGOP_INBOX_HAS, endpoint, message_id);
+}
+
+nh_pgop_t nh_pgargs_inbox_add(nh_pg_args_t *a, const char *endpoint, const char *message_id)
+{
+  two(a, NH_PGOP_INBOX_ADD, endpoint, message_id);
+  I64(nh_time_now_ms());
+  return NH_PGOP_INBOX_ADD;
+}
+
+nh_pgop_t nh_pgargs_processed_has(nh_pg_args_t *a, const char *endpoint, const char *message_id,
+                                  const char *event_id)
+{
+  two(a, NH_PGOP_PROCESSED_HAS, endpoint, message_id);
+  TXT(event_id);
+  return NH_PGOP_PROCESSED_HAS;
+}
+
+nh_pgop_t nh_pgargs_oppending_add(nh_pg_args_t *a, const char *message_id, const char *endpoint, const char *event_id,
+                                  const char *action, const char *expected_status)
+{
+  two(a, NH_PGOP_OPPENDING_ADD, message_id, endpoint);
+  TXT(event_id); TXT(action); TXT(expected_status);
+  I64(nh_time_now_ms());
+  return NH_PGOP_OPPENDING_ADD;
+}
+
+nh_pgop_t nh_pgargs_oppending_has(nh_pg_args_t *a, const char *endpoint, const char *event_id)
+{
+  return two(a, NH_PGOP_OPPENDING_HAS, endpoint, event_id);
+}
+
+nh_pgop_t nh_pgargs_oppending_take(nh_pg_args_t *a, const char *message_id)
+{
+  return one(a, NH_PGOP_OPPENDING_TAKE, message_id);
+}
+
+nh_pgop_t nh_pgargs_oplog_add(nh_pg_args_t *a, const char *actor, const char *action, const char *endpoint,
+                              const char *event_id, const char *session, const char *detail)
+{
+  nh_pg_args_reset(a);
+  I64(nh_time_now_ms());
+  if (!actor) actor = getenv("USER");
+  TXT(actor ? actor : "operator");
+  TXT(action); TXT(endpoint); TXT(event_id); TXT(session); TXT(detail);
+  return NH_PGOP_OPLOG_ADD;
+}
+
+nh_pgop_t nh_pgargs_published_seen(nh_pg_args_t *a, const char *message_id)
+{
+  return one(a, NH_PGOP_PUBLISHED_SEEN, message_id);
+}
+
+nh_pgop_t nh_pgargs_published_claim(nh_pg_args_t *a, const char *message_id, int64_t now, int64_t since)
+{
+  one(a, NH_PGOP_PUBLISHED_CLAIM, message_id);
+  I64(now); I64(since);
+  return NH_PGOP_PUBLISHED_CLAIM;
+}
+
+nh_pgop_t nh_pgargs_host_put(nh_pg_args_t *a, const char *owner, const char *endpoints_csv, int64_t started_at,
+                             int64_t now)
+{
+  two(a, NH_PGOP_HOST_PUT, owner, endpoints_csv);
+  I64(started_at); I64(now);
+  return NH_PGOP_HOST_PUT;
+}
+
+nh_pgop_t nh_pgargs_host_del(nh_pg_args_t *a, const char *owner) { return one(a, NH_PGOP_HOST_DEL, owner); }
+
+nh_pgop_t nh_pgargs_hosts_serving(nh_pg_args_t *a, const char *endpoint, int64_t since)
+{
+  one(a, NH_PGOP_HOSTS_SERVING, endpoint);
+  I64(since);
+  return NH_PGOP_HOSTS_SERVING;
+}
+
+nh_pgop_t nh_pgargs_bulk_get(nh_pg_args_t *a, const char *key) { return one(a, NH_PGOP_BULK_GET, key); }
+
+nh_pgop_t nh_pgargs_bulk_put(nh_pg_args_t *a, const char *key, const nh_bulk_run_t *run)
+{
+  one(a, NH_PGOP_BULK_PUT, key);
+  I64(run->cutoff_ms); I64(run->started_ms); TXT(run->owner); I64(run->queued);
+  return NH_PGOP_BULK_PUT;
+}
+
+nh_pgop_t nh_pgargs_bulk_done(nh_pg_args_t *a, const char *key) { return one(a, NH_PGOP_BULK_DONE, key); }
+
+/* ---------------------------------------------------------------- readers */
+
+int64_t nh_pg_col_i64(const PGresult *r, int row, int col)
+{
+  if (PQgetisnull(r, row, col)) return 0;
+  const unsigned char *p = (const unsigned char *)PQgetvalue(r, row, col);
+  int len = PQgetlength(r, row, col);
+  if (PQfformat(r, col) == 0) return strtoll((const char *)p, NULL, 10);
+  /* binary: network byte order, of the column's width (bigint, integer, boolean) */
+  uint64_t v = 0;
+  for (int i = 0; i < len && i < 8; i++) v = v << 8 | p[i];
+  if (len == 4) return (int32_t)(uint32_t)v;
+  if (len == 2) return (int16_t)(uint16_t)v;
+  return (int64_t)v;
+}
+
+const char *nh_pg_col_text(const PGresult *r, int row, int col)
+{
+  return PQgetisnull(r, row, col) ? NULL : PQgetvalue(r, row, col);
+}
+
+char *nh_pg_col_strdup(const PGresult *r, int row, int col)
+{
+  if (PQgetisnull(r, row, col)) return NULL;
+  return nh_xstrndup(PQgetvalue(r, row, col), (size_t)PQgetlength(r, row, col));
+}
+
+char *nh_pg_col_body(const PGresult *r, int row, int col, size_t *len)
+{
+  *len = 0;
+  if (PQgetisnull(r, row, col)) return NULL;
+  size_t n = (size_t)PQgetlength(r, row, col);
+  char *d = nh_xmalloc(n + 1);
+  memcpy(d, PQgetvalue(r, row, col), n);
+  d[n] = '\0';
+  *len = n;
+  return d;
+}
+
+static int64_t or_minus_one(const PGresult *r, int row, int col)
+{
+  return PQgetisnull(r, row, col) ? -1 : nh_pg_col_i64(r, row, col);
+}
+
+void nh_pgrow_audit(const PGresult *r, int row, nh_audit_t *a)
+{
+  memset(a, 0, sizeof *a);
+  a->endpoint = nh_pg_col_strdup(r, row, 0);
+  a->event_id = nh_pg_col_strdup(r, row, 1);
+  a->session_id = nh_pg_col_strdup(r, row, 2);
+  a->event_type = nh_pg_col_strdup(r, row, 3);
+  a->status = nh_pg_col_strdup(r, row, 4);
+  a->sub_status = nh_pg_col_strdup(r, row, 5);
+  a->error_text = nh_pg_col_strdup(r, row, 6);
+  a->error_type = nh_pg_col_strdup(r, row, 7);
+  a->handoff_reason = nh_pg_col_strdup(r, row, 8);
+  a->external_job_id = nh_pg_col_strdup(r, row, 9);
+  a->expected_by = nh_pg_col_i64(r, row, 10);
+  a->message_id = nh_pg_col_strdup(r, row, 11);
+  a->correlation_id = nh_pg_col_strdup(r, row, 12);
+  a->originating_message_id = nh_pg_col_strdup(r, row, 13);
+  a->retry_count = (int)nh_pg_col_i64(r, row, 14);
+  a->payload = nh_pg_col_body(r, row, 15, &a->payload_len);
+  a->result = nh_pg_col_strdup(r, row, 16);
+  a->created_at = nh_pg_col_i64(r, row, 17);
+  a->updated_at = nh_pg_col_i64(r, row, 18);
+  a->error_stack = nh_pg_col_strdup(r, row, 19);
+  a->attempts = (int)nh_pg_col_i64(r, row, 20);
+  a->queue_time_ms = or_minus_one(r, row, 21);
+  a->processing_time_ms = or_minus_one(r, row, 22);
+  a->overdue_at = nh_pg_col_i64(r, row, 23);
+  a->traceparent = nh_pg_col_strdup(r, row, 24);
+}
+
+void nh_pgrow_session(const PGresult *r, int row, int col, nh_session_state_t *st)
+{
+  st->exists = 1;
+  st->blocked_by = nh_pg_col_strdup(r, row, col);
+  st->draining = (int)nh_pg_col_i64(r, row, col + 1);
+  st->retry_due = nh_pg_col_i64(r, row, col + 2);
+  st->next_park_seq = nh_pg_col_i64(r, row, col + 3);
+}
+
+void nh_pgrow_parked(const PGresult *r, int row, const char *endpoint, const char *session, nh_msg_t *m,
+                     int64_t *park_seq)
+{
+  memset(m, 0, sizeof *m);
+  *park_seq = nh_pg_col_i64(r, row, 0);
+  m->endpoint = nh_xstrdup(endpoint);
+  m->session_id = nh_xstrdup(session);
+  m->message_id = nh_pg_col_strdup(r, row, 1);
+  m->event_id = nh_pg_col_strdup(r, row, 2);
+  m->event_type = nh_pg_col_strdup(r, row, 3);
+  m->type = nh_msg_type_parse(nh_pg_col_text(r, row, 4));
+  m->correlation_id = nh_pg_col_strdup(r, row, 5);
+  m->originating_message_id = nh_pg_col_strdup(r, row, 6);
+  m->parent_message_id = nh_pg_col_strdup(r, row, 7);
+  m->from = nh_pg_col_strdup(r, row, 8);
+  m->retry_count = (int)nh_pg_col_i64(r, row, 9);
+  m->enqueued_at = nh_pg_col_i64(r, row, 10);
+  m->body = nh_pg_col_body(r, row, 11, &m->body_len);
+  m->error_text = nh_pg_col_strdup(r, row, 12);
+  m->error_type = nh_pg_col_strdup(r, row, 13);
+  m->reply_to = nh_pg_col_strdup(r, row, 14);
+  m->traceparent = nh_pg_col_strdup(r, row, 15);
+  m->tracestate = nh_pg_col_strdup(r, row, 16);
+}
+
+void nh_pgrow_history(const PGresult *r, int row, nh_history_row_t *h)
+{
+  h->at = nh_pg_col_i64(r, row, 0);
+  h->message_id = nh_pg_col_text(r, row, 1);
+  h->message_type = nh_pg_col_text(r, row, 2);
+  h->status = nh_pg_col_text(r, row, 3);
+  h->detail = nh_pg_col_text(r, row, 4);
+  h->error_text = nh_pg_col_text(r, row, 5);
+  h->error_type = nh_pg_col_text(r, row, 6);
+  h->error_stack = nh_pg_col_text(r, row, 7);
+  h->previous_payload = nh_pg_col_text(r, row, 8);   /* libpq ends every value with a NUL */
+}
+
+void nh_pgrow_bulk(const PGresult *r, int row, nh_bulk_run_t *out)
+{
+  out->cutoff_ms = nh_pg_col_i64(r, row, 0);
+  out->started_ms = nh_pg_col_i64(r, row, 1);
+  out->owner = nh_pg_col_strdup(r, row, 2);
+  out->queued = nh_pg_col_i64(r, row, 3);
+}
+
+int nh_pg_affected(const PGresult *r)
+{
+  const char *n = PQcmdTuples((PGresult *)r);
+  return n && *n ? atoi(n) : 0;
+}

@@ -1,0 +1,281 @@
+/* The PostgreSQL store's row operations: every row statement of the sqlite store
+ * (nh_store.c, nh_store_rows.c, nh_store_query.c) in PostgreSQL's dialect, the argument
+ * builders that fill a statement's parameters from the structs of nh_store.h, the readers
+ * that turn a result row back into them, and the executor that runs them (nh_pg_exec.c):
+ * one statement at a time, or many as one pipeline inside BEGIN ... COMMIT. nh_pg_rows.c
+ * builds the blocking nh_pgs_* twins of the nh_store_* row functions on top.
+ *
+ * Each operation means exactly what its sqlite twin means (docs/store-backends.md):
+ * host/tests/test_pg_rows.c runs the same sequences on both stores and compares what
+ * they read back. Every result is asked for in binary format: bytea bodies arrive as
+ * their bytes (no unescaping, a NUL kept) and bigints as 8 bytes. */
+#ifndef NH_PG_OPS_H
+#define NH_PG_OPS_H
+
+#include <libpq-fe.h>
+#include <stdint.h>
+
+#include "core/nh_error.h"
+#include "core/nh_failgroup.h"
+#include "nh_store.h"
+
+/* One prepared statement each. Where a store function runs more than one statement, or
+ * picks one by its arguments, each is its own operation (SESSION_DEL: a free session is
+ * a deleted row; AUDIT_FIND_PREFIX after AUDIT_FIND; PUBLISHED_SEEN after a claim that
+ * lost a race). */
+typedef enum nh_pgop {
+  NH_PGOP_AUDIT_PUT,
+  NH_PGOP_AUDIT_GET,
+  NH_PGOP_AUDIT_FIND,
+  NH_PGOP_AUDIT_FIND_PREFIX,
+  NH_PGOP_AUDIT_FIND_PREFIX_OPEN,   /* a prefix with no string above its range (see nh_pgargs_audit_find_prefix) */
+  NH_PGOP_AUDIT_RETEXT,
+  NH_PGOP_HANDOFFS_DUE,
+  NH_PGOP_HANDOFF_FLAG_OVERDUE,
+  NH_PGOP_HISTORY_ADD,
+  NH_PGOP_HISTORY_LIST,
+  NH_PGOP_SESSION_GET,
+  NH_PGOP_SESSION_PUT,
+  NH_PGOP_SESSION_DEL,
+  NH_PGOP_SESSIONS_RETRY_DUE,
+  NH_PGOP_SESSIONS_DRAINING,
+  NH_PGOP_SESSIONS_LIST,
+  NH_PGOP_SESSIONS_LIST_ENDPOINT,
+  NH_PGOP_PARK,
+  NH_PGOP_PARKED_HEAD,
+  NH_PGOP_PARKED_DEL,
+  NH_PGOP_PARKED_DEL_EVENT,
+  NH_PGOP_PARKED_COUNT,
+  NH_PGOP_PARKED_ANY,
+  NH_PGOP_INBOX_HAS,
+  NH_PGOP_INBOX_ADD,
+  NH_PGOP_PROCESSED_HAS,
+  NH_PGOP_OPPENDING_ADD,
+  NH_PGOP_OPPENDING_HAS,
+  NH_PGOP_OPPENDING_TAKE,
+  NH_PGOP_OPLOG_ADD,
+  NH_PGOP_PUBLISHED_SEEN,
+  NH_PGOP_PUBLISHED_CLAIM,
+  NH_PGOP_HOST_PUT,
+  NH_PGOP_HOST_DEL,
+  NH_PGOP_HOSTS_SERVING,
+  NH_PGOP_BULK_GET,
+  NH_PGOP_BULK_PUT,
+  NH_PGOP_BULK_DONE,
+  NH_PGOP_COUNT
+} nh_pgop_t;
+
+/* The prepared statement's name ("nh_audit_put"), its SQL and its parameter count. */
+const char *nh_pgop_name(nh_pgop_t op);
+const char *nh_pgop_sql(nh_pgop_t op);
+int nh_pgop_nparams(nh_pgop_t op);
+
+/* ---------------------------------------------------------------- arguments */
+
+#define NH_PG_MAX_ARGS 25   /* audit put's */
+
+/* A statement's parameters, in the arrays PQsendQueryPrepared takes. Strings are
+ * borrowed (they must outlive the call that sends them, nothing longer: libpq copies
+ * them into its output buffer); numbers are formatted into the struct's own buffers.
+ * Text goes in text format, bytea in binary (its bytes as they are, with their length). */
+typedef struct nh_pg_args {
+  int n;
+  const char *values[NH_PG_MAX_ARGS];
+  int lengths[NH_PG_MAX_ARGS];
+  int formats[NH_PG_MAX_ARGS];
+  char num[NH_PG_MAX_ARGS][24];
+  char group[NH_FAILGROUP_ID_LEN + 1];   /* audit put: the failure group it computes */
+  char bound[8];                         /* a prefix find: the character that ends its range */
+} nh_pg_args_t;
+
+void nh_pg_args_reset(nh_pg_args_t *a);
+void nh_pg_args_text(nh_pg_args_t *a, const char *s);                  /* NULL: SQL NULL */
+void nh_pg_args_bytes(nh_pg_args_t *a, const char *p, size_t len);    /* bytea; NULL p: SQL NULL */
+void nh_pg_args_i64(nh_pg_args_t *a, int64_t v);
+void nh_pg_args_null(nh_pg_args_t *a);
+
+/* One builder per operation: resets `a`, fills it from the store's structs as the sqlite
+ * twin binds them (its defaults too: updated_at 0 is now, a NULL actor the OS user) and
+ * returns the operation to run with it. */
+nh_pgop_t nh_pgargs_audit_put(nh_pg_args_t *a, const nh_audit_t *au);
+nh_pgop_t nh_pgargs_audit_get(nh_pg_args_t *a, const char *endpoint, const char *event_id);
+nh_pgop_t nh_pgargs_audit_find(nh_pg_args_t *a, const char *event_id);
+/* Ids starting with `prefix` (which must be valid UTF-8, see nh_pg_utf8_valid): the
+ * range [prefix, upper) of byte order (text is COLLATE "C"), whose upper end is the prefix
+ * up to its last character below U+10FFFF, that character incremented; an index range
+ * on a generic plan, where starts_with() or LIKE would not be. */
+nh_pgop_t nh_pgargs_audit_find_prefix(nh_pg_args_t *a, const char *prefix);
+nh_pgop_t nh_pgargs_audit_retext(nh_pg_args_t *a, const char *endpoint, const char *session, const char *text);
+nh_pgop_t nh_pgargs_handoffs_due(nh_pg_args_t *a, int64_t now, int limit);
+nh_pgop_t nh_pgargs_handoff_flag_overdue(nh_pg_args_t *a, const char *endpoint, const char *event_id, int64_t at);
+nh_pgop_t nh_pgargs_history_add(nh_pg_args_t *a, const char *endpoint, const char *event_id, const char *message_id,
+                                const char *message_type, const char *status, const char *detail,
+                                const nh_history_extra_t *x);
+nh_pgop_t nh_pgargs_history_list(nh_pg_args_t *a, const char *endpoint, const char *event_id);
+nh_pgop_t nh_pgargs_session_get(nh_pg_args_t *a, const char *endpoint, const char *session);
+/* SESSION_DEL for a free session (not blocked, not draining, no retry due), else SESSION_PUT. */
+nh_pgop_t nh_pgargs_session_put(nh_pg_args_t *a, const char *endpoint, const char *session,
+                                const nh_session_state_t *st);
+nh_pgop_t nh_pgargs_sessions_retry_due(nh_pg_args_t *a, const char *endpoint, int64_t now, int limit);
+nh_pgop_t nh_pgargs_sessions_draining(nh_pg_args_t *a, const char *endpoint, const char *after, int limit);
+nh_pgop_t nh_pgargs_sessions_list(nh_pg_args_t *a, const char *endpoint, int blocked_only);
+nh_pgop_t nh_pgargs_park(nh_pg_args_t *a, const nh_msg_t *m, int64_t park_seq);
+nh_pgop_t nh_pgargs_parked_head(nh_pg_args_t *a, const char *endpoint, const char *session);
+nh_pgop_t nh_pgargs_parked_delete(nh_pg_args_t *a, const char *endpoint, const char *session, int64_t park_seq);
+nh_pgop_t nh_pgargs_parked_delete_event(nh_pg_args_t *a, const char *endpoint, const char *event_id);
+nh_pgop_t nh_pgargs_parked_count(nh_pg_args_t *a, const char *endpoint, const char *session);
+nh_pgop_t nh_pgargs_parked_any(nh_pg_args_t *a, const char *endpoint, const char *session);
+nh_pgop_t nh_pgargs_inbox_has(nh_pg_args_t *a, const char *endpoint, const char *message_id);
+nh_pgop_t nh_pgargs_inbox_add(nh_pg_args_t *a, const char *endpoint, const char *message_id);
+nh_pgop_t nh_pgargs_processed_has(nh_pg_args_t *a, const char *endpoint, const char *message_id,
+                                  const char *event_id);
+nh_pgop_t nh_pgargs_oppending_add(nh_pg_args_t *a, const char *message_id, const char *endpoint, const char *event_id,
+                                  const char *action, const char *expected_status);
+nh_pgop_t nh_pgargs_oppending_has(nh_pg_args_t *a, const char *endpoint, const char *event_id);
+nh_pgop_t nh_pgargs_oppending_take(nh_pg_args_t *a, const char *message_id);
+nh_pgop_t nh_pgargs_oplog_add(nh_pg_args_t *a, const char *actor, const char *action, const char *endpoint,
+                              const char *event_id, const char *session, const char *detail);
+nh_pgop_t nh_pgargs_published_seen(nh_pg_args_t *a, const char *message_id);
+nh_pgop_t nh_pgargs_published_claim(nh_pg_args_t *a, const char *message_id, int64_t now, int64_t since);
+nh_pgop_t nh_pgargs_host_put(nh_pg_args_t *a, const char *owner, const char *endpoints_csv, int64_t started_at,
+                             int64_t now);
+nh_pgop_t nh_pgargs_host_del(nh_pg_args_t *a, const char *owner);
+nh_pgop_t nh_pgargs_hosts_serving(nh_pg_args_t *a, const char *endpoint, int64_t since);
+nh_pgop_t nh_pgargs_bulk_get(nh_pg_args_t *a, const char *key);
+nh_pgop_t nh_pgargs_bulk_put(nh_pg_args_t *a, const char *key, const nh_bulk_run_t *run);
+nh_pgop_t nh_pgargs_bulk_done(nh_pg_args_t *a, const char *key);
+
+/* 1 if s holds len bytes of well-formed UTF-8 (what PostgreSQL's text accepts, less the
+ * NUL a C string cannot hold anyway). */
+int nh_pg_utf8_valid(const char *s, size_t len);
+
+/* ---------------------------------------------------------------- readers */
+
+/* A column of a binary-format result: NULL is 0 / NULL; strings are owned copies. */
+int64_t nh_pg_col_i64(const PGresult *r, int row, int col);
+char *nh_pg_col_strdup(const PGresult *r, int row, int col);
+/* A body (bytea) with its length; "" and 0 for an empty one, NULL for SQL NULL. */
+char *nh_pg_col_body(const PGresult *r, int row, int col, size_t *len);
+/* The text of a column inside the result (NULL for SQL NULL): valid while r is. */
+const char *nh_pg_col_text(const PGresult *r, int row, int col);
+
+/* AUDIT_GET, AUDIT_FIND*, HANDOFFS_DUE rows into an owned nh_audit_t (nh_audit_clear). */
+void nh_pgrow_audit(const PGresult *r, int row, nh_audit_t *a);
+/* SESSION_GET (col 0) and the session lists (col 1, after session_id). */
+void nh_pgrow_session(const PGresult *r, int row, int col, nh_session_state_t *st);
+/* PARKED_HEAD: the message (owned, nh_msg_clear) of `endpoint`/`session` and its park_seq. */
+void nh_pgrow_parked(const PGresult *r, int row, const char *endpoint, const char *session, nh_msg_t *m,
+                     int64_t *park_seq);
+/* HISTORY_LIST: the row's strings point into r. */
+void nh_pgrow_history(const PGresult *r, int row, nh_history_row_t *h);
+/* BULK_GET into an owned run (its owner is freed by the caller). */
+void nh_pgrow_bulk(const PGresult *r, int row, nh_bulk_run_t *out);
+/* Rows an INSERT, UPDATE or DELETE touched. */
+int nh_pg_affected(const PGresult *r);
+
+/* ---------------------------------------------------------------- executor (nh_pg_exec.c) */
+
+/* A connection with the operations prepared on it, each on first use. */
+typedef struct nh_pg_db nh_pg_db_t;
+
+/* Takes the connection (nh_pg_db_free PQfinish()es it) and makes it non-blocking: the
+ * executor waits on its socket itself, in one place (wait_socket). */
+nh_pg_db_t *nh_pg_db_new(PGconn *conn);
+void nh_pg_db_free(nh_pg_db_t *db);
+PGconn *nh_pg_db_conn(nh_pg_db_t *db);
+
+/* One operation, blocking: one round trip (with its prepare, the first time). NH_OK with
+ * the result in *res (the caller PQclear()s; res may be NULL to drop it), or the error
+ * explained, naming the operation. */
+int nh_pg_db_run(nh_pg_db_t *db, nh_pgop_t op, const nh_pg_args_t *args, PGresult **res, nh_error_t *err);
+
+/* A batch: operations sent as they are added, in pipeline mode inside BEGIN ... COMMIT,
+ * and their results read back in order when it commits. Nothing waits for the server
+ * between begin and commit, so the whole batch is one round trip. */
+typedef void (*nh_pg_result_cb)(void *data, nh_pgop_t op, const PGresult *res);
+int nh_pg_batch_begin(nh_pg_db_t *db, nh_error_t *err);
+/* Sends one operation (args may go once this returns). cb (may be NULL) gets its result
+ * once the batch has committed. */
+int nh_pg_batch_add(nh_pg_db_t *db, nh_pgop_t op, const nh_pg_args_t *args, nh_pg_result_cb cb, void *data,
+                    nh_error_t *err);
+/* Commits and waits. NH_OK: committed, and every callback has run, in the order the
+ * operations were added. Otherwise nothing of the batch is committed (except when the
+ * connection was lost during the COMMIT itself, which the error then says), no callback
+ * runs, and err names the operation that failed and why. Either way the batch is over. */
+int nh_pg_batch_commit(nh_pg_db_t *db, nh_error_t *err);
+/* Drops a batch before its commit: rolls back whatever was sent. */
+void nh_pg_batch_abandon(nh_pg_db_t *db);
+
+/* ---- the same batch without waiting (what a loop drives, from a uv_poll on PQsocket) */
+
+enum { NH_PG_WANT_READ = 1, NH_PG_WANT_WRITE = 2 };
+/* Sends COMMIT and the pipeline's sync; then nh_pg_batch_poll until it returns 0. */
+int nh_pg_batch_send_commit(nh_pg_db_t *db, nh_error_t *err);
+/* Sends what libpq holds and reads what has arrived, without waiting. Returns what to
+ * wait for on PQsocket (NH_PG_WANT_READ, | NH_PG_WANT_WRITE) or 0 once the batch is over,
+ * with its outcome in *rc and err (as nh_pg_batch_commit's). */
+int nh_pg_batch_poll(nh_pg_db_t *db, int *rc, nh_error_t *err);
+
+/* What the executor has sent since nh_pg_db_new: statements, and pipelines (each ended
+ * by one sync; a pipeline is one round trip: every statement of it goes out before any
+ * result is waited for). */
+typedef struct nh_pg_db_stats {
+  int64_t statements, pipelines, prepares;
+} nh_pg_db_stats_t;
+void nh_pg_db_stats(nh_pg_db_t *db, nh_pg_db_stats_t *out);
+
+/* The blocking operations' error state, like the sqlite store's: any failed statement
+ * sets it (a failed read must never pass for "no row"); the last error is kept. */
+int nh_pg_db_failed(nh_pg_db_t *db);
+const nh_error_t *nh_pg_db_error(nh_pg_db_t *db);
+void nh_pg_db_clear_failed(nh_pg_db_t *db);
+void nh_pg_db_set_failed(nh_pg_db_t *db, const nh_error_t *err);
+
+/* ---------------------------------------------------------------- blocking operations (nh_pg_rows.c) */
+
+/* The nh_store_* row functions on PostgreSQL: same arguments, same return values, each
+ * statement run at once (in the caller's transaction if it opened one with nh_pg_exec,
+ * else on its own). Errors are logged, kept in the db (nh_pg_db_error) and returned as
+ * the sqlite twin returns them. */
+int nh_pgs_audit_put(nh_pg_db_t *db, const nh_audit_t *a);
+int nh_pgs_audit_get(nh_pg_db_t *db, const char *endpoint, const char *event_id, nh_audit_t *out);
+int nh_pgs_audit_find(nh_pg_db_t *db, const char *event_id, nh_audit_t *out, nh_error_t *err);
+int nh_pgs_audit_retext_deferred(nh_pg_db_t *db, const char *endpoint, const char *session, const char *text);
+int nh_pgs_handoffs_due(nh_pg_db_t *db, int64_t now, int limit, nh_audit_cb cb, void *data);
+int nh_pgs_handoff_flag_overdue(nh_pg_db_t *db, const char *endpoint, const char *event_id, int64_t at);
+int nh_pgs_history_add(nh_pg_db_t *db, const char *endpoint, const char *event_id, const char *message_id,
+                       const char *message_type, const char *status, const char *detail);
+int nh_pgs_history_add_ex(nh_pg_db_t *db, const char *endpoint, const char *event_id, const char *message_id,
+                          const char *message_type, const char *status, const char *detail,
+                          const nh_history_extra_t *x);
+int nh_pgs_history_list(nh_pg_db_t *db, const char *endpoint, const char *event_id, nh_history_cb cb, void *data);
+int nh_pgs_session_get(nh_pg_db_t *db, const char *endpoint, const char *session, nh_session_state_t *st);
+int nh_pgs_session_put(nh_pg_db_t *db, const char *endpoint, const char *session, const nh_session_state_t *st);
+int nh_pgs_sessions_due(nh_pg_db_t *db, const char *endpoint, int64_t now, int limit, char **cursor,
+                        nh_session_cb cb, void *data);
+int nh_pgs_sessions_list(nh_pg_db_t *db, const char *endpoint, int blocked_only, nh_session_cb cb, void *data);
+int nh_pgs_park(nh_pg_db_t *db, const nh_msg_t *m, int64_t park_seq);
+int nh_pgs_parked_head(nh_pg_db_t *db, const char *endpoint, const char *session, nh_msg_t *out, int64_t *park_seq);
+int nh_pgs_parked_delete(nh_pg_db_t *db, const char *endpoint, const char *session, int64_t park_seq);
+int nh_pgs_parked_delete_event(nh_pg_db_t *db, const char *endpoint, const char *event_id);
+int nh_pgs_parked_count(nh_pg_db_t *db, const char *endpoint, const char *session);
+int nh_pgs_parked_any(nh_pg_db_t *db, const char *endpoint, const char *session);
+int nh_pgs_inbox_has(nh_pg_db_t *db, const char *endpoint, const char *message_id);
+int nh_pgs_inbox_add(nh_pg_db_t *db, const char *endpoint, const char *message_id);
+int nh_pgs_processed_has(nh_pg_db_t *db, const char *endpoint, const char *message_id, const char *event_id);
+int nh_pgs_oppending_add(nh_pg_db_t *db, const char *message_id, const char *endpoint, const char *event_id,
+                         const char *action, const char *expected_status);
+int nh_pgs_oppending_has(nh_pg_db_t *db, const char *endpoint, const char *event_id);
+int nh_pgs_oppending_take(nh_pg_db_t *db, const char *message_id, char **expected_status);
+int nh_pgs_oplog_add(nh_pg_db_t *db, const char *actor, const char *action, const char *endpoint,
+                     const char *event_id, const char *session, const char *detail);
+int nh_pgs_published_claim(nh_pg_db_t *db, const char *message_id, int64_t now, int64_t since, int64_t *at);
+int nh_pgs_published_seen(nh_pg_db_t *db, const char *message_id, int64_t since, int64_t *at);
+int nh_pgs_host_put(nh_pg_db_t *db, const char *owner, const char *endpoints_csv, int64_t started_at, int64_t now);
+int nh_pgs_host_del(nh_pg_db_t *db, const char *owner);
+int nh_pgs_hosts_serving(nh_pg_db_t *db, const char *endpoint, int64_t since);
+int nh_pgs_bulk_get(nh_pg_db_t *db, const char *key, nh_bulk_run_t *out);
+int nh_pgs_bulk_put(nh_pg_db_t *db, const char *key, const nh_bulk_run_t *run);
+int nh_pgs_bulk_done(nh_pg_db_t *db, const char *key);
+
+#endif
