@@ -274,18 +274,18 @@ void nh_amqp_msg_decode(pn_message_t *pm, const char *endpoint, nh_msg_t *m)
   }
 }
 
-/* The name is "endpoint\nmessage-id" hashed with SHA-1 under nimbus-host's own namespace.
- * Without a creation time: RFC 9562 version 5. With one: version 8 with the creation
- * time in the first 48 bits (the layout of version 7) and the hash in the rest, so the
- * ids of a stream of messages grow with time: audit and history inserts then append
- * instead of dirtying a random B-tree page each (random keys cost about half the
- * throughput, see make bench). Both are the same for every copy of one message. */
 /* EVP_sha1() is fetched from the provider again at every EVP_DigestInit_ex (OpenSSL 3):
  * a quarter of this function's cost. Fetched once; kept for the process. */
 static pthread_once_t sha1_once = PTHREAD_ONCE_INIT;
 static EVP_MD *sha1_md;
 static void sha1_fetch(void) { sha1_md = EVP_MD_fetch(NULL, "SHA1", NULL); }
 
+/* The name is "endpoint\nmessage-id" hashed with SHA-1 under nimbus-host's own namespace.
+ * Without a creation time: RFC 9562 version 5. With one: version 8 with the creation
+ * time in the first 48 bits (the layout of version 7) and the hash in the rest, so the
+ * ids of a stream of messages grow with time: audit and history inserts then append
+ * instead of dirtying a random B-tree page each (random keys cost about half the
+ * throughput, see make bench). Both are the same for every copy of one message. */
 void nh_amqp_event_id(const char *endpoint, const char *message_id, int64_t created_ms, char out[37])
 {
   static const unsigned char ns[16] = { 0x6f, 0x1c, 0x2b, 0x0e, 0x8a, 0x2d, 0x4b, 0x7e,
