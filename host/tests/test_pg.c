@@ -6,6 +6,7 @@
  * Without NH_PG_URL only the URL tests run and the rest is skipped (exit 77), except
  * under CI=true, where that is a failure. */
 #include "nh_test.h"
+#include "nh_pgtest.h"
 
 #include "core/nh_sqlite.h"
 #include "store/nh_pg.h"
@@ -13,7 +14,6 @@
 #include "store/nh_store_schema.h"
 
 #include <arpa/inet.h>
-#include <ctype.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -21,181 +21,18 @@
 #include <sys/socket.h>
 #include <uv.h>
 
-static const char *pg_url;
-static PGconn *admin_conn;
-static char pg_host[256], pg_port[16], pg_user[128], pg_pass[128], pg_db[128];
-static int scratch_seq;
+static const nh_pgtest_server_t *srv;   /* NH_PG_URL's server */
 
 /* ---------------------------------------------------------------- helpers */
-
-__attribute__((format(printf, 1, 2))) static char *xfmt(const char *fmt, ...)
-{
-  char *out = malloc(256);
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(out, 256, fmt, ap);
-  va_end(ap);
-  return out;
-}
-
-/* Percent-encodes a URL query value. */
-static void enc(char *out, size_t len, const char *s)
-{
-  size_t o = 0;
-  for (; *s && o + 4 < len; s++) {
-    unsigned char c = (unsigned char)*s;
-    if (isalnum(c) || strchr("-._~", c)) out[o++] = (char)c;
-    else o += (size_t)snprintf(out + o, len - o, "%%%02X", c);
-  }
-  out[o] = '\0';
-}
-
-/* postgresql:///DB?host=H&port=P&user=U[&password=W][&EXTRA] in one of 8 rotating buffers. */
-static const char *url_at(const char *host, const char *port, const char *user, const char *pass, const char *db,
-                          const char *extra)
-{
-  static char bufs[8][2048];
-  static int next;
-  char *b = bufs[next++ & 7];
-  char eh[512], ep[64], eu[256], ew[256], ed[256];
-  enc(eh, sizeof eh, host);
-  enc(ep, sizeof ep, port);
-  enc(eu, sizeof eu, user);
-  enc(ed, sizeof ed, db);
-  enc(ew, sizeof ew, pass ? pass : "");
-  snprintf(b, sizeof bufs[0], "postgresql:///%s?host=%s&port=%s&user=%s%s%s%s%s", ed, eh, ep, eu,
-           pass ? "&password=" : "", pass ? ew : "", extra ? "&" : "", extra ? extra : "");
-  return b;
-}
-
-/* NH_PG_URL's server, as `user` into `db`. */
-static const char *url_for(const char *user, const char *pass, const char *db, const char *extra)
-{
-  return url_at(pg_host, pg_port, user, pass, db, extra);
-}
 
 static const char *hostport(void)
 {
   static char b[300];
-  snprintf(b, sizeof b, "%s:%s", pg_host, pg_port);
+  snprintf(b, sizeof b, "%s:%s", srv->host, srv->port);
   return b;
 }
 
-/* The first value of the first row, as text ("" for NULL), or the test fails. */
-__attribute__((format(printf, 2, 3))) static const char *q1(PGconn *c, const char *fmt, ...)
-{
-  static char out[8][1024];
-  static int next;
-  char sql[2048];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(sql, sizeof sql, fmt, ap);
-  va_end(ap);
-  PGresult *r = NULL;
-  nh_error_t err = {0};
-  if (nh_pg_exec(c, sql, 0, NULL, &r, &err)) FAIL("%s: %s", sql, err.msg);
-  char *o = out[next++ & 7];
-  snprintf(o, sizeof out[0], "%s", PQntuples(r) > 0 && PQnfields(r) > 0 ? PQgetvalue(r, 0, 0) : "(no row)");
-  PQclear(r);
-  return o;
-}
-
-static int is_superuser(PGconn *c)
-{
-  PGresult *r = PQexec(c, "SELECT rolsuper FROM pg_roles WHERE rolname = current_user");
-  int yes = PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1 && strcmp(PQgetvalue(r, 0, 0), "t") == 0;
-  PQclear(r);
-  return yes;
-}
-
-/* The superuser connection that makes scratch databases and roles (kept for the run). */
-static PGconn *admin(void)
-{
-  if (admin_conn) return admin_conn;
-  const char *given = getenv("NH_PG_ADMIN_URL");
-  int have = given && *given;
-  const char *tries[2] = { have ? given : pg_url, have ? NULL : url_for("postgres", NULL, "postgres", NULL) };
-  char why[2][600] = { "", "" };
-  for (int i = 0; i < 2 && tries[i]; i++) {
-    nh_error_t err = {0};
-    PGconn *c = NULL;
-    if (nh_pg_connect(tries[i], &c, &err)) {
-      snprintf(why[i], sizeof why[i], "%s", err.msg);
-      continue;
-    }
-    if (is_superuser(c)) return admin_conn = c;
-    snprintf(why[i], sizeof why[i], "its role %s is not a superuser", PQuser(c));
-    PQfinish(c);
-  }
-  FAIL("no superuser connection for the scratch databases: set NH_PG_ADMIN_URL to a superuser's URL (%s%s%s)",
-       why[0], *why[1] ? "; " : "", why[1]);
-}
-
-__attribute__((format(printf, 1, 2))) static void admin_sql(const char *fmt, ...)
-{
-  char sql[2048];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(sql, sizeof sql, fmt, ap);
-  va_end(ap);
-  nh_error_t err = {0};
-  if (nh_pg_exec(admin(), sql, 0, NULL, NULL, &err)) FAIL("%s: %s", sql, err.msg);
-}
-
-static void drop_db(void *name)
-{
-  char sql[256];
-  snprintf(sql, sizeof sql, "DROP DATABASE IF EXISTS \"%s\" WITH (FORCE)", (char *)name);
-  PGresult *r = PQexec(admin_conn, sql);
-  if (PQresultStatus(r) != PGRES_COMMAND_OK) fprintf(stderr, "warning: %s: %s", sql, PQerrorMessage(admin_conn));
-  PQclear(r);
-  free(name);
-}
-
-/* A fresh database owned by NH_PG_URL's role, dropped after the test. */
-static const char *scratch_db(void)
-{
-  admin();
-  char *name = xfmt("nh_test_%d_%d", (int)getpid(), ++scratch_seq);
-  nh_test_on_cleanup(drop_db, name);
-  admin_sql("DROP DATABASE IF EXISTS \"%s\" WITH (FORCE)", name);
-  admin_sql("CREATE DATABASE \"%s\" OWNER \"%s\" TEMPLATE template0", name, pg_user);
-  return name;
-}
-
-static void drop_role(void *name)
-{
-  char sql[256];
-  snprintf(sql, sizeof sql, "DROP ROLE IF EXISTS \"%s\"", (char *)name);
-  PGresult *r = PQexec(admin_conn, sql);
-  if (PQresultStatus(r) != PGRES_COMMAND_OK) fprintf(stderr, "warning: %s: %s", sql, PQerrorMessage(admin_conn));
-  PQclear(r);
-  free(name);
-}
-
-/* A login role with a password, dropped after the test: make it before the databases it
- * is granted rights in (cleanups run last first, and a database goes before its grantees). */
-static const char *scratch_role(const char *suffix, const char *password)
-{
-  admin();
-  char *name = xfmt("nh_test_%d_%s", (int)getpid(), suffix);
-  nh_test_on_cleanup(drop_role, name);
-  admin_sql("DROP ROLE IF EXISTS \"%s\"", name);
-  admin_sql("CREATE ROLE \"%s\" LOGIN PASSWORD '%s'", name, password);
-  return name;
-}
-
 static void finish_conn(void *c) { PQfinish(c); }
-
-/* A connection as NH_PG_URL's role into db, closed after the test. */
-static PGconn *connect_to(const char *url)
-{
-  nh_error_t err = {0};
-  PGconn *c = NULL;
-  if (nh_pg_connect(url, &c, &err)) FAIL("connect: %s", err.msg);
-  nh_test_on_cleanup(finish_conn, c);
-  return c;
-}
 
 static void close_fd(void *p) { close((int)(intptr_t)p); }
 
@@ -402,24 +239,24 @@ TEST(url_schema_versions_match_sqlite)
 
 TEST(connect_blocking)
 {
-  PGconn *c = connect_to(pg_url);
+  PGconn *c = nh_pgtest_connect(srv->url);
   ASSERT_EQ_INT(PQstatus(c), CONNECTION_OK);
-  ASSERT_EQ_STR(q1(c, "SHOW application_name"), "nimbus-host");
-  ASSERT_EQ_STR(q1(c, "SHOW client_encoding"), "UTF8");
-  ASSERT_EQ_STR(q1(c, "SELECT current_user"), pg_user);
+  ASSERT_EQ_STR(nh_pgtest_q1(c, "SHOW application_name"), "nimbus-host");
+  ASSERT_EQ_STR(nh_pgtest_q1(c, "SHOW client_encoding"), "UTF8");
+  ASSERT_EQ_STR(nh_pgtest_q1(c, "SELECT current_user"), srv->user);
   /* a name the URL gives wins over ours */
-  c = connect_to(url_for(pg_user, pg_pass, pg_db, "application_name=billing"));
-  ASSERT_EQ_STR(q1(c, "SHOW application_name"), "billing");
+  c = nh_pgtest_connect(nh_pgtest_url("application_name", "billing", NULL));
+  ASSERT_EQ_STR(nh_pgtest_q1(c, "SHOW application_name"), "billing");
 }
 
 TEST(connect_on_the_loop)
 {
   PGconn *c = NULL;
   nh_error_t err = {0};
-  if (connect_async(pg_url, &c, &err)) FAIL("%s", err.msg);
+  if (connect_async(srv->url, &c, &err)) FAIL("%s", err.msg);
   ASSERT_EQ_INT(PQstatus(c), CONNECTION_OK);
-  ASSERT_EQ_STR(q1(c, "SHOW application_name"), "nimbus-host");
-  ASSERT_EQ_STR(q1(c, "SHOW client_encoding"), "UTF8");
+  ASSERT_EQ_STR(nh_pgtest_q1(c, "SHOW application_name"), "nimbus-host");
+  ASSERT_EQ_STR(nh_pgtest_q1(c, "SHOW client_encoding"), "UTF8");
   /* the socket is free for the caller's own poll handle: ours is closed */
   uv_loop_t loop;
   uv_loop_init(&loop);
@@ -434,18 +271,18 @@ TEST(connect_on_the_loop_looks_names_up)
 {
   /* a name: uv_getaddrinfo first, then each address as hostaddr (localhost may give ::1,
    * where nothing listens, before 127.0.0.1) */
-  if (strcmp(pg_host, "127.0.0.1") != 0) {   /* the name must reach the same server */
-    fprintf(stderr, "connect_on_the_loop_looks_names_up: not run: NH_PG_URL's host is %s, not 127.0.0.1\n", pg_host);
+  if (strcmp(srv->host, "127.0.0.1") != 0) {   /* the name must reach the same server */
+    fprintf(stderr, "connect_on_the_loop_looks_names_up: not run: NH_PG_URL's host is %s, not 127.0.0.1\n", srv->host);
     return;
   }
-  const char *url = url_at("localhost", pg_port, pg_user, pg_pass, pg_db, NULL);
+  const char *url = nh_pgtest_url("host", "localhost", NULL);
   PGconn *c = NULL;
   nh_error_t err = {0};
   if (connect_async(url, &c, &err)) FAIL("%s", err.msg);
-  ASSERT_EQ_STR(q1(c, "SELECT inet_client_addr()::text"), "127.0.0.1/32");
+  ASSERT_EQ_STR(nh_pgtest_q1(c, "SELECT inet_client_addr()::text"), "127.0.0.1/32");
   ASSERT_EQ_STR(PQhost(c), "localhost");
-  PGconn *b = connect_to(url);
-  ASSERT_EQ_STR(q1(b, "SELECT 1"), "1");
+  PGconn *b = nh_pgtest_connect(url);
+  ASSERT_EQ_STR(nh_pgtest_q1(b, "SELECT 1"), "1");
 }
 
 TEST(connect_moves_to_the_next_host_on_a_new_socket)
@@ -455,16 +292,16 @@ TEST(connect_moves_to_the_next_host_on_a_new_socket)
   char dead[16];
   local_socket(0, dead);
   char hosts[600], ports[64];
-  snprintf(hosts, sizeof hosts, "127.0.0.1,%s", pg_host);
-  snprintf(ports, sizeof ports, "%s,%s", dead, pg_port);
-  const char *url = url_at(hosts, ports, pg_user, pg_pass, pg_db, NULL);
+  snprintf(hosts, sizeof hosts, "127.0.0.1,%s", srv->host);
+  snprintf(ports, sizeof ports, "%s,%s", dead, srv->port);
+  const char *url = nh_pgtest_url("host", hosts, "port", ports, NULL);
   PGconn *c = NULL;
   nh_error_t err = {0};
   if (connect_async(url, &c, &err)) FAIL("%s", err.msg);
-  ASSERT_EQ_STR(PQport(c), pg_port);
-  ASSERT_EQ_STR(q1(c, "SELECT 41 + 1"), "42");
-  c = connect_to(url);
-  ASSERT_EQ_STR(PQport(c), pg_port);
+  ASSERT_EQ_STR(PQport(c), srv->port);
+  ASSERT_EQ_STR(nh_pgtest_q1(c, "SELECT 41 + 1"), "42");
+  c = nh_pgtest_connect(url);
+  ASSERT_EQ_STR(PQport(c), srv->port);
 }
 
 TEST(connect_cancelled)
@@ -473,17 +310,17 @@ TEST(connect_cancelled)
   uv_loop_t loop;
   uv_loop_init(&loop);
   async_t a = { 0 };
-  nh_pg_connect_cancel(nh_pg_connect_start(&loop, pg_url, on_conn, &a));
+  nh_pg_connect_cancel(nh_pg_connect_start(&loop, srv->url, on_conn, &a));
   run_and_close(&loop, &a);
   ASSERT_EQ_INT(a.rc, NH_ESTATE);
   ASSERT_NULL(a.conn);
   ASSERT_CONTAINS(a.err.msg, "connecting was cancelled");
-  ASSERT_TRUE(strstr(a.err.msg, ":***@") || strstr(a.err.msg, "password=***") || !*pg_pass);
+  ASSERT_TRUE(strstr(a.err.msg, ":***@") || strstr(a.err.msg, "password=***") || !*srv->password);
 
   /* while the name is being looked up in the thread pool */
   uv_loop_init(&loop);
   memset(&a, 0, sizeof a);
-  nh_pg_connect_cancel(nh_pg_connect_start(&loop, url_at("localhost", pg_port, pg_user, pg_pass, pg_db, NULL),
+  nh_pg_connect_cancel(nh_pg_connect_start(&loop, nh_pgtest_url("host", "localhost", NULL),
                                            on_conn, &a));
   run_and_close(&loop, &a);
   ASSERT_EQ_INT(a.rc, NH_ESTATE);
@@ -513,7 +350,9 @@ TEST(connect_cancelled_while_waiting_for_the_server)
   uv_poll_init(&loop, &w.listener, fd);
   w.listener.data = &w;
   uv_poll_start(&w.listener, UV_READABLE, on_listener);
-  w.a.req = nh_pg_connect_start(&loop, url_at("127.0.0.1", port, "nimbus", "secret", "db", NULL), on_conn, &w.a);
+  const char *url = nh_pgtest_url("host", "127.0.0.1", "port", port, "user", "nimbus", "password", "secret",
+                                  "dbname", "db", NULL);
+  w.a.req = nh_pg_connect_start(&loop, url, on_conn, &w.a);
   run_and_close(&loop, &w.a);
   ASSERT_EQ_INT(w.a.rc, NH_ESTATE);
   ASSERT_CONTAINS(w.a.err.msg, "connecting was cancelled");
@@ -528,7 +367,8 @@ TEST(connect_refused)
   snprintf(where, sizeof where, "no PostgreSQL server answers on 127.0.0.1:%s (connection refused); is it running?",
            port);
   snprintf(hint, sizeof hint, "`pg_isready -h 127.0.0.1 -p %s`", port);
-  const char *url = url_at("127.0.0.1", port, "nimbus", "secret", "nimbus", NULL);
+  const char *url = nh_pgtest_url("host", "127.0.0.1", "port", port, "user", "nimbus", "password", "secret",
+                                  "dbname", "nimbus", NULL);
   const char *const needles[] = { where, hint, "password=***", NULL };
   expect_fail_both(url, NH_EFAIL, "secret", needles);
 }
@@ -550,17 +390,18 @@ TEST(connect_timeout)
   local_socket(1, port);   /* the kernel completes the handshake; nobody ever answers */
   snprintf(where, sizeof where, "no answer from 127.0.0.1:%s within 1 s (connect_timeout)", port);
   snprintf(hint, sizeof hint, "`pg_isready -h 127.0.0.1 -p %s`", port);
-  const char *url = url_at("127.0.0.1", port, "nimbus", "secret", "nimbus", "connect_timeout=1");
+  const char *url = nh_pgtest_url("host", "127.0.0.1", "port", port, "user", "nimbus", "password", "secret",
+                                  "dbname", "nimbus", "connect_timeout", "1", NULL);
   const char *const needles[] = { where, hint, "raise connect_timeout", NULL };
   expect_fail_both(url, NH_EFAIL, "secret", needles);
 }
 
 TEST(connect_wrong_password)
 {
-  const char *url = url_for(pg_user, "not-the-password", pg_db, NULL);
+  const char *url = nh_pgtest_url("password", "not-the-password", NULL);
   char who[1024];
   snprintf(who, sizeof who, "password authentication failed for user \"%s\" on %s (SQLSTATE 28P01); the password "
-           "came from the URL", pg_user, hostport());
+           "came from the URL", srv->user, hostport());
   const char *const needles[] = { who, "PGPASSWORD", "~/.pgpass", "password=***", NULL };
   expect_fail_both(url, NH_EUSAGE, "not-the-password", needles);
 }
@@ -569,14 +410,15 @@ TEST(connect_without_a_password)
 {
   unsetenv("PGPASSWORD");
   setenv("PGPASSFILE", nh_test_path("no-pgpass"), 1);
-  const char *url = url_for(pg_user, NULL, pg_db, NULL);
+  const char *url = nh_pgtest_url("password", NULL, NULL);
   char who[1024];
-  snprintf(who, sizeof who, "the server on %s asks user \"%s\" for a password and none was given", hostport(), pg_user);
+  snprintf(who, sizeof who, "the server on %s asks user \"%s\" for a password and none was given", hostport(),
+           srv->user);
   const char *const needles[] = { who, "PGPASSWORD", "~/.pgpass", NULL };
   expect_fail_both(url, NH_EUSAGE, NULL, needles);
   /* from the password file, then: it is named as the source when it is wrong */
   char line[1024];
-  snprintf(line, sizeof line, "*:*:*:%s:not-the-password\n", pg_user);
+  snprintf(line, sizeof line, "*:*:*:%s:not-the-password\n", srv->user);
   ASSERT_EQ_INT(nh_test_write_file(nh_test_path("pgpass"), line), 0);
   chmod(nh_test_path("pgpass"), 0600);
   setenv("PGPASSFILE", nh_test_path("pgpass"), 1);
@@ -589,7 +431,7 @@ TEST(connect_no_such_role)
 {
   /* With password authentication the server answers 28P01 for a role that does not
    * exist too (it does not tell who exists); with trust it would be 28000. */
-  const char *url = url_for("nh_test_no_such_role", "secret", pg_db, NULL);
+  const char *url = nh_pgtest_url("user", "nh_test_no_such_role", "password", "secret", NULL);
   const char *const needles[] = { "user \"nh_test_no_such_role\"", "create the role if it does not exist: CREATE ROLE "
                                   "\"nh_test_no_such_role\" LOGIN", NULL };
   expect_fail_both(url, NH_EUSAGE, "secret", needles);
@@ -600,17 +442,17 @@ TEST(connect_missing_database)
   char db[64], createdb[1024], create[1024], where[1024];
   snprintf(db, sizeof db, "nh_test_%d_missing", (int)getpid());
   snprintf(where, sizeof where, "database \"%s\" does not exist on %s (SQLSTATE 3D000)", db, hostport());
-  snprintf(createdb, sizeof createdb, "`createdb -h %s -p %s -U %s %s`", pg_host, pg_port, pg_user, db);
-  snprintf(create, sizeof create, "CREATE DATABASE \"%s\" OWNER \"%s\";", db, pg_user);
+  snprintf(createdb, sizeof createdb, "`createdb -h %s -p %s -U %s %s`", srv->host, srv->port, srv->user, db);
+  snprintf(create, sizeof create, "CREATE DATABASE \"%s\" OWNER \"%s\";", db, srv->user);
   const char *const needles[] = { where, createdb, create, NULL };
-  expect_fail_both(url_for(pg_user, pg_pass, db, NULL), NH_ENOTFOUND, NULL, needles);
+  expect_fail_both(nh_pgtest_url("dbname", db, NULL), NH_ENOTFOUND, NULL, needles);
 }
 
 /* ---------------------------------------------------------------- statements */
 
 TEST(exec_params_and_errors)
 {
-  PGconn *c = connect_to(pg_url);
+  PGconn *c = nh_pgtest_connect(srv->url);
   const char *const p[] = { "41", NULL };
   PGresult *r = NULL;
   nh_error_t err = {0};
@@ -622,17 +464,17 @@ TEST(exec_params_and_errors)
   ASSERT_NULL(r);
   char where[1024];
   snprintf(where, sizeof where, "store postgresql://%s%s@%s/%s: syntax error at or near \"SELEC\" (SQLSTATE 42601) "
-           "while running `SELEC 1`", pg_user, *pg_pass ? ":***" : "", hostport(), pg_db);
+           "while running `SELEC 1`", srv->user, *srv->password ? ":***" : "", hostport(), srv->dbname);
   ASSERT_CONTAINS(err.msg, where);
 }
 
 TEST(exec_on_a_lost_connection)
 {
-  PGconn *c = connect_to(pg_url);
+  PGconn *c = nh_pgtest_connect(srv->url);
   char sql[128];
   /* waits (up to 10 s) until the backend is gone */
   snprintf(sql, sizeof sql, "SELECT pg_terminate_backend(%d, 10000)", PQbackendPID(c));
-  ASSERT_EQ_STR(q1(admin(), "%s", sql), "t");
+  ASSERT_EQ_STR(nh_pgtest_q1(nh_pgtest_admin(), "%s", sql), "t");
   nh_error_t err = {0};
   ASSERT_EQ_INT(nh_pg_exec(c, "SELECT 1", 0, NULL, NULL, &err), NH_EFAIL);
   char where[1024];
@@ -659,16 +501,17 @@ static const char *const pk_of[][2] = {
 
 static const char *pg_pk(PGconn *c, const char *table)
 {
-  return q1(c,
-            "SELECT coalesce(string_agg(a.attname, ',' ORDER BY array_position(i.indkey::int2[], a.attnum)), '')"
-            " FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)"
-            " WHERE i.indrelid = to_regclass('%s') AND i.indisprimary", table);
+  return nh_pgtest_q1(c,
+                      "SELECT coalesce(string_agg(a.attname, ',' ORDER BY array_position(i.indkey::int2[],"
+                      " a.attnum)), '') FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid"
+                      " AND a.attnum = ANY(i.indkey) WHERE i.indrelid = to_regclass('%s') AND i.indisprimary",
+                      table);
 }
 
 TEST(migrate_from_empty_and_again)
 {
-  const char *db = scratch_db();
-  PGconn *c = connect_to(url_for(pg_user, pg_pass, db, NULL));
+  const char *db = nh_pgtest_scratch_db();
+  PGconn *c = nh_pgtest_connect(nh_pgtest_url("dbname", db, NULL));
   int from = -1, to = -1, v = -1;
   nh_error_t err = {0};
   ASSERT_EQ_INT(nh_pg_schema_version(c, &v, &err), NH_OK);
@@ -680,7 +523,7 @@ TEST(migrate_from_empty_and_again)
   if (nh_pg_migrate(c, &from, &to, &err)) FAIL("%s", err.msg);
   ASSERT_EQ_INT(from, NH_PG_SCHEMA_VERSION);
   ASSERT_EQ_INT(to, NH_PG_SCHEMA_VERSION);
-  ASSERT_EQ_STR(q1(c, "SELECT count(*) || ':' || max(version) FROM nimbus_schema"), "1:4");
+  ASSERT_EQ_STR(nh_pgtest_q1(c, "SELECT count(*) || ':' || max(version) FROM nimbus_schema"), "1:4");
   /* one row only */
   PGresult *r = PQexec(c, "INSERT INTO nimbus_schema VALUES (5)");
   ASSERT_EQ_STR(PQresultErrorField(r, PG_DIAG_SQLSTATE), "23505");
@@ -690,21 +533,23 @@ TEST(migrate_from_empty_and_again)
     const char *pk = pg_pk(c, pk_of[i][0]);
     if (strcmp(pk, pk_of[i][1]) != 0) FAIL("primary key of %s: (%s), not (%s)", pk_of[i][0], pk, pk_of[i][1]);
   }
-  ASSERT_EQ_STR(q1(c, "SELECT count(*) FROM pg_tables WHERE schemaname = current_schema()"), "12");
+  ASSERT_EQ_STR(nh_pgtest_q1(c, "SELECT count(*) FROM pg_tables WHERE schemaname = current_schema()"), "12");
   /* identities where sqlite has a rowid the store pages or orders by */
-  ASSERT_EQ_STR(q1(c, "SELECT string_agg(table_name || '.' || column_name || ':' || identity_generation, ' '"
-                      " ORDER BY table_name) FROM information_schema.columns WHERE table_schema = current_schema()"
-                      " AND is_identity = 'YES'"),
+  ASSERT_EQ_STR(nh_pgtest_q1(c, "SELECT string_agg(table_name || '.' || column_name || ':' || identity_generation,"
+                                " ' ' ORDER BY table_name) FROM information_schema.columns"
+                                " WHERE table_schema = current_schema() AND is_identity = 'YES'"),
                 "audit.seq:ALWAYS history.id:ALWAYS operator_log.id:ALWAYS");
-  ASSERT_EQ_STR(q1(c, "SELECT indisunique FROM pg_index WHERE indexrelid = to_regclass('audit_seq')"), "t");
+  ASSERT_EQ_STR(nh_pgtest_q1(c, "SELECT indisunique FROM pg_index WHERE indexrelid = to_regclass('audit_seq')"), "t");
   /* text compares byte by byte, as on sqlite */
-  ASSERT_EQ_STR(q1(c, "SELECT count(*) FROM pg_attribute a JOIN pg_class k ON k.oid = a.attrelid"
-                      " WHERE k.relnamespace = current_schema()::regnamespace AND k.relkind = 'r'"
-                      " AND a.atttypid = 'text'::regtype AND a.attcollation <> 'pg_catalog.\"C\"'::regcollation"),
+  ASSERT_EQ_STR(nh_pgtest_q1(c, "SELECT count(*) FROM pg_attribute a JOIN pg_class k ON k.oid = a.attrelid"
+                                " WHERE k.relnamespace = current_schema()::regnamespace AND k.relkind = 'r'"
+                                " AND a.atttypid = 'text'::regtype"
+                                " AND a.attcollation <> 'pg_catalog.\"C\"'::regcollation"),
                 "0");
   /* bodies are bytes: a NUL survives */
-  ASSERT_EQ_STR(q1(c, "INSERT INTO audit(endpoint, event_id, session_id, status, payload, created_at, updated_at)"
-                      " VALUES ('E', 'e1', 's', 'Completed', '\\x7b00227d'::bytea, 1, 1) RETURNING length(payload)"),
+  ASSERT_EQ_STR(nh_pgtest_q1(c, "INSERT INTO audit(endpoint, event_id, session_id, status, payload, created_at,"
+                                " updated_at) VALUES ('E', 'e1', 's', 'Completed', '\\x7b00227d'::bytea, 1, 1)"
+                                " RETURNING length(payload)"),
                 "4");
 }
 
@@ -821,8 +666,8 @@ static void describe_pg(PGconn *conn, char *out, size_t len)
 
 TEST(migrate_each_version_matches_sqlite)
 {
-  const char *db = scratch_db();
-  PGconn *c = connect_to(url_for(pg_user, pg_pass, db, NULL));
+  const char *db = nh_pgtest_scratch_db();
+  PGconn *c = nh_pgtest_connect(nh_pgtest_url("dbname", db, NULL));
   static char want[16384], got[16384];
   for (int v = 1; v <= NH_PG_SCHEMA_VERSION; v++) {
     sqlite3 *lite_db = NULL;
@@ -844,10 +689,10 @@ TEST(migrate_each_version_matches_sqlite)
 
 TEST(migrate_refuses_a_newer_store)
 {
-  const char *db = scratch_db();
-  PGconn *c = connect_to(url_for(pg_user, pg_pass, db, NULL));
-  q1(c, "CREATE TABLE nimbus_schema (version int NOT NULL)");
-  q1(c, "INSERT INTO nimbus_schema VALUES (99)");
+  const char *db = nh_pgtest_scratch_db();
+  PGconn *c = nh_pgtest_connect(nh_pgtest_url("dbname", db, NULL));
+  nh_pgtest_q1(c, "CREATE TABLE nimbus_schema (version int NOT NULL)");
+  nh_pgtest_q1(c, "INSERT INTO nimbus_schema VALUES (99)");
   int from = -1, to = -1, v = 0;
   nh_error_t err = {0};
   ASSERT_EQ_INT(nh_pg_schema_version(c, &v, &err), NH_OK);
@@ -857,15 +702,15 @@ TEST(migrate_refuses_a_newer_store)
                            "nimbus-host or use another --store");
   ASSERT_CONTAINS(err.msg, db);
   ASSERT_EQ_INT(from, 99);
-  ASSERT_EQ_STR(q1(c, "SELECT to_regclass('audit') IS NULL"), "t");   /* nothing was created */
-  ASSERT_EQ_STR(q1(c, "SELECT version FROM nimbus_schema"), "99");
+  ASSERT_EQ_STR(nh_pgtest_q1(c, "SELECT to_regclass('audit') IS NULL"), "t");   /* nothing was created */
+  ASSERT_EQ_STR(nh_pgtest_q1(c, "SELECT version FROM nimbus_schema"), "99");
 }
 
 TEST(migrate_without_create_on_schema_public)
 {
-  const char *role = scratch_role("limited", "limited-pw");
-  const char *db = scratch_db();
-  PGconn *c = connect_to(url_for(role, "limited-pw", db, NULL));
+  const char *role = nh_pgtest_scratch_role("limited", "limited-pw");
+  const char *db = nh_pgtest_scratch_db();
+  PGconn *c = nh_pgtest_connect(nh_pgtest_url("user", role, "password", "limited-pw", "dbname", db, NULL));
   int from = -1, to = -1;
   nh_error_t err = {0};
   ASSERT_EQ_INT(nh_pg_migrate(c, &from, &to, &err), NH_EFAIL);
@@ -873,24 +718,24 @@ TEST(migrate_without_create_on_schema_public)
   snprintf(want, sizeof want, "role \"%s\" may not create tables in schema \"public\" of database \"%s\" (SQLSTATE "
            "42501: permission denied for schema public) while migrating the schema to version 1: as the owner of the "
            "database (role \"%s\") or a superuser run GRANT CREATE ON SCHEMA \"public\" TO \"%s\";",
-           role, db, pg_user, role);
+           role, db, srv->user, role);
   ASSERT_CONTAINS(err.msg, want);
   ASSERT_TRUE(strstr(err.msg, "limited-pw") == NULL);
   /* nothing half-made */
-  PGconn *owner = connect_to(url_for(pg_user, pg_pass, db, NULL));
-  ASSERT_EQ_STR(q1(owner, "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'"), "0");
+  PGconn *owner = nh_pgtest_connect(nh_pgtest_url("dbname", db, NULL));
+  ASSERT_EQ_STR(nh_pgtest_q1(owner, "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'"), "0");
 
   /* the advice works; then a store of another owner: the migration must alter its tables */
-  q1(owner, "GRANT CREATE ON SCHEMA public TO \"%s\"", role);
+  nh_pgtest_q1(owner, "GRANT CREATE ON SCHEMA public TO \"%s\"", role);
   if (nh_pg_migrate_to(owner, 2, &from, &to, &err)) FAIL("%s", err.msg);
   ASSERT_EQ_INT(nh_pg_migrate(c, &from, &to, &err), NH_EFAIL);
   snprintf(want, sizeof want, "role \"%s\" does not own the store's tables in schema \"public\" (their owner is "
            "\"%s\"), which migrations read and alter (SQLSTATE 42501: permission denied for table nimbus_schema)",
-           role, pg_user);
+           role, srv->user);
   ASSERT_CONTAINS(err.msg, want);
-  snprintf(want, sizeof want, "GRANT \"%s\" TO \"%s\";", pg_user, role);
+  snprintf(want, sizeof want, "GRANT \"%s\" TO \"%s\";", srv->user, role);
   ASSERT_CONTAINS(err.msg, want);
-  admin_sql("GRANT \"%s\" TO \"%s\"", pg_user, role);
+  nh_pgtest_admin_sql("GRANT \"%s\" TO \"%s\"", srv->user, role);
   if (nh_pg_migrate(c, &from, &to, &err)) FAIL("%s", err.msg);
   ASSERT_EQ_INT(from, 2);
   ASSERT_EQ_INT(to, NH_PG_SCHEMA_VERSION);
@@ -917,8 +762,8 @@ static void *migrate_thread(void *p)
 TEST(migrate_concurrently)
 {
   enum { N = 4 };
-  const char *db = scratch_db();
-  const char *url = url_for(pg_user, pg_pass, db, NULL);
+  const char *db = nh_pgtest_scratch_db();
+  const char *url = nh_pgtest_url("dbname", db, NULL);
   pthread_barrier_t start;
   pthread_barrier_init(&start, NULL, N);
   migrator_t m[N];
@@ -936,59 +781,28 @@ TEST(migrate_concurrently)
     from_zero += m[i].from == 0;
   }
   ASSERT_CMP_INT(from_zero, >=, 1);
-  PGconn *c = connect_to(url);
-  ASSERT_EQ_STR(q1(c, "SELECT count(*) || ':' || max(version) FROM nimbus_schema"), "1:4");
+  PGconn *c = nh_pgtest_connect(url);
+  ASSERT_EQ_STR(nh_pgtest_q1(c, "SELECT count(*) || ':' || max(version) FROM nimbus_schema"), "1:4");
 }
 
 /* ---------------------------------------------------------------- main */
 
-static int parse_pg_url(void)
-{
-  char *why = NULL;
-  char *norm = strdup(pg_url);
-  for (char *c = norm; *c && *c != ':'; c++) *c = (char)tolower((unsigned char)*c);
-  PQconninfoOption *o = PQconninfoParse(norm, &why);
-  free(norm);
-  if (!o) {
-    fprintf(stderr, "test_pg: NH_PG_URL does not parse: %s", why ? why : "out of memory\n");
-    PQfreemem(why);
-    return -1;
-  }
-  for (PQconninfoOption *p = o; p->keyword; p++) {
-    const char *v = p->val ? p->val : "";
-    if (!strcmp(p->keyword, "host")) snprintf(pg_host, sizeof pg_host, "%s", v);
-    else if (!strcmp(p->keyword, "port")) snprintf(pg_port, sizeof pg_port, "%s", *v ? v : "5432");
-    else if (!strcmp(p->keyword, "user")) snprintf(pg_user, sizeof pg_user, "%s", v);
-    else if (!strcmp(p->keyword, "password")) snprintf(pg_pass, sizeof pg_pass, "%s", v);
-    else if (!strcmp(p->keyword, "dbname")) snprintf(pg_db, sizeof pg_db, "%s", v);
-  }
-  PQconninfoFree(o);
-  if (!*pg_host || !*pg_user || !*pg_db) {
-    fprintf(stderr, "test_pg: NH_PG_URL must name the host, the user and the database "
-                    "(postgresql://USER:PASSWORD@HOST:PORT/DATABASE)\n");
-    return -1;
-  }
-  return 0;
-}
-
 int main(int argc, char **argv)
 {
-  pg_url = getenv("NH_PG_URL");
-  if (!pg_url || !*pg_url) {
-    const char *ci = getenv("CI");
-    if (ci && (!strcmp(ci, "true") || !strcmp(ci, "1"))) {
-      fprintf(stderr, "test_pg: NH_PG_URL is not set, and under CI the PostgreSQL tests must run: run them through "
-                      "ctest (the fixture \"postgres\" starts a cluster and sets it)\n");
-      return 1;
-    }
-    fprintf(stderr, "test_pg: NH_PG_URL is not set: the URL tests run, the rest is skipped. To run them all: "
-                    "scripts/postgres.sh start, then NH_PG_URL=$(scripts/postgres.sh url) "
-                    "NH_PG_ADMIN_URL=$(scripts/postgres.sh admin-url)\n");
+  int rc = nh_pgtest_setup(NH_PGTEST_HOOKS, argv[0], 0, "the URL tests run, the rest is skipped");
+  if (rc == 77) {
     char *only[] = { argv[0], "url_", NULL };
     return nh_test_run_all(2, only) ? 1 : 77;
   }
-  if (parse_pg_url()) return 1;
-  int rc = nh_test_run_all(argc, argv);
-  if (admin_conn) PQfinish(admin_conn);
+  if (rc) return rc;
+  srv = nh_pgtest_server();
+  /* the expected messages name them */
+  if (!*srv->host || !*srv->dbname) {
+    fprintf(stderr, "test_pg: NH_PG_URL must name the host and the database "
+                    "(postgresql://USER:PASSWORD@HOST:PORT/DATABASE)\n");
+    return 1;
+  }
+  rc = nh_test_run_all(argc, argv);
+  nh_pgtest_teardown();
   return rc;
 }

@@ -7,100 +7,38 @@
  * (printed, not asserted) of batched against one-by-one writes.
  *
  * NH_PG_URL names the test cluster (the ctest fixture "postgres": scripts/postgres.sh) and
- * NH_PG_ADMIN_URL a superuser, through which each test makes its own database. Without
- * NH_PG_URL the suite reports itself skipped (77), except under CI=true. */
+ * NH_PG_ADMIN_URL a superuser, through which each test makes its own database (nh_pgtest.h).
+ * Without either the suite reports itself skipped (77), except under CI=true. */
 #include "nh_test.h"
 #include "nh_test_sql.h"
+#include "nh_pgtest.h"
 
 #include "core/nh_util.h"
 #include "store/nh_pg.h"
 #include "store/nh_pg_ops.h"
 #include "store/nh_store.h"
 
-#include <ctype.h>
 #include <pthread.h>
 #include <uv.h>
 
-static const char *pg_url, *admin_url;
-static PGconn *admin_conn;
-static int scratch_seq;
+static const nh_pgtest_server_t *srv;   /* NH_PG_URL's server */
 
 /* ---------------------------------------------------------------- the server */
 
-__attribute__((format(printf, 1, 2))) static void admin_sql(const char *fmt, ...)
+/* A scratch database (nh_pgtest_scratch_db) migrated to the current schema; its URL in url. */
+static void scratch_store(char *url, size_t len)
 {
-  char sql[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(sql, sizeof sql, fmt, ap);
-  va_end(ap);
-  nh_error_t err = { 0 };
-  if (!admin_conn && nh_pg_connect(admin_url, &admin_conn, &err))
-    FAIL("the superuser connection (NH_PG_ADMIN_URL): %s", err.msg);
-  if (nh_pg_exec(admin_conn, sql, 0, NULL, NULL, &err)) FAIL("%s: %s", sql, err.msg);
-}
-
-/* Appends key=value to a URL's query, the value percent-encoded. */
-static void add_param(char *out, size_t len, const char *key, const char *val)
-{
-  size_t o = strlen(out);
-  o += (size_t)snprintf(out + o, len - o, "%s%s=", strchr(out, '?') ? "&" : "?", key);
-  for (const unsigned char *c = (const unsigned char *)val; *c && o + 4 < len; c++) {
-    if (isalnum(*c) || strchr("-._~", *c)) out[o++] = (char)*c;
-    else o += (size_t)snprintf(out + o, len - o, "%%%02X", *c);
-  }
-  out[o] = '\0';
-}
-
-/* NH_PG_URL with another database: every option libpq reads from it, as parameters. */
-static void url_for_db(const char *db, char *out, size_t len)
-{
-  char *why = NULL;
-  PQconninfoOption *opts = PQconninfoParse(pg_url, &why);
-  if (!opts) {
-    char tmp[256];
-    snprintf(tmp, sizeof tmp, "%s", why ? why : "out of memory");
-    PQfreemem(why);
-    FAIL("NH_PG_URL does not parse: %s", tmp);
-  }
-  snprintf(out, len, "postgresql:///%s", db);
-  for (PQconninfoOption *o = opts; o->keyword; o++)
-    if (o->val && *o->val && strcmp(o->keyword, "dbname") != 0) add_param(out, len, o->keyword, o->val);
-  PQconninfoFree(opts);
-}
-
-static void drop_db(void *name)
-{
-  char sql[160];
-  snprintf(sql, sizeof sql, "DROP DATABASE IF EXISTS \"%s\" WITH (FORCE)", (char *)name);
-  PGresult *r = PQexec(admin_conn, sql);
-  if (PQresultStatus(r) != PGRES_COMMAND_OK) fprintf(stderr, "warning: %s: %s", sql, PQerrorMessage(admin_conn));
-  PQclear(r);
-  free(name);
-}
-
-static char pg_user[128];
-
-/* A fresh database owned by NH_PG_URL's role, migrated, dropped after the test; its URL. */
-static const char *scratch_db(char *url, size_t len)
-{
-  char *name = malloc(64);
-  snprintf(name, 64, "nh_rows_%d_%d", (int)getpid(), ++scratch_seq);
-  admin_sql("DROP DATABASE IF EXISTS \"%s\" WITH (FORCE)", name);
-  nh_test_on_cleanup(drop_db, name);
-  admin_sql("CREATE DATABASE \"%s\" OWNER \"%s\" TEMPLATE template0", name, pg_user);
-  url_for_db(name, url, len);
+  if ((size_t)snprintf(url, len, "%s", nh_pgtest_url("dbname", nh_pgtest_scratch_db(), NULL)) >= len)
+    FAIL("the scratch database's URL is longer than %zu bytes", len - 1);
   PGconn *c = NULL;
   nh_error_t err = { 0 };
   if (nh_pg_connect(url, &c, &err)) FAIL("%s", err.msg);
   int rc = nh_pg_migrate(c, NULL, NULL, &err);
   PQfinish(c);
   if (rc) FAIL("migrate: %s", err.msg);
-  return name;
 }
 
 static void free_db(void *db) { nh_pg_db_free(db); }
-static void finish_conn(void *c) { PQfinish(c); }
 
 static nh_pg_db_t *open_db(const char *url)
 {
@@ -110,34 +48,6 @@ static nh_pg_db_t *open_db(const char *url)
   nh_pg_db_t *db = nh_pg_db_new(c);
   nh_test_on_cleanup(free_db, db);
   return db;
-}
-
-static PGconn *open_conn(const char *url)
-{
-  PGconn *c = NULL;
-  nh_error_t err = { 0 };
-  if (nh_pg_connect(url, &c, &err)) FAIL("%s", err.msg);
-  nh_test_on_cleanup(finish_conn, c);
-  return c;
-}
-
-/* The first value of the first row as text ("" for NULL, "(no row)"), or the test fails. */
-__attribute__((format(printf, 2, 3))) static const char *pq1(PGconn *c, const char *fmt, ...)
-{
-  static char out[4][1024];
-  static int next;
-  char sql[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(sql, sizeof sql, fmt, ap);
-  va_end(ap);
-  PGresult *r = NULL;
-  nh_error_t err = { 0 };
-  if (nh_pg_exec(c, sql, 0, NULL, &r, &err)) FAIL("%s: %s", sql, err.msg);
-  char *o = out[next++ & 3];
-  snprintf(o, sizeof out[0], "%s", PQntuples(r) > 0 ? PQgetvalue(r, 0, 0) : "(no row)");
-  PQclear(r);
-  return o;
 }
 
 /* ---------------------------------------------------------------- both stores */
@@ -161,7 +71,7 @@ static pair_t *pair_open(void)
   nh_test_on_cleanup(close_pair, b);
   nh_error_t err = { 0 };
   if (nh_store_open(&b->lite, nh_test_path("lite.db"), NH_STORE_CREATE, &err)) FAIL("sqlite: %s", err.msg);
-  scratch_db(b->url, sizeof b->url);
+  scratch_store(b->url, sizeof b->url);
   b->pg = open_db(b->url);
   return b;
 }
@@ -257,7 +167,7 @@ static int64_t count_lite(pair_t *b, const char *table)
 
 static int64_t count_pg(PGconn *c, const char *table)
 {
-  return atoll(pq1(c, "SELECT count(*) FROM %s", table));
+  return atoll(nh_pgtest_q1(c, "SELECT count(*) FROM %s", table));
 }
 
 static void same_count(pair_t *b, const char *table, int64_t want)
@@ -343,7 +253,7 @@ TEST(parity_audit_put_get)
   char group[64];
   snprintf(group, sizeof group, "%s", nh_test_q1s(lite(b), "SELECT fail_group FROM audit"));
   ASSERT_EQ_INT(strlen(group), 12);
-  same_str("fail_group", group, pq1(pgc(b), "SELECT fail_group FROM audit"));
+  same_str("fail_group", group, nh_pgtest_q1(pgc(b), "SELECT fail_group FROM audit"));
 
   /* resolved: the group goes; a NULL payload stays NULL */
   nh_audit_t c = audit_of("Erp", "e-1", "s-1", NH_ST_COMPLETED, 3000);
@@ -352,7 +262,7 @@ TEST(parity_audit_put_get)
   ASSERT_NULL(got.payload);
   nh_audit_clear(&got);
   ASSERT_EQ_STR(nh_test_q1s(lite(b), "SELECT coalesce(fail_group, 'none') FROM audit"), "none");
-  ASSERT_EQ_STR(pq1(pgc(b), "SELECT coalesce(fail_group, 'none') FROM audit"), "none");
+  ASSERT_EQ_STR(nh_pgtest_q1(pgc(b), "SELECT coalesce(fail_group, 'none') FROM audit"), "none");
 
   /* updated_at 0 is now, on both */
   int64_t t0 = nh_time_now_ms();
@@ -872,7 +782,7 @@ TEST(parity_operator_requests_and_log)
        nh_pgs_oppending_add(b->pg, "op-1", "Erp", "e-1", "skip", "DeadLettered"));
   same_count(b, "operator_pending", 2);
   same_str("action", nh_test_q1s(lite(b), "SELECT action FROM operator_pending WHERE message_id = 'op-1'"),
-           pq1(pgc(b), "SELECT action FROM operator_pending WHERE message_id = 'op-1'"));
+           nh_pgtest_q1(pgc(b), "SELECT action FROM operator_pending WHERE message_id = 'op-1'"));
   /* taken once: deleted and returned; the second take finds nothing */
   ASSERT_EQ_INT(BOTH(nh_store_oppending_take(b->lite, "op-1", &ls), nh_pgs_oppending_take(b->pg, "op-1", &ps)), 1);
   same_str("expected_status", ls, ps);
@@ -901,11 +811,11 @@ TEST(parity_operator_requests_and_log)
     for (size_t i = 0; i < sizeof cols / sizeof cols[0]; i++) {
       char lv[256];
       snprintf(lv, sizeof lv, "%s", nh_test_q1s(lite(b), "SELECT %s FROM operator_log WHERE id = %d", cols[i], row));
-      same_str(cols[i], lv, pq1(pgc(b), "SELECT %s FROM operator_log WHERE id = %d", cols[i], row));
+      same_str(cols[i], lv, nh_pgtest_q1(pgc(b), "SELECT %s FROM operator_log WHERE id = %d", cols[i], row));
     }
   const char *user = getenv("USER");
-  ASSERT_EQ_STR(pq1(pgc(b), "SELECT actor FROM operator_log WHERE id = 1"), user ? user : "operator");
-  int64_t at = atoll(pq1(pgc(b), "SELECT at FROM operator_log WHERE id = 2"));
+  ASSERT_EQ_STR(nh_pgtest_q1(pgc(b), "SELECT actor FROM operator_log WHERE id = 1"), user ? user : "operator");
+  int64_t at = atoll(nh_pgtest_q1(pgc(b), "SELECT at FROM operator_log WHERE id = 2"));
   ASSERT_TRUE(at >= t0 && at <= t1);
 }
 
@@ -935,8 +845,8 @@ TEST(parity_published_claim_window)
   /* outside the window: claimed again, the old claim replaced */
   ASSERT_EQ_INT(BOTH(nh_store_published_claim(b->lite, "m-1", 90000, 1001, &la),
                      nh_pgs_published_claim(b->pg, "m-1", 90000, 1001, &pa)), 1);
-  same_str("at", nh_test_q1s(lite(b), "SELECT at FROM published"), pq1(pgc(b), "SELECT at FROM published"));
-  ASSERT_EQ_STR(pq1(pgc(b), "SELECT at FROM published"), "90000");
+  same_str("at", nh_test_q1s(lite(b), "SELECT at FROM published"), nh_pgtest_q1(pgc(b), "SELECT at FROM published"));
+  ASSERT_EQ_STR(nh_pgtest_q1(pgc(b), "SELECT at FROM published"), "90000");
   same_count(b, "published", 1);
 }
 
@@ -996,7 +906,7 @@ TEST(text_that_is_not_utf8_is_refused_and_said)
   /* sqlite keeps any bytes in a text column; PostgreSQL's text takes UTF-8 only (bodies
    * are bytea for that reason). A text field that is not UTF-8 is refused, saying so. */
   char url[1024];
-  scratch_db(url, sizeof url);
+  scratch_store(url, sizeof url);
   nh_pg_db_t *db = open_db(url);
   nh_audit_t a = audit_of("Erp", "e-1", "s-1", NH_ST_FAILED, 100);
   a.error_text = "bad byte \xff here";
@@ -1061,9 +971,9 @@ static void add_write(nh_pg_db_t *db, int i)
 TEST(batch_of_1000_writes_commits_together_in_one_round_trip)
 {
   char url[1024];
-  scratch_db(url, sizeof url);
+  scratch_store(url, sizeof url);
   nh_pg_db_t *db = open_db(url);
-  PGconn *other = open_conn(url);
+  PGconn *other = nh_pgtest_connect(url);
   cb_n = 0;
   cb_taken[0] = '\0';
   nh_pg_db_stats_t s0, s1;
@@ -1090,8 +1000,8 @@ TEST(batch_of_1000_writes_commits_together_in_one_round_trip)
   ASSERT_EQ_INT(count_pg(other, "parked"), 166);
   ASSERT_EQ_INT(count_pg(other, "inbox"), 166);
   ASSERT_EQ_INT(count_pg(other, "operator_pending"), 165);   /* 166 added, one taken */
-  ASSERT_EQ_INT(atoll(pq1(other, "SELECT length(payload) FROM audit WHERE event_id = 'e-7'")), BODY_LEN);
-  ASSERT_EQ_STR(pq1(other, "SELECT count(*) FROM audit WHERE created_at = updated_at"), "167");
+  ASSERT_EQ_INT(atoll(nh_pgtest_q1(other, "SELECT length(payload) FROM audit WHERE event_id = 'e-7'")), BODY_LEN);
+  ASSERT_EQ_STR(nh_pgtest_q1(other, "SELECT count(*) FROM audit WHERE created_at = updated_at"), "167");
   int64_t pipelines = s1.pipelines - s0.pipelines, statements = s1.statements - s0.statements;
   ASSERT_EQ_INT(pipelines, 1);
   ASSERT_EQ_INT(statements, 1002);   /* BEGIN, 1,000, COMMIT */
@@ -1113,9 +1023,9 @@ TEST(batch_of_1000_writes_commits_together_in_one_round_trip)
 TEST(batch_with_a_failing_statement_commits_nothing_and_names_it)
 {
   char url[1024];
-  scratch_db(url, sizeof url);
+  scratch_store(url, sizeof url);
   nh_pg_db_t *db = open_db(url);
-  PGconn *other = open_conn(url);
+  PGconn *other = nh_pgtest_connect(url);
   cb_n = 0;
   nh_error_t err = { 0 };
   if (nh_pg_batch_begin(db, &err)) FAIL("%s", err.msg);
@@ -1192,7 +1102,7 @@ static void on_socket(uv_poll_t *h, int status, int events)
 TEST(batch_driven_from_a_uv_poll)
 {
   char url[1024];
-  scratch_db(url, sizeof url);
+  scratch_store(url, sizeof url);
   on_loop_t l = { .db = open_db(url) };
   nh_error_t err = { 0 };
   cb_n = 0;
@@ -1227,7 +1137,7 @@ static void *kill_when_blocked(void *p)
   killer_t *k = p;
   PGconn *c = NULL;
   nh_error_t err = { 0 };
-  if (nh_pg_connect(admin_url, &c, &err)) {
+  if (nh_pg_connect(srv->admin_url, &c, &err)) {
     snprintf(k->why, sizeof k->why, "%s", err.msg);
     return NULL;
   }
@@ -1263,7 +1173,7 @@ static void *kill_when_blocked(void *p)
 TEST(batch_on_a_connection_killed_mid_batch_commits_nothing)
 {
   char url[1024];
-  scratch_db(url, sizeof url);
+  scratch_store(url, sizeof url);
   PGconn *c = NULL;
   nh_error_t err = { 0 };
   if (nh_pg_connect(url, &c, &err)) FAIL("%s", err.msg);
@@ -1271,10 +1181,10 @@ TEST(batch_on_a_connection_killed_mid_batch_commits_nothing)
   /* history_add prepared before: the batch then waits in its execution, not its prepare */
   if (nh_pgs_history_add(db, "Erp", "before", "m", "EventRequest", "Completed", NULL)) FAIL("history add");
   /* another session holds history: the batch stops at its history row */
-  PGconn *holder = open_conn(url);
-  pq1(holder, "BEGIN");
-  pq1(holder, "LOCK TABLE history IN ACCESS EXCLUSIVE MODE");
-  pq1(holder, "SELECT 1");
+  PGconn *holder = nh_pgtest_connect(url);
+  nh_pgtest_q1(holder, "BEGIN");
+  nh_pgtest_q1(holder, "LOCK TABLE history IN ACCESS EXCLUSIVE MODE");
+  nh_pgtest_q1(holder, "SELECT 1");
   killer_t k = { .pid = PQbackendPID(c) };
   pthread_t th;
   pthread_create(&th, NULL, kill_when_blocked, &k);
@@ -1291,7 +1201,7 @@ TEST(batch_on_a_connection_killed_mid_batch_commits_nothing)
   }
   if (rc == NH_OK) rc = nh_pg_batch_commit(db, &err);
   pthread_join(th, NULL);
-  pq1(holder, "ROLLBACK");
+  nh_pgtest_q1(holder, "ROLLBACK");
   nh_pg_db_free(db);
   if (!k.killed) FAIL("the backend was not terminated: %s", k.why);
   ASSERT_EQ_INT(rc, NH_EFAIL);
@@ -1299,7 +1209,7 @@ TEST(batch_on_a_connection_killed_mid_batch_commits_nothing)
                            "batch was committed (SQLSTATE 57P01: terminating connection due to administrator command)");
   ASSERT_CONTAINS(err.msg, "is the server still running?");
   ASSERT_EQ_INT(cb_n, 0);
-  PGconn *check = open_conn(url);
+  PGconn *check = nh_pgtest_connect(url);
   ASSERT_EQ_INT(count_pg(check, "audit"), 0);
   ASSERT_EQ_INT(count_pg(check, "history"), 1);   /* the one from before */
 }
@@ -1310,8 +1220,8 @@ TEST(timing_10000_audit_and_history_writes_batched_vs_one_by_one)
 {
   enum { WRITES = 10000, BATCH = 256 };
   char url1[1024], url2[1024];
-  scratch_db(url1, sizeof url1);
-  scratch_db(url2, sizeof url2);
+  scratch_store(url1, sizeof url1);
+  scratch_store(url2, sizeof url2);
   nh_pg_db_t *one = open_db(url1), *batched = open_db(url2);
   nh_error_t err = { 0 };
   char id[32];
@@ -1366,35 +1276,10 @@ TEST(timing_10000_audit_and_history_writes_batched_vs_one_by_one)
 
 int main(int argc, char **argv)
 {
-  pg_url = getenv("NH_PG_URL");
-  admin_url = getenv("NH_PG_ADMIN_URL");
-  if (!pg_url || !*pg_url || !admin_url || !*admin_url) {
-    const char *ci = getenv("CI");
-    if (ci && (!strcmp(ci, "true") || !strcmp(ci, "1"))) {
-      fprintf(stderr, "test_pg_rows: NH_PG_URL and NH_PG_ADMIN_URL must be set, and under CI these tests must run: "
-                      "run them through ctest (the fixture \"postgres\" starts a cluster and sets both)\n");
-      return 1;
-    }
-    fprintf(stderr, "test_pg_rows: NH_PG_URL or NH_PG_ADMIN_URL is not set: skipped. To run it: "
-                    "scripts/postgres.sh start, then NH_PG_URL=$(scripts/postgres.sh url) "
-                    "NH_PG_ADMIN_URL=$(scripts/postgres.sh admin-url) build/host/tests/test_pg_rows\n");
-    return 77;
-  }
-  char *why = NULL;
-  PQconninfoOption *opts = PQconninfoParse(pg_url, &why);
-  if (!opts) {
-    fprintf(stderr, "test_pg_rows: NH_PG_URL does not parse: %s", why ? why : "out of memory\n");
-    PQfreemem(why);
-    return 1;
-  }
-  for (PQconninfoOption *o = opts; o->keyword; o++)
-    if (!strcmp(o->keyword, "user") && o->val) snprintf(pg_user, sizeof pg_user, "%s", o->val);
-  PQconninfoFree(opts);
-  if (!*pg_user) {
-    fprintf(stderr, "test_pg_rows: NH_PG_URL must name its user (postgresql://USER:PASSWORD@HOST:PORT/DATABASE)\n");
-    return 1;
-  }
-  int rc = nh_test_run_all(argc, argv);
-  if (admin_conn) PQfinish(admin_conn);
+  int rc = nh_pgtest_setup(NH_PGTEST_HOOKS, argv[0], NH_PGTEST_NEED_ADMIN_URL, "skipped");
+  if (rc) return rc;
+  srv = nh_pgtest_server();
+  rc = nh_test_run_all(argc, argv);
+  nh_pgtest_teardown();
   return rc;
 }
