@@ -13,25 +13,6 @@ packages=(
   postgresql libpq-dev
 )
 
-missing=()
-for p in "${packages[@]}"; do
-  status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
-  [[ "$status" == "install ok installed" ]] || missing+=("$p")
-done
-
-if [[ ${#missing[@]} -eq 0 ]]; then
-  exit 0
-fi
-
-cmd="apt-get install -y --no-install-recommends ${missing[*]}"
-if [[ $(id -u) -ne 0 ]]; then
-  echo "nimbus-host needs these Debian packages: ${missing[*]}" >&2
-  echo "run as root:  apt-get update && $cmd" >&2
-  exit 1
-fi
-
-echo "installing: ${missing[*]}" >&2
-export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-# shellcheck disable=SC2086
-$cmd -qq
+# shellcheck source=scripts/apt.sh
+source "$(dirname "${BASH_SOURCE[0]}")/apt.sh"
+nh_apt_install nimbus-host "${packages[@]}"

@@ -182,30 +182,12 @@ admin_url() {
   echo "postgresql://postgres@/postgres?host=$d&port=$PORT"
 }
 
-missing_packages() {
-  local p status
-  for p in "${PACKAGES[@]}"; do
-    status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
-    [[ "$status" == "install ok installed" ]] || echo "$p"
-  done
-}
-
 cmd_install() {
-  local missing
-  mapfile -t missing < <(missing_packages)
-  if [[ ${#missing[@]} -eq 0 ]]; then say "installed: ${PACKAGES[*]}"; return 0; fi
-  local cmd="apt-get install -y --no-install-recommends ${missing[*]}"
-  if ! is_root; then
-    echo "postgres: missing Debian packages: ${missing[*]}" >&2
-    echo "postgres: run as root:  apt-get update && $cmd" >&2
-    exit 1
-  fi
-  say "installing: ${missing[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  # shellcheck disable=SC2086
-  $cmd -qq >/dev/null
-  # The postinst makes Debian's cluster "main" but cannot start it (policy-rc.d exits 101); we never use it.
+  # shellcheck source=scripts/apt.sh
+  source "$here/apt.sh"
+  nh_apt_install postgres "${PACKAGES[@]}" || exit 1
+  say "installed: ${PACKAGES[*]}"
+  # The postinst makes Debian's cluster "main" but cannot start it; we never use it.
 }
 
 lock() {   # serialises start and stop of one state dir

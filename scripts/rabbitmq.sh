@@ -88,30 +88,11 @@ port_busy() {  # something listens on 127.0.0.1:$1 (or on all addresses)
   ss -Hltn "( sport = :$1 )" 2>/dev/null | grep -q .
 }
 
-missing_packages() {
-  local p status
-  for p in "${PACKAGES[@]}"; do
-    status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
-    [[ "$status" == "install ok installed" ]] || echo "$p"
-  done
-}
-
 cmd_install() {
-  local missing
-  mapfile -t missing < <(missing_packages)
-  if [[ ${#missing[@]} -eq 0 ]]; then say "installed: ${PACKAGES[*]}"; return 0; fi
-  local cmd="apt-get install -y --no-install-recommends ${missing[*]}"
-  if [[ $(id -u) -ne 0 ]]; then
-    echo "rabbitmq: missing Debian packages: ${missing[*]}" >&2
-    echo "rabbitmq: run as root:  apt-get update && $cmd" >&2
-    exit 1
-  fi
-  say "installing: ${missing[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  # shellcheck disable=SC2086
-  $cmd -qq >/dev/null
-  # The postinst cannot start the service here (policy-rc.d exits 101), which is what we want.
+  # shellcheck source=scripts/apt.sh
+  source "$here/apt.sh"
+  nh_apt_install rabbitmq "${PACKAGES[@]}" || exit 1
+  say "installed: ${PACKAGES[*]}"
 }
 
 # A CA and a server certificate for localhost / 127.0.0.1, so amqps:// is tested against the real
