@@ -19,6 +19,7 @@
 #define _GNU_SOURCE
 #endif
 
+#include <fcntl.h>
 #include <ftw.h>
 #include <limits.h>
 #include <setjmp.h>
@@ -239,6 +240,34 @@ NH_TEST_UNUSED static const char *nh_test_read_file(const char *path)
   buf[n] = '\0';
   fclose(f);
   return buf;
+}
+
+/* stderr captured into a file of the test's own, for tests that check log lines:
+ * nh_test_capture_end puts it back and shows what was captured when the test failed. */
+typedef struct nh_test_capture {
+  int saved;                  /* the real stderr while capturing, else -1 */
+  char path[PATH_MAX + 64];
+} nh_test_capture_t;
+
+NH_TEST_UNUSED static void nh_test_capture_start(nh_test_capture_t *c)
+{
+  snprintf(c->path, sizeof c->path, "%s", nh_test_path("log.txt"));
+  fflush(stderr);
+  c->saved = dup(2);
+  int fd = open(c->path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  ASSERT_TRUE(c->saved >= 0 && fd >= 0);
+  dup2(fd, 2);
+  close(fd);
+}
+
+NH_TEST_UNUSED static void nh_test_capture_end(nh_test_capture_t *c)
+{
+  if (c->saved < 0) return;
+  fflush(stderr);
+  dup2(c->saved, 2);
+  close(c->saved);
+  c->saved = -1;
+  if (nh_test_failed_now) fputs(nh_test_read_file(c->path), stderr);
 }
 
 NH_TEST_UNUSED static int64_t nh_test_mono_ms(void)

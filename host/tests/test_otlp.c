@@ -55,8 +55,7 @@ struct fixture {
   nh_otlp_t *watched;         /* posts record its failures so far */
   json_t *docs[MAX_POSTS];
   int ndocs;
-  int saved_stderr;           /* >= 0 while the log is captured */
-  char log_path[PATH_MAX + 64];
+  nh_test_capture_t log;      /* stderr while a test reads the log lines */
 };
 
 /* ---------------------------------------------------------------- the receiver */
@@ -158,33 +157,14 @@ static void pump_until(fixture_t *fx, cond_fn cond, void *arg, const char *what)
 
 /* ---------------------------------------------------------------- log capture */
 
-static void capture_start(fixture_t *fx)
-{
-  snprintf(fx->log_path, sizeof fx->log_path, "%s", nh_test_path("log.txt"));
-  fflush(stderr);
-  fx->saved_stderr = dup(2);
-  int fd = open(fx->log_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  ASSERT_TRUE(fx->saved_stderr >= 0 && fd >= 0);
-  dup2(fd, 2);
-  close(fd);
-}
-
-/* Puts stderr back; what was captured is shown again when the test failed. */
-static void capture_end(fixture_t *fx)
-{
-  if (fx->saved_stderr < 0) return;
-  fflush(stderr);
-  dup2(fx->saved_stderr, 2);
-  close(fx->saved_stderr);
-  fx->saved_stderr = -1;
-  if (nh_test_failed_now) fputs(nh_test_read_file(fx->log_path), stderr);
-}
+static void capture_start(fixture_t *fx) { nh_test_capture_start(&fx->log); }
+static void capture_end(fixture_t *fx) { nh_test_capture_end(&fx->log); }
 
 /* Lines of the captured log with both texts. */
 static int log_count(fixture_t *fx, const char *a, const char *b)
 {
   int n = 0;
-  const char *p = nh_test_read_file(fx->log_path);
+  const char *p = nh_test_read_file(fx->log.path);
   while (*p) {
     const char *eol = strchr(p, '\n');
     size_t len = eol ? (size_t)(eol - p) : strlen(p);
@@ -232,7 +212,7 @@ static void fixture_free(void *p)
 static fixture_t *fixture_start(void)
 {
   fixture_t *fx = nh_xcalloc(1, sizeof *fx);
-  fx->saved_stderr = -1;
+  fx->log.saved = -1;
   ASSERT_EQ_INT(nh_runtime_init(&fx->rt), 0);
   uv_timer_init(&fx->rt.loop, &fx->tick);
   uv_timer_start(&fx->tick, tick, 10, 10);

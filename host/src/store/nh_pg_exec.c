@@ -55,6 +55,7 @@ struct nh_pg_db {
   int lost;                 /* the connection is gone */
   int send_failed;          /* an item could not be sent: err holds why */
   int commit_sent;
+  nh_pg_batch_outcome_t outcome;   /* of the last batch, once it is over */
   nh_error_t err;
 };
 
@@ -274,6 +275,32 @@ static void explain_failure(nh_pg_db_t *db)
   nh_pg_explain_result(db->conn, it ? it->res : NULL, doing, &db->err);
 }
 
+/* 1 if the batch, ending now or just over without its commit confirmed, may have been
+ * committed: COMMIT went to libpq (and so perhaps to the server), and no result proves the
+ * server stopped before it. A statement the server refused proves it (whatever the error,
+ * 57P01 too: the server was there, and skips the rest of the pipeline, COMMIT included),
+ * and so does COMMIT refused for a reason of its own (40001, a deferred constraint). COMMIT
+ * answered with the connection's end (08xxx, 57P0x) is not proof: a backend terminated
+ * while waiting for a synchronous standby has committed locally. Nor is COMMIT's success
+ * followed by a loss: the batch did commit, but its callbacks cannot run (libpq gives no
+ * SQLSTATE for its own errors, so a lost connection is never taken for the server's word). */
+static int in_doubt(const nh_pg_db_t *db)
+{
+  if (!db->batch || !db->commit_sent) return 0;
+  for (int i = 0; i < db->nitems; i++) {
+    const item_t *it = &db->items[i];
+    const char *code = it->res ? PQresultErrorField(it->res, PG_DIAG_SQLSTATE) : NULL;
+    if (it->kind == ITEM_COMMIT) {
+      if (!it->res || PQresultStatus(it->res) == PGRES_COMMAND_OK) return 1;
+      if (PQresultStatus(it->res) == PGRES_PIPELINE_ABORTED) return 0;
+      return !code || strncmp(code, "08", 2) == 0 || strncmp(code, "57P0", 4) == 0;
+    }
+    if (it->res && (PQresultStatus(it->res) == PGRES_PIPELINE_ABORTED || (failed_result(it->res) && code)))
+      return 0;
+  }
+  return 1;
+}
+
 /* The pipeline is over, the connection idle again (or gone). */
 static void finish(nh_pg_db_t *db)
 {
@@ -431,6 +458,7 @@ int nh_pg_batch_poll(nh_pg_db_t *db, int *rc, nh_error_t *err)
   int want = pump(db);
   if (want) return want;
   *rc = db->err.code ? db->err.code : NH_OK;
+  db->outcome = *rc == NH_OK ? NH_PG_COMMITTED : in_doubt(db) ? NH_PG_UNKNOWN : NH_PG_NOT_COMMITTED;
   if (*rc) {
     *err = db->err;
   } else {
@@ -452,14 +480,31 @@ int nh_pg_batch_commit(nh_pg_db_t *db, nh_error_t *err)
   return rc;
 }
 
-void nh_pg_batch_abandon(nh_pg_db_t *db)
+int nh_pg_batch_send_abandon(nh_pg_db_t *db, nh_error_t *err)
 {
-  if (db->phase != ADDING || !db->batch) return;
+  if (db->phase != ADDING || !db->batch)
+    return nh_error_set(err, NH_ESTATE, "store: no batch is open on this connection (a bug of nimbus-host)");
   if (!db->send_failed) send_plain(db, ITEM_ROLLBACK, "ROLLBACK", NULL);
+  /* the batch's outcome: an error, so that no callback runs (unless a failure came first) */
+  if (!db->err.code)
+    nh_error_set(&db->err, NH_ESTATE, "store: the batch was abandoned before its commit; nothing of it was committed");
   if (send_sync(db, NULL) != NH_OK) {
     db->phase = WAITING;
     lost(db);
   }
+  return NH_OK;
+}
+
+void nh_pg_batch_abandon(nh_pg_db_t *db)
+{
+  if (nh_pg_batch_send_abandon(db, NULL) != NH_OK) return;
   run_to_end(db);
+  db->outcome = NH_PG_NOT_COMMITTED;
   drop_items(db);
+}
+
+nh_pg_batch_outcome_t nh_pg_batch_outcome(nh_pg_db_t *db)
+{
+  if (db->phase == IDLE) return db->outcome;
+  return in_doubt(db) ? NH_PG_UNKNOWN : NH_PG_NOT_COMMITTED;
 }

@@ -206,11 +206,29 @@ int nh_pg_batch_commit(nh_pg_db_t *db, nh_error_t *err);
 /* Drops a batch before its commit: rolls back whatever was sent. */
 void nh_pg_batch_abandon(nh_pg_db_t *db);
 
+/* What happened to a batch whose commit was not confirmed. NOT_COMMITTED: nothing of it
+ * (a statement failed, the batch was abandoned, or the connection went before COMMIT did).
+ * UNKNOWN: the connection went after COMMIT was sent and before its result: the caller
+ * must treat the work as not settled and read it back (or let redelivery sort it out). */
+typedef enum nh_pg_batch_outcome {
+  NH_PG_COMMITTED,
+  NH_PG_NOT_COMMITTED,
+  NH_PG_UNKNOWN
+} nh_pg_batch_outcome_t;
+/* The outcome of the last batch once it is over (nh_pg_batch_commit returned, or
+ * nh_pg_batch_poll returned 0); of the batch under way, what it would be were its
+ * connection dropped now (a deadline passed, the host closes). */
+nh_pg_batch_outcome_t nh_pg_batch_outcome(nh_pg_db_t *db);
+
 /* ---- the same batch without waiting (what a loop drives, from a uv_poll on PQsocket) */
 
 enum { NH_PG_WANT_READ = 1, NH_PG_WANT_WRITE = 2 };
 /* Sends COMMIT and the pipeline's sync; then nh_pg_batch_poll until it returns 0. */
 int nh_pg_batch_send_commit(nh_pg_db_t *db, nh_error_t *err);
+/* Sends ROLLBACK and the sync instead (a builder gave up half way); then nh_pg_batch_poll
+ * until it returns 0, with an error (NH_ESTATE, unless the connection failed first) and
+ * no callback run. */
+int nh_pg_batch_send_abandon(nh_pg_db_t *db, nh_error_t *err);
 /* Sends what libpq holds and reads what has arrived, without waiting. Returns what to
  * wait for on PQsocket (NH_PG_WANT_READ, | NH_PG_WANT_WRITE) or 0 once the batch is over,
  * with its outcome in *rc and err (as nh_pg_batch_commit's). */
