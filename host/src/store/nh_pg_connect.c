@@ -137,6 +137,12 @@ static void on_poll(uv_poll_t *h, int status, int events);
  * may have closed the socket and opened another (the next address or host), and the
  * new one often gets the same number: so the old registration is always dropped
  * (uv_poll_stop) before arming, and a new number gets a new handle. */
+static void watch_failed(nh_pg_connect_t *req, int r)
+{
+  finish(req, nh_error_set(&req->err, NH_EFAIL, "store %s: cannot watch the connection's socket on the loop: %s",
+                           req->t.shown, uv_strerror(r)));
+}
+
 static void arm(nh_pg_connect_t *req, PostgresPollingStatusType st)
 {
   int fd = PQsocket(req->conn);
@@ -152,8 +158,7 @@ static void arm(nh_pg_connect_t *req, PostgresPollingStatusType st)
     int r = uv_poll_init(req->loop, p, fd);
     if (r < 0) {
       free(p);
-      finish(req, nh_error_set(&req->err, NH_EFAIL, "store %s: cannot watch the connection's socket on the loop: %s",
-                               req->t.shown, uv_strerror(r)));
+      watch_failed(req, r);
       return;
     }
     p->data = req;
@@ -161,7 +166,8 @@ static void arm(nh_pg_connect_t *req, PostgresPollingStatusType st)
     req->poll_fd = fd;
     req->handles++;
   }
-  uv_poll_start(req->poll, st == PGRES_POLLING_READING ? UV_READABLE : UV_WRITABLE, on_poll);
+  int r = uv_poll_start(req->poll, st == PGRES_POLLING_READING ? UV_READABLE : UV_WRITABLE, on_poll);
+  if (r < 0) watch_failed(req, r);   /* without a watch nothing would move the attempt on */
 }
 
 static void step(nh_pg_connect_t *req)

@@ -323,8 +323,9 @@ static int synced(nh_pg_db_t *db)
     db->next = db->nitems;
     db->got = 0;
     nh_error_t ignored;
+    /* the sync may not be flushed yet: a loop must also wait to write, or it waits for ever */
     if (send_plain(db, ITEM_ROLLBACK, "ROLLBACK", &ignored) == NH_OK && send_sync(db, &ignored) == NH_OK)
-      return NH_PG_WANT_READ;
+      return NH_PG_WANT_READ | (PQflush(db->conn) > 0 ? NH_PG_WANT_WRITE : 0);
     db->lost = PQstatus(db->conn) == CONNECTION_BAD;
   }
   finish(db);
