@@ -118,7 +118,15 @@ static uint64_t rng_next(void)
 
 double nh_random_unit(void) { return (double)(rng_next() >> 11) / 9007199254740992.0; }
 
-static void uuid_format(unsigned char u[16], char out[37])
+int64_t nh_backoff_ms(int64_t first_ms, int64_t max_ms, int failed)
+{
+  int64_t cap = first_ms;
+  for (int i = 1; i < failed && cap < max_ms; i++) cap *= 2;
+  if (cap > max_ms) cap = max_ms;
+  return cap - (int64_t)(nh_random_unit() * (double)(cap / 2));
+}
+
+void nh_uuid_format(const unsigned char u[16], char out[37])
 {
   static const char hex[] = "0123456789abcdef";
   int j = 0;
@@ -138,7 +146,7 @@ void nh_uuid_v4(char out[37])
   memcpy(u + 8, &b, 8);
   u[6] = (u[6] & 0x0f) | 0x40;
   u[8] = (u[8] & 0x3f) | 0x80;
-  uuid_format(u, out);
+  nh_uuid_format(u, out);
 }
 
 void nh_uuid_v7(char out[37])
@@ -164,7 +172,7 @@ void nh_uuid_v7(char out[37])
   u[7] = (unsigned char)(seq & 0xff);
   memcpy(u + 8, &r, 8);
   u[8] = (u[8] & 0x3f) | 0x80;
-  uuid_format(u, out);
+  nh_uuid_format(u, out);
 }
 
 static void oom(void)

@@ -22,8 +22,14 @@ void nh_uuid_v4(char out[37]);
  * the host mints are v7 so index inserts keyed by them append instead of scattering
  * over random B-tree pages (about twice the throughput of v4 keys, see make bench). */
 void nh_uuid_v7(char out[37]);
+/* The 16 bytes of a UUID as lower-case 8-4-4-4-12 text. */
+void nh_uuid_format(const unsigned char u[16], char out[37]);
 /* Uniform double in [0, 1). */
 double nh_random_unit(void);
+/* A reconnect's wait after `failed` failed attempts (1 or more): first_ms doubled per
+ * attempt up to max_ms, then a random point in its upper half, so hosts that lost the
+ * same server together do not come back in step. */
+int64_t nh_backoff_ms(int64_t first_ms, int64_t max_ms, int failed);
 
 /* Allocation that aborts on exhaustion (Neovim's xmalloc): callers never check. */
 void *nh_xmalloc(size_t n);

@@ -109,16 +109,6 @@ static int uv_events(int want)
   return UV_READABLE | (want & NH_PG_WANT_WRITE ? UV_WRITABLE : 0);
 }
 
-/* The delay before attempt n+1 (n failed so far): first * 2^(n-1) up to the maximum, then
- * a random point in its upper half, so hosts that lost the server together do not come
- * back in step. */
-static uint64_t backoff_ms(const nh_pg_link_t *link)
-{
-  uint64_t d = (uint64_t)link->opts.backoff_first_ms, max = (uint64_t)link->opts.backoff_max_ms;
-  for (int i = 1; i < link->attempts && d < max; i++) d *= 2;
-  if (d > max) d = max;
-  return d - (uint64_t)(nh_random_unit() * (double)(d / 2));
-}
 
 /* The server's errors outside a query (the FATAL it sends before closing an idle
  * connection) come through the notice receiver: kept, to say why the connection went. */
@@ -178,7 +168,8 @@ static void connection_failed(nh_pg_link_t *link, const nh_error_t *err)
   } else {
     nh_log_debug("store", "attempt %d failed: %s", link->attempts, err->msg);
   }
-  uv_timer_start(&link->retry, on_retry, backoff_ms(link), 0);
+  uv_timer_start(&link->retry, on_retry,
+                 (uint64_t)nh_backoff_ms(link->opts.backoff_first_ms, link->opts.backoff_max_ms, link->attempts), 0);
 }
 
 /* The store refuses this host for good: every waiting batch is told, and only close is

@@ -73,13 +73,7 @@ static void schedule_retry(nh_amqp_conn_t *c)
 {
   c->state = C_WAITING;
   if (c->fatal) return;   /* the owner is told (on_down) and closes us */
-  int64_t cap = NH_BACKOFF_MIN_MS;
-  for (int i = 0; i < c->attempt && cap < NH_BACKOFF_MAX_MS; i++) cap *= 2;
-  if (cap > NH_BACKOFF_MAX_MS) cap = NH_BACKOFF_MAX_MS;
-  /* jitter: between half and all of the capped delay, so hosts that lost the same
-   * broker do not come back in lock step */
-  int64_t delay = cap / 2 + (int64_t)(nh_random_unit() * (double)(cap / 2));
-  c->attempt++;
+  int64_t delay = nh_backoff_ms(NH_BACKOFF_MIN_MS, NH_BACKOFF_MAX_MS, ++c->attempt);
   nh_log_warn("amqp", "%s: %s; reconnecting in %.1f s", c->url->display, c->why, (double)delay / 1000.0);
   uv_timer_start(&c->retry, retry_cb, (uint64_t)delay, 0);
 }

@@ -290,7 +290,6 @@ void nh_amqp_event_id(const char *endpoint, const char *message_id, int64_t crea
 {
   static const unsigned char ns[16] = { 0x6f, 0x1c, 0x2b, 0x0e, 0x8a, 0x2d, 0x4b, 0x7e,
                                         0x9c, 0x55, 0x2d, 0x1f, 0x0e, 0x7a, 0x9b, 0x31 };
-  static const char hex[] = "0123456789abcdef";
   pthread_once(&sha1_once, sha1_fetch);
   unsigned char md[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
@@ -310,12 +309,5 @@ void nh_amqp_event_id(const char *endpoint, const char *message_id, int64_t crea
     md[6] = (unsigned char)((md[6] & 0x0f) | 0x50);
   }
   md[8] = (unsigned char)((md[8] & 0x3f) | 0x80);
-  /* 8-4-4-4-12 by hand: snprintf with sixteen %02x cost half of the whole id */
-  char *o = out;
-  for (int i = 0; i < 16; i++) {
-    if (i == 4 || i == 6 || i == 8 || i == 10) *o++ = '-';
-    *o++ = hex[md[i] >> 4];
-    *o++ = hex[md[i] & 15];
-  }
-  *o = '\0';
+  nh_uuid_format(md, out);   /* snprintf with sixteen %02x cost half of the whole id */
 }
