@@ -148,13 +148,18 @@ static int on_due_session(void *data, const char *endpoint, const char *session,
   nh_job_t *job;
   if (st->blocked_by) {
     nh_audit_t a;
-    if (nh_store_audit_get(d->store, c->ep->name, st->blocked_by, &a) != 1) {
+    int got = nh_uow_audit_get(d->uow, c->ep->name, st->blocked_by, &a);
+    if (got != 1 && nh_uow_missed(d->uow)) {   /* not read yet: this pass is void anyway */
+      d->tr->vt->unlock_session(d->tr, c->ep->name, session);
+      return 0;
+    }
+    if (got != 1) {
       nh_log_error("dispatch", "%s: session %s is blocked by %s, which has no audit row; unblocking the session",
                    c->ep->name, session, st->blocked_by);
       nh_session_state_t copy = *st;
       copy.retry_due = 0;
       copy.blocked_by = NULL;
-      copy.draining = nh_store_parked_any(d->store, c->ep->name, session) > 0;
+      copy.draining = nh_uow_parked_any(d->uow, c->ep->name, session) > 0;
       if (nh_store_session_put(d->store, c->ep->name, session, &copy)) c->failed = 1;
       d->tr->vt->unlock_session(d->tr, c->ep->name, session);
       return 0;
@@ -179,9 +184,14 @@ static int on_due_session(void *data, const char *endpoint, const char *session,
   } else {
     job = job_new(d, c->ep, NH_JOB_PARKED);
     job->kind = NH_RUN_REPLAY;
-    int head = nh_store_parked_head(d->store, c->ep->name, session, &job->msg, &job->park_seq);
+    int head = nh_uow_parked_head(d->uow, c->ep->name, session, &job->msg, &job->park_seq);
     if (head < 0 || nh_store_failed(d->store)) {
       c->failed = 1;
+      nh_job_free(job);
+      d->tr->vt->unlock_session(d->tr, c->ep->name, session);
+      return 0;
+    }
+    if (head != 1 && nh_uow_missed(d->uow)) {   /* not read yet: this pass is void anyway */
       nh_job_free(job);
       d->tr->vt->unlock_session(d->tr, c->ep->name, session);
       return 0;
@@ -396,6 +406,41 @@ static void requeue_done(nh_dispatch_t *d, nh_queue_t *jobs)
   }
 }
 
+/* Where each endpoint's fetch starts, kept when a pass begins so that a void pass (a
+ * store read the unit of work did not have, store/nh_uow.h) is run again over the same
+ * sessions. Only a unit that can miss needs it. */
+static void pass_mark(nh_dispatch_t *d, int restore)
+{
+  if (nh_uow_mode(d->uow) == NH_UOW_DIRECT) return;
+  for (nh_endpoint_t *ep = d->endpoints; ep; ep = ep->next) {
+    if (restore) {
+      free(ep->due_cursor);
+      ep->due_cursor = ep->pass_cursor;
+      ep->pass_cursor = NULL;
+      ep->queue_starved = ep->pass_starved;
+    } else {
+      free(ep->pass_cursor);
+      ep->pass_cursor = ep->due_cursor ? nh_xstrdup(ep->due_cursor) : NULL;
+      ep->pass_starved = ep->queue_starved;
+    }
+  }
+}
+
+/* A void pass: nothing of it happened (its transaction is rolled back). Every job goes
+ * back where it was, and the pump runs again on the next loop turn, when the unit of
+ * work has what the pass missed. */
+static void pass_again(nh_dispatch_t *d, nh_queue_t *applied, nh_queue_t *retry)
+{
+  nh_story_rollback(&d->story, 0);
+  if (!nh_queue_empty(&d->requests)) nh_dispatch_deliver_replies(d, 0);
+  requeue_front(d, retry);
+  requeue_front(d, applied);
+  discard_fresh(d);
+  pass_mark(d, 1);
+  d->pumping = 0;
+  nh_dispatch_kick(d);
+}
+
 static void pump(nh_dispatch_t *d)
 {
   if (d->pumping) return;
@@ -405,12 +450,20 @@ static void pump(nh_dispatch_t *d)
   nh_queue_t applied, retry;
   nh_queue_init(&applied);
   nh_queue_init(&retry);
+  pass_mark(d, 0);
+  nh_uow_pass_begin(d->uow);
   if (begin_and_apply(d, &applied, &retry) == NH_OK) {
     ok = 1;
     if (!d->stopping && fetch(d, now, &fetched)) ok = 0;
+    if (ok && nh_uow_missed(d->uow)) {
+      nh_store_rollback(d->store);
+      pass_again(d, &applied, &retry);
+      return;
+    }
     if (ok && nh_store_commit(d->store)) ok = 0;
     if (!ok) nh_store_rollback(d->store);
   }
+  nh_uow_end(d->uow);
   d->store_failing = !ok;
   if (ok) nh_dispatch_tell(d);   /* what this transaction recorded, now that it is recorded */
   else nh_story_rollback(&d->story, 0);
@@ -466,6 +519,9 @@ nh_dispatch_t *nh_dispatch_init(uv_loop_t *loop, nh_store_t *store, nh_transport
   d->loop = loop;
   d->store = store;
   d->ckpt = nh_checkpointer_start(loop, store);
+  /* a debugging switch: every pump runs its restart path (store/nh_uow.h) */
+  const char *cold = getenv("NIMBUS_STORE_COLD_READS");
+  d->uow = nh_uow_new(store, cold && *cold && strcmp(cold, "0") != 0 ? NH_UOW_COLD : NH_UOW_DIRECT);
   d->tr = transport;
   d->lua_dir = nh_xstrdup(lua_dir);
   nh_queue_init(&d->fresh);
@@ -590,6 +646,12 @@ static void maybe_stopped(nh_dispatch_t *d)
   nh_log_info("dispatch", "%llu messages fetched in %llu transactions (%.1f per transaction)",
               (unsigned long long)d->pumped, (unsigned long long)d->pumps,
               d->pumps ? (double)d->pumped / (double)d->pumps : 0.0);
+  if (nh_uow_mode(d->uow) != NH_UOW_DIRECT) {
+    nh_uow_stats_t us;
+    nh_uow_stats(d->uow, &us);
+    nh_log_info("dispatch", "unit of work: %llu passes, %llu of them run again after %llu store reads it did not have",
+                (unsigned long long)us.passes, (unsigned long long)us.restarts, (unsigned long long)us.misses);
+  }
   cb(d->stopped_data);
 }
 
@@ -665,6 +727,8 @@ void nh_dispatch_close(nh_dispatch_t *d)
   d->owner = NULL;
   nh_checkpointer_close(d->ckpt);
   d->ckpt = NULL;
+  nh_uow_free(d->uow);
+  d->uow = NULL;
   close_handle(d, &d->presence_timer);
   close_handle(d, &d->retention_timer);
   close_handle(d, &d->overdue_timer);

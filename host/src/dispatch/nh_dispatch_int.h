@@ -10,6 +10,7 @@
 #include "core/nh_queue.h"
 #include "core/nh_trace.h"
 #include "lua/nh_vm.h"
+#include "store/nh_uow.h"
 
 typedef struct nh_endpoint {
   char *name;
@@ -26,6 +27,8 @@ typedef struct nh_endpoint {
   int in_flight;
   char *due_cursor;              /* where the next scan of draining sessions starts */
   int queue_starved;             /* replays took every slot in the last pump: the queue goes first */
+  char *pass_cursor;             /* due_cursor and queue_starved when the pump's pass began: a void */
+  int pass_starved;              /* pass (nh_uow.h) starts again from them */
   int retired;                   /* dropped by a reload: no new work */
   int metrics_seeded;            /* its store-wide gauges were read (nh_tell.c) */
   struct nh_endpoint *next;
@@ -129,6 +132,7 @@ struct nh_dispatch {
   char *owner;                   /* "host:pid:tag", NULL: not registered in `hosts` */
   int64_t started_ms;
   nh_story_t story;              /* the open transaction's notes (nh_story.h) */
+  nh_uow_t *uow;                 /* the state machine's reads in a pump (store/nh_uow.h) */
 };
 
 /* nh_outcome.c: the state machine */

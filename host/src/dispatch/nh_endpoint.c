@@ -231,6 +231,7 @@ void nh_endpoint_free(nh_endpoint_t *ep)
 {
   free(ep->name);
   free(ep->due_cursor);
+  free(ep->pass_cursor);
   nh_retry_config_free(&ep->retry);
   for (int i = 0; i < ep->ntypes; i++) free(ep->types[i]);
   free(ep->types);

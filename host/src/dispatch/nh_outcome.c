@@ -103,7 +103,7 @@ static void audit_load(nh_dispatch_t *d, nh_job_t *job, nh_audit_t *a)
   /* A first delivery from the queue has no row yet (event ids are fresh per copy):
    * skip the read on the hot path; the upsert keeps created_at if one exists. */
   int first = job->src == NH_JOB_QUEUE && m->type == NH_MT_EVENT && m->delivery_count <= 1;
-  if (first || nh_store_audit_get(d->store, job->ep->name, m->event_id, a) != 1) {
+  if (first || nh_uow_audit_get(d->uow, job->ep->name, m->event_id, a) != 1) {
     memset(a, 0, sizeof *a);
     a->endpoint = nh_xstrdup(job->ep->name);
     a->event_id = nh_xstrdup(m->event_id);
@@ -190,7 +190,7 @@ static void unblock(nh_dispatch_t *d, nh_job_t *job, nh_session_state_t *st)
 {
   set(&st->blocked_by, NULL);
   st->retry_due = 0;
-  st->draining = nh_store_parked_any(d->store, job->ep->name, job->msg.session_id) > 0;
+  st->draining = nh_uow_parked_any(d->uow, job->ep->name, job->msg.session_id) > 0;
 }
 
 /* After the parked row park_seq of a session was replayed: whether any may be left.
@@ -245,7 +245,7 @@ static int route_park(nh_dispatch_t *d, nh_job_t *job, nh_session_state_t *st)
   for (; i < n && rc == NH_OK; i++) {
     nh_msg_t *m = &next[i];
     if (m->type != NH_MT_EVENT || !m->event_id || is_blocker(st, m->event_id) || m->delivery_count > NH_MAX_DELIVERIES ||
-        (job->ep->inbox && m->message_id && nh_store_inbox_has(d->store, job->ep->name, m->message_id)))
+        (job->ep->inbox && m->message_id && nh_uow_inbox_has(d->uow, job->ep->name, m->message_id)))
       break;
     nh_job_t tmp;
     memset(&tmp, 0, sizeof tmp);
@@ -273,7 +273,7 @@ static int route_skip(nh_dispatch_t *d, nh_job_t *job, nh_session_state_t *st)
   char *was = nh_xstrdup(st->blocked_by);
   if (is_blocker(st, m->event_id)) unblock(d, job, st);
   if (removed > 0 && !st->blocked_by)
-    st->draining = nh_store_parked_any(d->store, job->ep->name, m->session_id) > 0;
+    st->draining = nh_uow_parked_any(d->uow, job->ep->name, m->session_id) > 0;
   int rc = nh_store_session_put(d->store, m->endpoint, m->session_id, st) ||
            audit_write(d, job, &a, removed > 0 ? "skipped by operator (removed from the parked queue)"
                                                : "skipped by operator");
@@ -288,7 +288,7 @@ static int route_handoff(nh_dispatch_t *d, nh_job_t *job, nh_session_state_t *st
 {
   nh_msg_t *m = &job->msg;
   nh_audit_t a;
-  int found = nh_store_audit_get(d->store, job->ep->name, m->event_id, &a) == 1;
+  int found = nh_uow_audit_get(d->uow, job->ep->name, m->event_id, &a) == 1;
   int pending = found && a.status && strcmp(a.status, NH_ST_PENDING) == 0 && a.sub_status &&
                 strcmp(a.sub_status, "Handoff") == 0;
   if (!pending) {
@@ -345,7 +345,7 @@ static int stale_request(nh_dispatch_t *d, nh_job_t *job, const char *expected)
 {
   nh_audit_t a;
   memset(&a, 0, sizeof a);
-  if (nh_store_audit_get(d->store, job->ep->name, job->msg.event_id, &a) != 1) return 0;
+  if (nh_uow_audit_get(d->uow, job->ep->name, job->msg.event_id, &a) != 1) return 0;
   int stale = a.status && strcmp(a.status, expected) != 0;
   if (stale) {
     char detail[256];
@@ -374,12 +374,12 @@ int nh_dispatch_route(nh_dispatch_t *d, nh_job_t *job)
   nh_endpoint_t *ep = job->ep;
   nh_session_state_t st;
   int rc = NH_OK, run = 0;
-  if (nh_store_session_get(d->store, ep->name, m->session_id, &st)) return NH_EFAIL;
+  if (nh_uow_session_get(d->uow, ep->name, m->session_id, &st)) return NH_EFAIL;
 
   /* A first delivery cannot have an outcome yet (as in audit_load): only a redelivery
    * looks for one. */
   if (job->src == NH_JOB_QUEUE && !(d->tr->caps & NH_CAP_ATOMIC_SETTLE) && m->event_id && m->delivery_count > 1 &&
-      nh_store_processed_has(d->store, ep->name, m->message_id, m->event_id)) {
+      nh_uow_processed_has(d->uow, ep->name, m->message_id, m->event_id)) {
     /* The outcome was committed but the settlement was lost (crash): settle only. */
     rc = d->tr->vt->settle(d->tr, m, NH_SETTLE_COMPLETE, 0, NULL);
     goto out_unlock;
@@ -394,7 +394,7 @@ int nh_dispatch_route(nh_dispatch_t *d, nh_job_t *job)
   }
   if (m->type != NH_MT_EVENT && m->message_id) {
     char *expected = NULL;
-    int had = nh_store_oppending_take(d->store, m->message_id, &expected);
+    int had = nh_uow_oppending_take(d->uow, m->message_id, &expected);
     int stale = had == 1 && expected && stale_request(d, job, expected);
     free(expected);
     if (had < 0) {
@@ -416,7 +416,7 @@ int nh_dispatch_route(nh_dispatch_t *d, nh_job_t *job)
 
   switch (m->type) {
   case NH_MT_EVENT:
-    if (ep->inbox && m->message_id && nh_store_inbox_has(d->store, ep->name, m->message_id)) {
+    if (ep->inbox && m->message_id && nh_uow_inbox_has(d->uow, ep->name, m->message_id)) {
       nh_audit_t a;
       audit_load(d, job, &a);
       audit_status(&a, NH_ST_SKIPPED, "DuplicateDetected", NULL, NULL);
@@ -438,7 +438,7 @@ int nh_dispatch_route(nh_dispatch_t *d, nh_job_t *job)
     /* A parked event replays in order; running it now as well would run it twice. */
     nh_audit_t a;
     memset(&a, 0, sizeof a);
-    int found = nh_store_audit_get(d->store, ep->name, m->event_id, &a) == 1;
+    int found = nh_uow_audit_get(d->uow, ep->name, m->event_id, &a) == 1;
     int parked = found && a.status && strcmp(a.status, NH_ST_DEFERRED) == 0;
     /* a new body is a new intent, not a duplicate of the message the inbox holds */
     int new_body = found && m->body &&
@@ -450,7 +450,7 @@ int nh_dispatch_route(nh_dispatch_t *d, nh_job_t *job)
                                 "resubmit rejected: the event is parked and will replay in order");
       if (!rc) rc = settle(d, job, NH_SETTLE_COMPLETE, 0, NULL);
     } else if (ep->inbox && !new_body && m->parent_message_id &&
-               nh_store_inbox_has(d->store, ep->name, m->parent_message_id)) {
+               nh_uow_inbox_has(d->uow, ep->name, m->parent_message_id)) {
       /* the inbox already holds the message this resubmits: its effects happened once */
       nh_audit_t dup;
       audit_load(d, job, &dup);

@@ -1,0 +1,148 @@
+/* The unit of work of nh_uow.h over the sqlite store: direct reads, or (NH_UOW_COLD) a
+ * miss on the first read of each key in a pump, to run the pump's restart path. */
+#include "nh_uow.h"
+#include "core/nh_strset.h"
+#include "core/nh_util.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct nh_uow {
+  nh_store_t *store;
+  nh_uow_mode_t mode;
+  nh_strset_t known;    /* COLD: keys missed in an earlier pass of this pump: read from the store */
+  nh_strset_t fresh;    /* COLD: keys missed in this pass: missed again until the next, so a void
+                           pass sees one answer per key */
+  int missed;           /* this pass read a key not in `known` */
+  int pass;             /* passes of this pump so far */
+  char *key;            /* scratch for building keys */
+  size_t key_cap;
+  nh_uow_stats_t stats;
+};
+
+nh_uow_t *nh_uow_new(nh_store_t *s, nh_uow_mode_t mode)
+{
+  nh_uow_t *u = nh_xcalloc(1, sizeof *u);
+  u->store = s;
+  u->mode = mode;
+  if (mode == NH_UOW_COLD) {
+    nh_strset_init(&u->known, 64);
+    nh_strset_init(&u->fresh, 64);
+  }
+  return u;
+}
+
+void nh_uow_free(nh_uow_t *u)
+{
+  if (!u) return;
+  if (u->mode == NH_UOW_COLD) {
+    nh_strset_free(&u->known);
+    nh_strset_free(&u->fresh);
+  }
+  free(u->key);
+  free(u);
+}
+
+nh_uow_mode_t nh_uow_mode(const nh_uow_t *u) { return u->mode; }
+
+void nh_uow_pass_begin(nh_uow_t *u)
+{
+  if (u->missed) u->stats.restarts++;   /* the pass before was void */
+  u->missed = 0;
+  u->pass++;
+  u->stats.passes++;
+  if (u->mode == NH_UOW_COLD && u->fresh.count) {
+    for (size_t i = 0; i < u->fresh.cap; i++)
+      if (u->fresh.keys[i]) nh_strset_add(&u->known, u->fresh.keys[i]);
+    nh_strset_free(&u->fresh);
+    nh_strset_init(&u->fresh, 64);
+  }
+}
+
+int nh_uow_missed(const nh_uow_t *u) { return u->missed; }
+
+void nh_uow_end(nh_uow_t *u)
+{
+  u->missed = 0;
+  u->pass = 0;
+  if (u->mode == NH_UOW_COLD) {
+    nh_strset_free(&u->known);
+    nh_strset_init(&u->known, 64);
+    nh_strset_free(&u->fresh);
+    nh_strset_init(&u->fresh, 64);
+  }
+}
+
+void nh_uow_stats(const nh_uow_t *u, nh_uow_stats_t *out) { *out = u->stats; }
+
+/* 1: answer from the store; 0: a miss (recorded, the pass is void). The key is the read's
+ * kind and its arguments, joined by a unit separator. */
+static int have(nh_uow_t *u, char kind, const char *a, const char *b, const char *c)
+{
+  if (u->mode == NH_UOW_DIRECT || u->pass > NH_UOW_MAX_PASSES) return 1;
+  const char *parts[3] = { a, b, c };
+  size_t need = 2;
+  for (int i = 0; i < 3; i++) need += (parts[i] ? strlen(parts[i]) : 0) + 1;
+  if (need > u->key_cap) {
+    u->key_cap = need * 2;
+    u->key = nh_xrealloc(u->key, u->key_cap);
+  }
+  char *p = u->key;
+  *p++ = kind;
+  for (int i = 0; i < 3; i++) {
+    size_t n = parts[i] ? strlen(parts[i]) : 0;
+    memcpy(p, parts[i] ? parts[i] : "", n);
+    p += n;
+    *p++ = '\x1f';
+  }
+  *p = '\0';
+  if (nh_strset_has(&u->known, u->key)) return 1;
+  if (nh_strset_add(&u->fresh, u->key)) u->stats.misses++;
+  u->missed = 1;
+  return 0;
+}
+
+int nh_uow_session_get(nh_uow_t *u, const char *endpoint, const char *session, nh_session_state_t *st)
+{
+  if (have(u, 's', endpoint, session, NULL)) return nh_store_session_get(u->store, endpoint, session, st);
+  memset(st, 0, sizeof *st);
+  st->next_park_seq = 1;
+  return NH_OK;
+}
+
+int nh_uow_audit_get(nh_uow_t *u, const char *endpoint, const char *event_id, nh_audit_t *out)
+{
+  if (have(u, 'a', endpoint, event_id, NULL)) return nh_store_audit_get(u->store, endpoint, event_id, out);
+  memset(out, 0, sizeof *out);
+  return 0;
+}
+
+int nh_uow_inbox_has(nh_uow_t *u, const char *endpoint, const char *message_id)
+{
+  return have(u, 'i', endpoint, message_id, NULL) ? nh_store_inbox_has(u->store, endpoint, message_id) : 0;
+}
+
+int nh_uow_parked_any(nh_uow_t *u, const char *endpoint, const char *session)
+{
+  return have(u, 'p', endpoint, session, NULL) ? nh_store_parked_any(u->store, endpoint, session) : 0;
+}
+
+int nh_uow_parked_head(nh_uow_t *u, const char *endpoint, const char *session, nh_msg_t *out, int64_t *park_seq)
+{
+  if (have(u, 'h', endpoint, session, NULL)) return nh_store_parked_head(u->store, endpoint, session, out, park_seq);
+  return 0;
+}
+
+int nh_uow_processed_has(nh_uow_t *u, const char *endpoint, const char *message_id, const char *event_id)
+{
+  if (have(u, 'd', endpoint, message_id, event_id))
+    return nh_store_processed_has(u->store, endpoint, message_id, event_id);
+  return 0;
+}
+
+int nh_uow_oppending_take(nh_uow_t *u, const char *message_id, char **expected_status)
+{
+  if (have(u, 'o', message_id, NULL, NULL)) return nh_store_oppending_take(u->store, message_id, expected_status);
+  *expected_status = NULL;
+  return 0;
+}
