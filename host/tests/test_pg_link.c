@@ -4,8 +4,11 @@
  * lock (the report checked against what the database holds), a server that accepts and
  * never answers (the connect deadline, then retries with backoff), the batch deadline,
  * LISTEN/NOTIFY across a reconnect, batches queued while the store cannot be reached and
- * the queue's bound, a store of another schema version, and closing with a batch in
- * flight. Every test closes the link and then the loop, which must find no handle left.
+ * the queue's bound, a store of another schema version, closing with a batch in flight,
+ * and what each connection carries so that a dropped one leaves nothing behind on the
+ * server (statement_timeout and idle_in_transaction_session_timeout from the batch
+ * deadline, TCP keepalives; the URL's own settings winning). Every test closes the link
+ * and then the loop, which must find no handle left.
  *
  * Nothing sleeps: the loop runs until a condition holds, under a deadline timer that
  * fails the test (a tick timer wakes the loop for conditions read from the server).
@@ -24,6 +27,9 @@
 #include "store/nh_pg_ops.h"
 
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
 #include <uv.h>
 
 enum { DEADLINE_MS = 30000, MAX_JOBS = 128, MAX_PEERS = 32 };
@@ -64,6 +70,7 @@ struct fx {
   int ready, lost, failed;      /* states said */
   char state_err[1024];         /* the error of the last LOST or FAILED */
   int backend;                  /* the link's backend, as the last builder saw it */
+  char tcp[128];                /* ... and its socket's keepalive options (tcp_opts) */
   nh_pg_db_stats_t db_stats;    /* ... and its executor's figures */
   job_t jobs[MAX_JOBS];
   char notes[16][64];           /* notifications: "channel:payload" */
@@ -175,11 +182,34 @@ static void on_result(void *data, nh_pgop_t op, const PGresult *res)
 
 static void submit_job(fx_t *fx, int id, job_kind_t kind);
 
+/* A socket's keepalive settings, as the kernel holds them: "keepalive=1 idle=10 interval=5
+ * count=3 user_timeout=25000" (user_timeout where the system has it). */
+static void tcp_opts(int fd, char *buf, size_t len)
+{
+  static const struct { int level, name; const char *label; } o[] = {
+    { SOL_SOCKET, SO_KEEPALIVE, "keepalive" }, { IPPROTO_TCP, TCP_KEEPIDLE, "idle" },
+    { IPPROTO_TCP, TCP_KEEPINTVL, "interval" }, { IPPROTO_TCP, TCP_KEEPCNT, "count" },
+#ifdef TCP_USER_TIMEOUT
+    { IPPROTO_TCP, TCP_USER_TIMEOUT, "user_timeout" },
+#endif
+  };
+  size_t n = 0;
+  buf[0] = '\0';
+  for (size_t i = 0; i < sizeof o / sizeof o[0]; i++) {
+    int v = -1;
+    socklen_t vl = sizeof v;
+    if (getsockopt(fd, o[i].level, o[i].name, &v, &vl) != 0) v = -1;
+    n += (size_t)snprintf(buf + n, len - n, "%s%s=%d", n ? " " : "", o[i].label, v);
+    if (n >= len) break;
+  }
+}
+
 static int build_job(void *data, nh_pg_db_t *db, nh_error_t *err)
 {
   job_t *j = data;
   j->built++;
   j->backend = j->fx->backend = PQbackendPID(nh_pg_db_conn(db));
+  tcp_opts(PQsocket(nh_pg_db_conn(db)), j->fx->tcp, sizeof j->fx->tcp);
   char id[32], mid[32];
   snprintf(id, sizeof id, "e-%d", j->id);
   snprintf(mid, sizeof mid, "m-%d", j->id);
@@ -830,6 +860,190 @@ TEST(close_with_a_batch_in_flight_reports_it_first_and_leaves_no_handle)
   RUN_UNTIL(fx, backend_gone, (void *)(intptr_t)pid, "the dropped backend to be gone");
   REPORT_MATCHES(fx, 1);
   ASSERT_EQ_INT(rows_of(fx, 2), 0);
+  fx_end(fx);
+}
+
+/* ---- what each connection carries: the server's timeouts and TCP keepalives */
+
+/* A trigger that records, for each inbox row a batch writes, the settings its session runs
+ * under: what the server took from the link's connection (pg_settings, in milliseconds). */
+static void seen_install(fx_t *fx)
+{
+  nh_pgtest_q1(fx->other, "CREATE TABLE nh_test_seen (message_id text PRIMARY KEY, pid int, settings text)");
+  nh_pgtest_q1(fx->other, "CREATE FUNCTION nh_test_seen() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN "
+                          "INSERT INTO nh_test_seen SELECT NEW.message_id, pg_backend_pid(), "
+                          "string_agg(name || '=' || setting, ' ' ORDER BY name) FROM pg_settings WHERE name IN "
+                          "('statement_timeout', 'idle_in_transaction_session_timeout', 'lock_timeout'); "
+                          "RETURN NULL; END$$");
+  nh_pgtest_q1(fx->other, "CREATE TRIGGER nh_test_seen AFTER INSERT ON inbox FOR EACH ROW EXECUTE FUNCTION "
+                          "nh_test_seen()");
+}
+
+/* The settings job `id`'s batch ran under, checked to come from the backend that built it. */
+static const char *seen_at(fx_t *fx, int id, const char *file, int line)
+{
+  const char *pid = nh_pgtest_q1(fx->other, "SELECT pid FROM nh_test_seen WHERE message_id = 'm-%d'", id);
+  if (atoi(pid) != fx->jobs[id].backend)
+    nh_test_fail(file, line, "job %d: recorded by backend %s, built on %d", id, pid, fx->jobs[id].backend);
+  return nh_pgtest_q1(fx->other, "SELECT settings FROM nh_test_seen WHERE message_id = 'm-%d'", id);
+}
+#define SEEN(fx, id) seen_at(fx, id, __FILE__, __LINE__)
+
+#ifdef TCP_USER_TIMEOUT
+#define USER_TIMEOUT " user_timeout=25000"
+#else
+#define USER_TIMEOUT ""
+#endif
+
+TEST(every_connection_bounds_statements_and_idle_transactions_beyond_the_deadline_and_keeps_tcp_alive)
+{
+  fx_t *fx = fx_new(1);
+  seen_install(fx);
+  fx_open(fx, (nh_pg_link_opts_t){ .batch_timeout_ms = 2000 });
+  submit_job(fx, 0, JOB_OK);
+  RUN_UNTIL(fx, job_done, &fx->jobs[0], "a batch");
+  ASSERT_EQ_INT(fx->jobs[0].outcome, NH_PG_COMMITTED);
+  ASSERT_EQ_STR(SEEN(fx, 0), "idle_in_transaction_session_timeout=5000 lock_timeout=0 statement_timeout=3000");
+  ASSERT_EQ_STR(fx->tcp, "keepalive=1 idle=10 interval=5 count=3" USER_TIMEOUT);
+  /* and the next connection, after a loss, carries the same */
+  terminate(fx, fx->backend);
+  RUN_UNTIL(fx, is_ready, (void *)2, "the link to be ready again");
+  memset(fx->tcp, 0, sizeof fx->tcp);
+  submit_job(fx, 1, JOB_OK);
+  RUN_UNTIL(fx, job_done, &fx->jobs[1], "the batch after the reconnect");
+  ASSERT_NE_INT(fx->jobs[1].backend, fx->jobs[0].backend);
+  ASSERT_EQ_STR(SEEN(fx, 1), "idle_in_transaction_session_timeout=5000 lock_timeout=0 statement_timeout=3000");
+  ASSERT_EQ_STR(fx->tcp, "keepalive=1 idle=10 interval=5 count=3" USER_TIMEOUT);
+  fx_close(fx);
+
+  /* from the default deadline (30 s): 1 s and 3 s beyond it */
+  char extra[512];
+  nh_pg_link_conninfo(0, extra, sizeof extra);
+  ASSERT_CONTAINS(extra, "options='-c statement_timeout=31000 -c idle_in_transaction_session_timeout=33000'");
+  ASSERT_CONTAINS(extra, "keepalives=1 keepalives_idle=10 keepalives_interval=5 keepalives_count=3");
+  /* no more than the server takes: an int of milliseconds */
+  nh_pg_link_conninfo(2147483000, extra, sizeof extra);
+  ASSERT_CONTAINS(extra, "statement_timeout=2147483647 -c idle_in_transaction_session_timeout=2147483647'");
+}
+
+static void unset_pgoptions(void *arg)
+{
+  (void)arg;
+  unsetenv("PGOPTIONS");
+}
+
+TEST(settings_the_url_or_pgoptions_make_win_and_the_links_fill_in_the_rest)
+{
+  /* options=-c%20statement_timeout%3D123... and keepalives_idle=42 in the URL */
+  fx_t *fx = fx_new(1);
+  seen_install(fx);
+  const char *url = nh_pgtest_url("dbname", PQdb(fx->other), "options", "-c statement_timeout=123 -c lock_timeout=4567",
+                                  "keepalives_idle", "42", NULL);
+  ASSERT_CONTAINS(url, "options=-c%20statement_timeout%3D123");
+  /* what libpq cannot take is refused before connecting (only nimbus-host writes these) */
+  PGconn *c = NULL;
+  nh_error_t err = { 0 };
+  ASSERT_EQ_INT(nh_pg_connect_with(url, "keepalives_idel=10", &c, &err), NH_EUSAGE);
+  ASSERT_CONTAINS(err.msg, "connection settings \"keepalives_idel=10\" (a bug of nimbus-host): invalid connection "
+                           "option \"keepalives_idel\"");
+  ASSERT_NULL(c);
+  fx_open_url(fx, url, (nh_pg_link_opts_t){ .batch_timeout_ms = 2000 });
+  RUN_UNTIL(fx, is_ready, (void *)1, "the link to be ready");
+  submit_job(fx, 0, JOB_OK);
+  RUN_UNTIL(fx, job_done, &fx->jobs[0], "a batch");
+  ASSERT_EQ_INT(fx->jobs[0].outcome, NH_PG_COMMITTED);
+  ASSERT_EQ_STR(SEEN(fx, 0), "idle_in_transaction_session_timeout=5000 lock_timeout=4567 statement_timeout=123");
+  ASSERT_EQ_STR(fx->tcp, "keepalive=1 idle=42 interval=5 count=3" USER_TIMEOUT);
+  fx_close(fx);
+
+  /* a URL without options: PGOPTIONS, which libpq reads only then, is kept as well */
+  fx = fx_new(1);
+  seen_install(fx);
+  nh_test_on_cleanup(unset_pgoptions, NULL);
+  setenv("PGOPTIONS", "-c lock_timeout=999", 1);
+  fx_open(fx, (nh_pg_link_opts_t){ .batch_timeout_ms = 2000 });
+  submit_job(fx, 0, JOB_OK);
+  RUN_UNTIL(fx, job_done, &fx->jobs[0], "a batch");
+  unsetenv("PGOPTIONS");
+  nh_test_cancel_cleanup(unset_pgoptions, NULL);
+  ASSERT_EQ_STR(SEEN(fx, 0), "idle_in_transaction_session_timeout=5000 lock_timeout=999 statement_timeout=3000");
+  fx_close(fx);
+}
+
+TEST(a_batch_dropped_at_its_deadline_is_ended_by_the_server_while_its_lock_is_still_held)
+{
+  fx_t *fx = fx_new(1);
+  fx_open(fx, (nh_pg_link_opts_t){ .batch_timeout_ms = 500 });
+  submit_job(fx, 0, JOB_OK);   /* prepares the operations: the next batch waits in its statement */
+  RUN_UNTIL(fx, job_done, &fx->jobs[0], "the first batch");
+  PGconn *holder = nh_pgtest_connect(fx->url);
+  nh_pgtest_q1(holder, "BEGIN");
+  nh_pgtest_q1(holder, "LOCK TABLE inbox IN ACCESS EXCLUSIVE MODE");
+  submit_job(fx, 1, JOB_OK);
+  RUN_UNTIL(fx, waits_for_lock, NULL, "the batch to wait for the lock");
+  int pid = fx->backend;
+  RUN_UNTIL(fx, job_done, &fx->jobs[1], "the batch's deadline");
+  ASSERT_EQ_INT(fx->jobs[1].outcome, NH_PG_UNKNOWN);
+  /* the link has let the connection go; the server, which does not read the socket while
+   * the backend waits for the lock, ends it at statement_timeout (1.5 s): the lock is
+   * still held, nothing else would */
+  int64_t dropped = nh_test_mono_ms();
+  RUN_UNTIL(fx, backend_gone, (void *)(intptr_t)pid, "the server to end the dropped batch's backend");
+  int64_t took = nh_test_mono_ms() - dropped;
+  ASSERT_EQ_INT(PQtransactionStatus(holder), PQTRANS_INTRANS);
+  nh_pgtest_q1(holder, "ROLLBACK");
+  ASSERT_EQ_INT(rows_of(fx, 1), 0);
+  printf("  dropped at its 500 ms deadline: the server ended its backend %lld ms later, the lock still held\n",
+         (long long)took);
+  fx_close(fx);
+}
+
+static void pq_finish(void *c) { PQfinish(c); }
+
+enum { SAID_LEN = 256 };
+
+static void keep_notice(void *arg, const PGresult *res)
+{
+  const char *msg = PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY);
+  const char *code = PQresultErrorField(res, PG_DIAG_SQLSTATE);
+  snprintf(arg, SAID_LEN, "%s (SQLSTATE %s)", msg ? msg : "", code ? code : "none");
+}
+
+TEST(a_transaction_left_idle_on_the_links_settings_is_ended_by_the_server)
+{
+  fx_t *fx = fx_new(1);
+  /* a backend of the link's own making (its settings for a 100 ms deadline) whose client
+   * opens a transaction, takes a lock, then neither sends nor reads */
+  char extra[512];
+  PGconn *c = NULL;
+  nh_error_t err = { 0 };
+  if (nh_pg_connect_with(fx->url, nh_pg_link_conninfo(100, extra, sizeof extra), &c, &err)) FAIL("%s", err.msg);
+  nh_test_on_cleanup(pq_finish, c);
+  ASSERT_EQ_STR(nh_pgtest_q1(c, "SHOW statement_timeout"), "1100ms");
+  ASSERT_EQ_STR(nh_pgtest_q1(c, "SHOW idle_in_transaction_session_timeout"), "3100ms");
+  char said[SAID_LEN] = "";
+  PQsetNoticeReceiver(c, keep_notice, said);
+  nh_pgtest_q1(c, "BEGIN");
+  nh_pgtest_q1(c, "LOCK TABLE inbox IN SHARE MODE");
+  int pid = PQbackendPID(c);
+  ASSERT_EQ_STR(nh_pgtest_q1(nh_pgtest_admin(), "SELECT state FROM pg_stat_activity WHERE pid = %d", pid),
+                "idle in transaction");
+  RUN_UNTIL(fx, backend_gone, (void *)(intptr_t)pid, "the server to end the idle transaction");
+  /* the server said why before closing (libpq hands an error outside a query to the
+   * notice receiver, once asked to parse what it read), and the session is over */
+  PQconsumeInput(c);
+  PQisBusy(c);
+  ASSERT_CONTAINS(said, "terminating connection due to idle-in-transaction timeout (SQLSTATE 25P03)");
+  PGresult *r = PQexec(c, "SELECT 1");
+  ASSERT_NE_INT(PQresultStatus(r), PGRES_TUPLES_OK);
+  PQclear(r);
+  /* its lock went with it */
+  nh_pgtest_q1(fx->other, "BEGIN");
+  nh_pgtest_q1(fx->other, "LOCK TABLE inbox IN ACCESS EXCLUSIVE MODE NOWAIT");
+  nh_pgtest_q1(fx->other, "ROLLBACK");
+  nh_test_cancel_cleanup(pq_finish, c);
+  PQfinish(c);
+  fx->closed = 1;   /* no link here */
   fx_end(fx);
 }
 

@@ -899,25 +899,176 @@ TEST(parity_bulk_runs)
   ASSERT_EQ_INT(BOTH(nh_store_bulk_get(b->lite, "k", &l), nh_pgs_bulk_get(b->pg, "k", &p)), 0);
 }
 
-/* ---------------------------------------------------------------- errors said */
+/* ---------------------------------------------------------------- text that is not UTF-8 */
 
-TEST(text_that_is_not_utf8_is_refused_and_said)
+/* sqlite keeps any bytes in a text column; PostgreSQL's text takes UTF-8 only (bodies are
+ * bytea for that reason). The builders send such text cleaned, so that a write never
+ * fails on it: prose with U+FFFD for each bad byte, ids with \xNN (store/nh_pg_ops.c says
+ * why). */
+#define FFFD "\xEF\xBF\xBD"
+/* A lone 0xFF, a 3-byte sequence cut short, an overlong '/', a surrogate (U+D800), a code
+ * point past U+10FFFF, a 4-byte sequence cut short by the end; valid text around them. */
+#define BAD_TEXT                                                                             \
+  "Grüße \xFF, cut \xE2\x82" "x, overlong \xC0\xAF, surrogate \xED\xA0\x80, big \xF4\x90\x80\x80, " \
+  "東京 \xF0\x9F\x8D"
+#define BAD_CLEAN                                                                                   \
+  "Grüße " FFFD ", cut " FFFD FFFD "x, overlong " FFFD FFFD ", surrogate " FFFD FFFD FFFD ", big " \
+  FFFD FFFD FFFD FFFD ", 東京 " FFFD FFFD FFFD
+static const char valid_text[] = "Grüße, 東京, 🍕";
+
+enum { AUDIT_ARG_ERROR_TEXT = 6, AUDIT_ARG_ERROR_STACK = 18 };   /* nh_pgargs_audit_put's $7, $19 */
+
+TEST(builders_send_valid_text_as_it_is_and_clean_a_copy_of_the_rest)
 {
-  /* sqlite keeps any bytes in a text column; PostgreSQL's text takes UTF-8 only (bodies
-   * are bytea for that reason). A text field that is not UTF-8 is refused, saying so. */
+  nh_audit_t au = audit_of("Erp", "e-1", "s-1", NH_ST_FAILED, 100);
+  au.error_text = (char *)valid_text;
+  au.error_stack = BAD_TEXT;
+  nh_pg_args_t a;
+  nh_pgargs_audit_put(&a, &au);
+  /* the common path: the caller's own pointers, nothing copied */
+  ASSERT_TRUE(a.values[0] == au.endpoint);
+  ASSERT_TRUE(a.values[AUDIT_ARG_ERROR_TEXT] == valid_text);
+  /* the rest: a copy, U+FFFD for each byte that starts no well-formed sequence */
+  const char *stack = a.values[AUDIT_ARG_ERROR_STACK];
+  ASSERT_TRUE(stack != au.error_stack);
+  ASSERT_EQ_STR(stack, BAD_CLEAN);
+  ASSERT_TRUE(nh_pg_utf8_valid(stack, strlen(stack)));
+  /* a later builder with nothing to clean leaves that copy alone */
+  nh_pg_args_t b;
+  nh_pgargs_inbox_add(&b, "Erp", "m-1");
+  ASSERT_EQ_STR(stack, BAD_CLEAN);
+  /* an id gets each bad byte as \xNN instead */
+  nh_pgargs_inbox_add(&b, "Erp", "m-\xFF\xC0\xAF-\xE2\x82");
+  ASSERT_EQ_STR(b.values[1], "m-\\xFF\\xC0\\xAF-\\xE2\\x82");
+  /* long text: every byte of it */
+  enum { N = 50000 };
+  char *big = malloc(2 * N + 1);
+  for (int i = 0; i < N; i++) memcpy(big + 2 * i, "a\xFF", 2);
+  big[2 * N] = '\0';
+  au.error_stack = big;
+  nh_pg_args_release(&a);   /* args built again give back their copies first */
+  nh_pg_args_release(&b);
+  nh_pgargs_audit_put(&a, &au);
+  nh_pgargs_bulk_get(&b, big);
+  const char *text = a.values[AUDIT_ARG_ERROR_STACK], *key = b.values[0];
+  size_t tn = strlen(text), kn = strlen(key);
+  int text_ok = tn == 4 * N && memcmp(text + tn - 4, "a" FFFD, 4) == 0 && nh_pg_utf8_valid(text, tn);
+  int key_ok = kn == 5 * N && memcmp(key + kn - 5, "a\\xFF", 5) == 0;
+  free(big);
+  nh_pg_args_release(&a);
+  nh_pg_args_release(&b);
+  ASSERT_TRUE(text_ok);
+  ASSERT_TRUE(key_ok);
+  /* each args owns its copies: many may be held at once before any is sent */
+  nh_pg_args_t held[20];
+  char id[16], want[16];
+  for (int i = 0; i < 20; i++) {
+    snprintf(id, sizeof id, "m-\xFF-%d", i);
+    nh_pgargs_inbox_add(&held[i], "Erp", id);
+  }
+  int all = 1;
+  for (int i = 0; i < 20; i++) {
+    snprintf(want, sizeof want, "m-\\xFF-%d", i);
+    all &= strcmp(held[i].values[1], want) == 0;
+    nh_pg_args_release(&held[i]);
+  }
+  ASSERT_TRUE(all);
+}
+
+TEST(text_that_is_not_utf8_is_cleaned_and_its_batch_commits)
+{
   char url[1024];
   scratch_store(url, sizeof url);
   nh_pg_db_t *db = open_db(url);
-  nh_audit_t a = audit_of("Erp", "e-1", "s-1", NH_ST_FAILED, 100);
-  a.error_text = "bad byte \xff here";
-  ASSERT_EQ_INT(nh_pgs_audit_put(db, &a), NH_EFAIL);
-  ASSERT_TRUE(nh_pg_db_failed(db));
-  const char *msg = nh_pg_db_error(db)->msg;
-  ASSERT_CONTAINS(msg, "invalid byte sequence for encoding \"UTF8\": 0xff (SQLSTATE 22021) while running audit_put");
-  ASSERT_CONTAINS(msg, "store postgresql://");
-  /* the connection goes on */
-  a.error_text = "fine";
-  ASSERT_EQ_INT(nh_pgs_audit_put(db, &a), NH_OK);
+  static hist_t ph;
+  memset(&ph, 0, sizeof ph);
+  nh_test_on_cleanup(free_hist, &ph);
+  nh_audit_t au = audit_of("Erp", "e-1", "s-1", NH_ST_FAILED, 100);
+  au.error_text = BAD_TEXT;
+  au.error_stack = "stack " BAD_TEXT;
+  au.error_type = (char *)valid_text;
+  au.handoff_reason = (char *)valid_text;
+  nh_history_extra_t x = { .error_text = BAD_TEXT, .error_type = valid_text, .error_stack = "at " BAD_TEXT };
+  nh_error_t err = { 0 };
+  if (nh_pg_batch_begin(db, &err)) FAIL("%s", err.msg);
+  nh_pg_args_t a;
+  nh_pgop_t op = nh_pgargs_audit_put(&a, &au);
+  if (nh_pg_batch_add(db, op, &a, NULL, NULL, &err)) FAIL("%s", err.msg);
+  op = nh_pgargs_history_add(&a, "Erp", "e-1", "m-1", "EventRequest", "Failed", "detail " BAD_TEXT, &x);
+  if (nh_pg_batch_add(db, op, &a, NULL, NULL, &err)) FAIL("%s", err.msg);
+  if (nh_pg_batch_commit(db, &err)) FAIL("the batch did not commit: %s", err.msg);
+  ASSERT_EQ_INT(nh_pg_batch_outcome(db), NH_PG_COMMITTED);
+
+  nh_audit_t got;
+  ASSERT_EQ_INT(nh_pgs_audit_get(db, "Erp", "e-1", &got), 1);
+  char *text = nh_xstrdup(got.error_text), *stack = nh_xstrdup(got.error_stack);
+  char *type = nh_xstrdup(got.error_type), *reason = nh_xstrdup(got.handoff_reason);
+  nh_audit_clear(&got);
+  int same = strcmp(text, BAD_CLEAN) == 0 && strcmp(stack, "stack " BAD_CLEAN) == 0 &&
+             strcmp(type, valid_text) == 0 && strcmp(reason, valid_text) == 0;
+  if (!same) FAIL("audit read back: error_text \"%s\", error_stack \"%s\", error_type \"%s\", handoff_reason \"%s\"",
+                  text, stack, type, reason);
+  free(text); free(stack); free(type); free(reason);
+
+  ASSERT_EQ_INT(nh_pgs_history_list(db, "Erp", "e-1", collect_history, &ph), 1);
+  ASSERT_EQ_STR(ph.f[0][3], "detail " BAD_CLEAN);
+  ASSERT_EQ_STR(ph.f[0][4], BAD_CLEAN);
+  ASSERT_EQ_STR(ph.f[0][5], valid_text);   /* byte for byte: strcmp */
+  ASSERT_EQ_STR(ph.f[0][6], "at " BAD_CLEAN);
+  /* valid multibyte text is stored as its bytes, not re-encoded */
+  ASSERT_EQ_STR(nh_pgtest_q1(nh_pg_db_conn(db), "SELECT octet_length(error_type) FROM history"), "21");
+  ASSERT_EQ_INT(strlen(valid_text), 21);
+
+  /* one statement at a time too */
+  au.event_id = "e-2";
+  ASSERT_EQ_INT(nh_pgs_audit_put(db, &au), NH_OK);
+  ASSERT_EQ_INT(nh_pgs_audit_retext_deferred(db, "Erp", "s-1", BAD_TEXT), NH_OK);
+  ASSERT_FALSE(nh_pg_db_failed(db));
+  ASSERT_EQ_STR(nh_pgtest_q1(nh_pg_db_conn(db), "SELECT error_text FROM audit WHERE event_id = 'e-2'"), BAD_CLEAN);
+}
+
+TEST(ids_that_are_not_utf8_stay_apart_and_are_found_by_what_was_written)
+{
+  char url[1024];
+  scratch_store(url, sizeof url);
+  nh_pg_db_t *db = open_db(url);
+  PGconn *c = nh_pg_db_conn(db);
+  /* two message ids that U+FFFD would make one: the second is no redelivery of the first */
+  ASSERT_EQ_INT(nh_pgs_inbox_add(db, "Erp", "m-\xFF"), NH_OK);
+  ASSERT_EQ_INT(nh_pgs_inbox_has(db, "Erp", "m-\xFE"), 0);
+  ASSERT_EQ_INT(nh_pgs_inbox_add(db, "Erp", "m-\xFE"), NH_OK);
+  ASSERT_EQ_INT(nh_pgs_inbox_has(db, "Erp", "m-\xFF"), 1);
+  ASSERT_EQ_INT(nh_pgs_inbox_has(db, "Erp", "m-\xFE"), 1);
+  ASSERT_EQ_INT(nh_pgs_inbox_has(db, "Erp", "m-\xFD"), 0);
+  ASSERT_EQ_STR(nh_pgtest_q1(c, "SELECT string_agg(message_id, ' ' ORDER BY message_id) FROM inbox"),
+                "m-\\xFE m-\\xFF");
+  /* an audit row and a session under such ids: found by the bytes they were written with,
+   * and by the escaped id a read gave back */
+  nh_audit_t au = audit_of("Erp", "e-\xC0\xAF", "s-\xED\xA0\x80", NH_ST_COMPLETED, 100);
+  au.message_id = "m-\xFF";
+  ASSERT_EQ_INT(nh_pgs_audit_put(db, &au), NH_OK);
+  nh_audit_t got;
+  ASSERT_EQ_INT(nh_pgs_audit_get(db, "Erp", "e-\xC0\xAE", &got), 0);
+  ASSERT_EQ_INT(nh_pgs_audit_get(db, "Erp", "e-\xC0\xAF", &got), 1);
+  char *eid = nh_xstrdup(got.event_id), *sid = nh_xstrdup(got.session_id), *mid = nh_xstrdup(got.message_id);
+  nh_audit_clear(&got);
+  int same = strcmp(eid, "e-\\xC0\\xAF") == 0 && strcmp(sid, "s-\\xED\\xA0\\x80") == 0 && strcmp(mid, "m-\\xFF") == 0;
+  int again = nh_pgs_audit_get(db, "Erp", eid, &got);
+  if (again == 1) nh_audit_clear(&got);
+  if (!same) FAIL("ids read back: %s %s %s", eid, sid, mid);
+  free(eid); free(sid); free(mid);
+  ASSERT_EQ_INT(again, 1);
+  nh_session_state_t st = { .blocked_by = "e-\xC0\xAF", .next_park_seq = 2 };
+  ASSERT_EQ_INT(nh_pgs_session_put(db, "Erp", "s-\xED\xA0\x80", &st), NH_OK);
+  nh_session_state_t rd;
+  ASSERT_EQ_INT(nh_pgs_session_get(db, "Erp", "s-\xED\xA0\x81", &rd), NH_OK);
+  ASSERT_EQ_INT(rd.exists, 0);
+  ASSERT_EQ_INT(nh_pgs_session_get(db, "Erp", "s-\xED\xA0\x80", &rd), NH_OK);
+  ASSERT_EQ_INT(rd.exists, 1);
+  int blocked_ok = rd.blocked_by && strcmp(rd.blocked_by, "e-\\xC0\\xAF") == 0;
+  nh_session_state_clear(&rd);
+  ASSERT_TRUE(blocked_ok);
+  ASSERT_FALSE(nh_pg_db_failed(db));
 }
 
 /* ---------------------------------------------------------------- the pipeline */

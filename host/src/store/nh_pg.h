@@ -42,6 +42,15 @@ int nh_pg_connect(const char *url, PGconn **out, nh_error_t *err);
 typedef struct nh_pg_connect nh_pg_connect_t;
 typedef void (*nh_pg_connect_cb)(void *data, PGconn *conn, const nh_error_t *err);
 nh_pg_connect_t *nh_pg_connect_start(uv_loop_t *loop, const char *url, nh_pg_connect_cb cb, void *data);
+
+/* Both with `extra`, a libpq connection string (NULL or "": nothing), added beneath the
+ * URL's settings: a keyword the URL sets keeps the URL's value, options are joined with
+ * `extra`'s first (the server applies -c settings in order, the last wins). The link
+ * connects this way (its timeouts and keepalives, nh_pg_link.h); so may a test or a tool
+ * that must meet the server as the link does. */
+int nh_pg_connect_with(const char *url, const char *extra, PGconn **out, nh_error_t *err);
+nh_pg_connect_t *nh_pg_connect_start_with(uv_loop_t *loop, const char *url, const char *extra, nh_pg_connect_cb cb,
+                                          void *data);
 /* Abandons the attempt: cb still runs once, later, with NH_ESTATE "cancelled". A no-op
  * once the outcome is known. */
 void nh_pg_connect_cancel(nh_pg_connect_t *req);

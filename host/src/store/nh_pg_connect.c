@@ -1,7 +1,8 @@
 /* Connecting to the PostgreSQL store: the same libpq state machine (PQconnectStartParams,
  * then PQconnectPoll until it says OK or FAILED) driven two ways, by poll(2) for the CLI
  * and by a uv_poll_t on the host's loop, under a deadline either way (libpq enforces
- * connect_timeout only in its own blocking PQconnectdb). */
+ * connect_timeout only in its own blocking PQconnectdb). Either way a caller may add
+ * settings of its own beneath the URL's (the link's timeouts and keepalives: nh_pg_link.h). */
 #include "nh_pg_int.h"
 #include "core/nh_util.h"
 
@@ -18,13 +19,101 @@ static int64_t mono_ms(void)
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+/* ---------------------------------------------------------------- the caller's settings */
+
+/* A caller's settings, parsed (NULL when there are none). Only nimbus-host writes them,
+ * so one libpq refuses is said as nimbus-host's bug, not the URL's. */
+static int extra_parse(const char *extra, PQconninfoOption **out, nh_error_t *err)
+{
+  *out = NULL;
+  if (!extra || !*extra) return NH_OK;
+  char *why = NULL;
+  *out = PQconninfoParse(extra, &why);
+  if (*out) return NH_OK;
+  nh_error_set(err, NH_EUSAGE, "connection settings \"%s\" (a bug of nimbus-host): %s", extra,
+               why ? why : "out of memory");
+  err->msg[strcspn(err->msg, "\n")] = '\0';
+  PQfreemem(why);
+  return NH_EUSAGE;
+}
+
+static int key_at(const char **keys, int n, const char *key)
+{
+  for (int i = 0; i < n; i++)
+    if (!strcmp(keys[i], key)) return i;
+  return -1;
+}
+
+/* The options libpq would send were none given here: the URL's, else PGOPTIONS' (or a
+ * PGSERVICE file's), which giving options ourselves would otherwise silence. Caller frees. */
+static char *own_options(const char **keys, const char **vals, int n)
+{
+  int at = key_at(keys, n, "options");
+  if (at >= 0) return nh_xstrdup(vals[at]);
+  char *own = NULL;
+  PQconninfoOption *defs = PQconndefaults();
+  for (const PQconninfoOption *o = defs; o && o->keyword; o++)
+    if (!strcmp(o->keyword, "options") && o->val) own = nh_xstrdup(o->val);
+  PQconninfoFree(defs);
+  return own;
+}
+
+/* Adds `extra` to t's parameters (built by nh_pg_target_params) beneath the URL's: a
+ * keyword the URL sets keeps the URL's value; options are joined, extra's first, since
+ * the server applies -c settings in order and the last wins. *joined holds the joined
+ * options (the caller frees it once the connection has started: libpq copies). */
+static void extra_add(nh_pg_target_t *t, const PQconninfoOption *extra, char **joined)
+{
+  *joined = NULL;
+  if (!extra) return;
+  int n = 0, m = 0;
+  while (t->keys[n]) n++;
+  for (const PQconninfoOption *o = extra; o->keyword; o++) m += o->val != NULL;
+  const char **keys = nh_xcalloc((size_t)(n + m + 1), sizeof *keys);
+  const char **vals = nh_xcalloc((size_t)(n + m + 1), sizeof *vals);
+  memcpy(keys, t->keys, sizeof *keys * (size_t)n);
+  memcpy(vals, t->vals, sizeof *vals * (size_t)n);
+  int k = n;
+  for (const PQconninfoOption *o = extra; o->keyword; o++) {
+    if (!o->val) continue;
+    int at = key_at(keys, n, o->keyword);
+    if (!strcmp(o->keyword, "options")) {
+      char *own = own_options(keys, vals, n);
+      size_t len = strlen(o->val) + (own ? strlen(own) : 0) + 2;
+      *joined = nh_xmalloc(len);
+      snprintf(*joined, len, "%s%s%s", o->val, own && *own ? " " : "", own ? own : "");
+      free(own);
+      if (at >= 0) {
+        vals[at] = *joined;
+        continue;
+      }
+      keys[k] = o->keyword;
+      vals[k++] = *joined;
+    } else if (at < 0) {
+      keys[k] = o->keyword;
+      vals[k++] = o->val;
+    }
+  }
+  free(t->keys);
+  free(t->vals);
+  t->keys = keys;
+  t->vals = vals;
+}
+
 /* ---------------------------------------------------------------- blocking */
 
 int nh_pg_connect(const char *url, PGconn **out, nh_error_t *err)
 {
+  return nh_pg_connect_with(url, NULL, out, err);
+}
+
+int nh_pg_connect_with(const char *url, const char *extra, PGconn **out, nh_error_t *err)
+{
   *out = NULL;
+  PQconninfoOption *more = NULL;
   nh_pg_target_t t;
   int rc = nh_pg_target_init(&t, url, err);
+  if (!rc) rc = extra_parse(extra, &more, err);
   int64_t deadline = t.timeout_s > 0 ? mono_ms() + (int64_t)t.timeout_s * 1000 : 0;
   for (int i = 0; rc == NH_OK && i < t.nhosts; i++) {
     const char *name = nh_pg_target_name(&t, i);
@@ -37,10 +126,15 @@ int nh_pg_connect(const char *url, PGconn **out, nh_error_t *err)
   }
   if (rc) {
     nh_pg_target_free(&t);
+    PQconninfoFree(more);
     return rc;
   }
   nh_pg_target_params(&t);
+  char *joined = NULL;
+  extra_add(&t, more, &joined);
   PGconn *conn = nh_pg_target_start(&t);
+  free(joined);
+  PQconninfoFree(more);
   if (PQstatus(conn) == CONNECTION_BAD) rc = nh_pg_explain_params(conn, &t, err);
   PostgresPollingStatusType st = rc ? PGRES_POLLING_FAILED : PGRES_POLLING_WRITING;
   while (st != PGRES_POLLING_OK && st != PGRES_POLLING_FAILED) {
@@ -79,6 +173,7 @@ struct nh_pg_connect {
   nh_pg_connect_cb cb;
   void *data;
   nh_pg_target_t t;
+  PQconninfoOption *extra;      /* the caller's settings (NULL: none) */
   uv_timer_t timer;             /* the deadline; also what defers cb when the URL is refused at once */
   uv_poll_t *poll;              /* on the connection's socket, replaced when the socket is */
   int poll_fd;
@@ -97,6 +192,7 @@ static void on_closed(uv_handle_t *h)
   if (--req->handles > 0) return;
   req->cb(req->data, req->rc ? NULL : req->conn, req->rc ? &req->err : NULL);
   nh_pg_target_free(&req->t);
+  PQconninfoFree(req->extra);
   free(req);
 }
 
@@ -209,7 +305,10 @@ static void on_timer(uv_timer_t *h)
 static void begin(nh_pg_connect_t *req)
 {
   nh_pg_target_params(&req->t);
+  char *joined = NULL;
+  extra_add(&req->t, req->extra, &joined);
   req->conn = nh_pg_target_start(&req->t);
+  free(joined);
   if (PQstatus(req->conn) == CONNECTION_BAD) {
     finish(req, nh_pg_explain_params(req->conn, &req->t, &req->err));
     return;
@@ -261,6 +360,12 @@ static void lookup_next(nh_pg_connect_t *req)
 
 nh_pg_connect_t *nh_pg_connect_start(uv_loop_t *loop, const char *url, nh_pg_connect_cb cb, void *data)
 {
+  return nh_pg_connect_start_with(loop, url, NULL, cb, data);
+}
+
+nh_pg_connect_t *nh_pg_connect_start_with(uv_loop_t *loop, const char *url, const char *extra, nh_pg_connect_cb cb,
+                                          void *data)
+{
   nh_pg_connect_t *req = nh_xcalloc(1, sizeof *req);
   req->loop = loop;
   req->cb = cb;
@@ -269,6 +374,7 @@ nh_pg_connect_t *nh_pg_connect_start(uv_loop_t *loop, const char *url, nh_pg_con
   req->timer.data = req;
   req->handles = 1;
   int rc = nh_pg_target_init(&req->t, url, &req->err);
+  if (!rc) rc = extra_parse(extra, &req->extra, &req->err);
   if (rc) {
     finish(req, rc);
     return req;

@@ -385,12 +385,16 @@ static int run_to_end(nh_pg_db_t *db)
 
 /* ---------------------------------------------------------------- one operation */
 
-int nh_pg_db_run(nh_pg_db_t *db, nh_pgop_t op, const nh_pg_args_t *args, PGresult **res, nh_error_t *err)
+int nh_pg_db_run(nh_pg_db_t *db, nh_pgop_t op, nh_pg_args_t *args, PGresult **res, nh_error_t *err)
 {
   if (res) *res = NULL;
   int rc = start(db, 0, err);
-  if (rc) return rc;
+  if (rc) {
+    nh_pg_args_release(args);
+    return rc;
+  }
   rc = send_op(db, op, args, NULL, NULL, err);
+  nh_pg_args_release(args);   /* libpq has copied them, or they will not be sent */
   if (rc == NH_OK) rc = send_sync(db, err);
   if (rc) {
     /* what was sent still comes back: read it, then say the first thing that failed */
@@ -428,12 +432,14 @@ int nh_pg_batch_begin(nh_pg_db_t *db, nh_error_t *err)
   return NH_OK;
 }
 
-int nh_pg_batch_add(nh_pg_db_t *db, nh_pgop_t op, const nh_pg_args_t *args, nh_pg_result_cb cb, void *data,
+int nh_pg_batch_add(nh_pg_db_t *db, nh_pgop_t op, nh_pg_args_t *args, nh_pg_result_cb cb, void *data,
                     nh_error_t *err)
 {
-  if (db->phase != ADDING || !db->batch)
-    return nh_error_set(err, NH_ESTATE, "store: no batch is open on this connection (a bug of nimbus-host)");
-  return send_op(db, op, args, cb, data, err);
+  int rc = db->phase != ADDING || !db->batch
+               ? nh_error_set(err, NH_ESTATE, "store: no batch is open on this connection (a bug of nimbus-host)")
+               : send_op(db, op, args, cb, data, err);
+  nh_pg_args_release(args);   /* libpq has copied them, or they will not be sent */
+  return rc;
 }
 
 int nh_pg_batch_send_commit(nh_pg_db_t *db, nh_error_t *err)

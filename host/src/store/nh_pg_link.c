@@ -58,6 +58,7 @@ typedef struct conn {
 struct nh_pg_link {
   uv_loop_t *loop;
   char *url, *shown;           /* shown: the password masked */
+  char *extra;                 /* the settings each connection adds to the URL's (nh_pg_link_conninfo) */
   nh_pg_link_opts_t opts;
   nh_pg_link_state_t state;
   nh_error_t err;
@@ -297,7 +298,7 @@ static void on_connected(void *data, PGconn *pg, const nh_error_t *err)
 static void attempt(nh_pg_link_t *link)
 {
   link->stats.attempts++;
-  link->connecting = nh_pg_connect_start(link->loop, link->url, on_connected, link);
+  link->connecting = nh_pg_connect_start_with(link->loop, link->url, link->extra, on_connected, link);
 }
 
 static void on_retry(uv_timer_t *t)
@@ -592,6 +593,43 @@ static void on_deadline(uv_timer_t *t)
   connection_failed(link, &e);
 }
 
+/* ---------------------------------------------------------------- what each connection carries */
+
+/* libpq versions before 12 refuse a connection string naming tcp_user_timeout: asked of
+ * the library loaded, not of the headers built against. */
+static int libpq_knows(const char *keyword)
+{
+  PQconninfoOption *defs = PQconndefaults();
+  int found = 0;
+  for (const PQconninfoOption *o = defs; o && o->keyword && !found; o++) found = !strcmp(o->keyword, keyword);
+  PQconninfoFree(defs);
+  return found;
+}
+
+/* The deadline plus a margin, within what the server takes (an int of milliseconds). */
+static long long beyond(int batch_timeout_ms, int margin_ms)
+{
+  long long ms = (long long)batch_timeout_ms + margin_ms;
+  return ms > 2147483647LL ? 2147483647LL : ms;
+}
+
+const char *nh_pg_link_conninfo(int batch_timeout_ms, char *buf, size_t len)
+{
+  if (batch_timeout_ms <= 0) batch_timeout_ms = NH_PG_LINK_BATCH_TIMEOUT_MS;
+  /* tcp_user_timeout matches the keepalives' worst case: the same 25 s, whether the
+   * connection is idle (probes unanswered) or sending (data unacknowledged) */
+  int user_timeout_s = NH_PG_LINK_KEEPALIVE_IDLE_S + NH_PG_LINK_KEEPALIVE_INTERVAL_S * NH_PG_LINK_KEEPALIVE_COUNT;
+  char user_timeout[48] = "";
+  if (libpq_knows("tcp_user_timeout"))
+    snprintf(user_timeout, sizeof user_timeout, " tcp_user_timeout=%d", user_timeout_s * 1000);
+  snprintf(buf, len, "keepalives=1 keepalives_idle=%d keepalives_interval=%d keepalives_count=%d%s "
+           "options='-c statement_timeout=%lld -c idle_in_transaction_session_timeout=%lld'",
+           NH_PG_LINK_KEEPALIVE_IDLE_S, NH_PG_LINK_KEEPALIVE_INTERVAL_S, NH_PG_LINK_KEEPALIVE_COUNT, user_timeout,
+           beyond(batch_timeout_ms, NH_PG_LINK_STATEMENT_MARGIN_MS),
+           beyond(batch_timeout_ms, NH_PG_LINK_IDLE_MARGIN_MS));
+  return buf;
+}
+
 /* ---------------------------------------------------------------- the API */
 
 static int check_opt(const char *name, int v, nh_error_t *err)
@@ -623,6 +661,8 @@ int nh_pg_link_open(uv_loop_t *loop, const char *url, const nh_pg_link_opts_t *o
   link->loop = loop;
   link->url = nh_xstrdup(url);
   link->shown = nh_pg_url_display(url);
+  char extra[512];
+  link->extra = nh_xstrdup(nh_pg_link_conninfo(o.batch_timeout_ms, extra, sizeof extra));
   link->opts = o;
   link->state = NH_PG_LINK_CONNECTING;
   link->phase = P_IDLE;
@@ -731,6 +771,7 @@ static void finish_close(nh_pg_link_t *link)
   free(link->listeners);
   free(link->url);
   free(link->shown);
+  free(link->extra);
   free(link);
 }
 

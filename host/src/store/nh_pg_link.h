@@ -20,6 +20,7 @@
 #ifndef NH_PG_LINK_H
 #define NH_PG_LINK_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <uv.h>
 
@@ -43,7 +44,8 @@ typedef void (*nh_pg_link_state_cb)(void *data, nh_pg_link_state_t state, const 
 
 typedef struct nh_pg_link_opts {
   int batch_timeout_ms;   /* a batch (or a new connection's first query) unanswered this long drops the
-                             connection; 0: NH_PG_LINK_BATCH_TIMEOUT_MS */
+                             connection, and the server's timeouts follow from it (below);
+                             0: NH_PG_LINK_BATCH_TIMEOUT_MS */
   int backoff_first_ms;   /* the delay before the first retry; 0: 100 */
   int backoff_max_ms;     /* what it doubles up to; 0: 5000. Each delay is jittered down to half */
   int max_waiting;        /* batches that may wait for the connection (or for the one in flight); 0: 64 */
@@ -104,6 +106,45 @@ typedef void (*nh_pg_link_close_cb)(void *data);
  * waiting ones NOT_COMMITTED, on_state CLOSED, then cb (may be NULL); the link is freed
  * after it. Once only. */
 void nh_pg_link_close(nh_pg_link_t *link, nh_pg_link_close_cb cb, void *data);
+
+/* ---------------------------------------------------------------- what each connection carries */
+
+/* The link drops a connection whose batch is unanswered at its deadline, but the server
+ * notices a dropped client only when it next reads from or writes to the socket: a
+ * backend waiting for a lock, or left in the transaction of a pipeline half received,
+ * would hold its locks for as long. So each connection of the link asks the server to
+ * bound both, in libpq's options (-c, sent with the startup packet: no round trip, in
+ * force before the first query):
+ *
+ *   statement_timeout                    batch_timeout_ms + NH_PG_LINK_STATEMENT_MARGIN_MS
+ *   idle_in_transaction_session_timeout  batch_timeout_ms + NH_PG_LINK_IDLE_MARGIN_MS
+ *
+ * Both lie beyond the link's own deadline, so neither ends a batch the link still waits
+ * for (a batch's statements all run within its deadline, and a pipeline is sent whole,
+ * so its transaction is never idle for long). And TCP keepalives: the first probe after
+ * NH_PG_LINK_KEEPALIVE_IDLE_S of silence, one every NH_PG_LINK_KEEPALIVE_INTERVAL_S,
+ * NH_PG_LINK_KEEPALIVE_COUNT unanswered drop the connection; with tcp_user_timeout (where
+ * libpq knows it) data left unacknowledged as long does too. A server that vanished (a
+ * lost machine, a cut network) is noticed in 25 s, idle or mid-batch, not after TCP's
+ * minutes (hours, idle).
+ *
+ * The URL's settings win: a keyword the URL sets keeps the URL's value, and the URL's
+ * options (PGOPTIONS' when it has none) are sent after the link's, so a statement_timeout
+ * of its own is the one the server keeps (it applies -c settings in order). The URL is
+ * the operator's word for this store (a stricter ceiling a DBA requires, a longer one for
+ * a slow disk, 0 while investigating) where the link's values are only a backstop derived
+ * from its deadline. A value below batch_timeout_ms has the server cancel slow batches
+ * (reported NOT_COMMITTED, SQLSTATE 57014); 0 or a larger one loosens the bound.
+ * (A service file's options or keepalives are not merged: the link's replace them.) */
+#define NH_PG_LINK_STATEMENT_MARGIN_MS 1000
+#define NH_PG_LINK_IDLE_MARGIN_MS 3000
+#define NH_PG_LINK_KEEPALIVE_IDLE_S 10
+#define NH_PG_LINK_KEEPALIVE_INTERVAL_S 5
+#define NH_PG_LINK_KEEPALIVE_COUNT 3
+
+/* Those settings for batch_timeout_ms (0: the default), as a libpq connection string
+ * ("keepalives=1 ... options='-c statement_timeout=...'") in buf; returns buf. */
+const char *nh_pg_link_conninfo(int batch_timeout_ms, char *buf, size_t len);
 
 /* ---------------------------------------------------------------- figures */
 

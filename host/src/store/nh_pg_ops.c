@@ -160,7 +160,17 @@ int nh_pgop_nparams(nh_pgop_t op) { return known(op) ? ops[op].nparams : 0; }
 
 /* ---------------------------------------------------------------- arguments */
 
-void nh_pg_args_reset(nh_pg_args_t *a) { a->n = 0; }
+void nh_pg_args_reset(nh_pg_args_t *a)
+{
+  a->n = 0;
+  a->nowned = 0;
+}
+
+void nh_pg_args_release(nh_pg_args_t *a)
+{
+  for (int i = 0; i < a->nowned; i++) free(a->owned[i]);
+  a->nowned = 0;
+}
 
 /* A builder with more parameters than the struct holds is a bug of this file. */
 static int slot(nh_pg_args_t *a)
@@ -172,12 +182,101 @@ static int slot(nh_pg_args_t *a)
   return a->n++;
 }
 
-void nh_pg_args_text(nh_pg_args_t *a, const char *s)
+static void put_text(nh_pg_args_t *a, const char *s)
 {
   int i = slot(a);
   a->values[i] = s;
   a->lengths[i] = 0;
   a->formats[i] = 0;
+}
+
+/* ---- text that is not UTF-8
+ *
+ * sqlite keeps any bytes in a text column; PostgreSQL's text refuses what is not UTF-8
+ * (SQLSTATE 22021), and with it the whole batch. Such text does reach the store: a Lua
+ * error made from a message body, a handler's error fields, the ids of broker messages.
+ * So every text parameter that is not UTF-8 is sent cleaned, each byte that does not
+ * start a well-formed sequence (a lone 0xFF; each byte of a sequence cut short, of an
+ * overlong form, of a surrogate, of a code point past U+10FFFF) replaced, the valid
+ * sequences around it kept as they are:
+ *
+ * - in prose (error texts, types and stacks, details, results, statuses) by U+FFFD, what
+ *   any lossy decoder shows (nh_pg_args_text);
+ * - in ids and names the store compares (endpoint, event, session and message ids, the
+ *   other ids of a message, blocked_by, owners, keys) by the four characters \xFF
+ *   (nh_pg_args_key). U+FFFD there would make one key of ids that differ only in bytes
+ *   that are not UTF-8, and such ids are not exotic: an AMQP message-id may be binary
+ *   (nh_amqp_msg.c takes its bytes as they are), and random binary ids are mostly such
+ *   bytes, so among many messages some pairs would meet, and the inbox would drop the
+ *   second as a redelivery of the first, silently. Escaped, two ids still meet only if
+ *   a valid id spells "\xFF" itself where the other has the byte: a producer would have
+ *   to pick its ids so, and a producer can already reuse an id outright. Refusing such
+ *   ids instead would fail, on every attempt, the batch that carries the message, and
+ *   the builders have no way to say why (the executor sends what they give it).
+ *   Reads escape their keys the same way, so a row is found by the id it was written with.
+ *
+ * Valid text, the common path, is sent from the caller's pointer as before: no copy, no
+ * allocation, one pass over its bytes. A cleaned copy belongs to the args until they are
+ * sent: nh_pg_db_run and nh_pg_batch_add release it (nh_pg_args_release), sent or not. */
+
+static int utf8_char(const unsigned char *s, size_t left, uint32_t *cp);
+
+/* The length of the well-formed sequence at p, 0 if none starts there. A C string's NUL
+ * is no continuation byte: a sequence cut short by it fails there, nothing past it is read. */
+static int seq_len(const unsigned char *p)
+{
+  uint32_t cp;
+  return *p < 0x80 ? 1 : utf8_char(p, 4, &cp);
+}
+
+/* The first byte of s that does not start a well-formed sequence, or NULL. */
+static const char *utf8_bad(const char *s)
+{
+  const unsigned char *p = (const unsigned char *)s;
+  for (int n; *p; p += n)
+    if ((n = seq_len(p)) == 0) return (const char *)p;
+  return NULL;
+}
+
+/* s cleaned from its first bad byte on (see above): a copy the args own. */
+static const char *clean(nh_pg_args_t *a, const char *s, const char *bad, int key)
+{
+  size_t head = (size_t)(bad - s);
+  char *out = nh_xmalloc(head + strlen(bad) * 4 + 1), *o = out + head;   /* at most 4 bytes for 1 */
+  memcpy(out, s, head);
+  for (const unsigned char *p = (const unsigned char *)bad; *p;) {
+    int n = seq_len(p);
+    if (n) {
+      memcpy(o, p, (size_t)n);
+      o += n;
+      p += n;
+    } else if (key) {
+      static const char digits[] = "0123456789ABCDEF";
+      *o++ = '\\';
+      *o++ = 'x';
+      *o++ = digits[*p >> 4];
+      *o++ = digits[*p++ & 0xF];
+    } else {
+      memcpy(o, "\xEF\xBF\xBD", 3);   /* U+FFFD */
+      o += 3;
+      p++;
+    }
+  }
+  *o = '\0';
+  a->owned[a->nowned++] = out;   /* at most one per parameter: slot() bounds both */
+  return out;
+}
+
+void nh_pg_args_text(nh_pg_args_t *a, const char *s)
+{
+  const char *bad = s ? utf8_bad(s) : NULL;
+  put_text(a, bad ? clean(a, s, bad, 0) : s);
+}
+
+void nh_pg_args_key(nh_pg_args_t *a, const char *s)
+{
+  const char *bad = s ? utf8_bad(s) : NULL;
+  put_text(a, bad ? clean(a, s, bad, 1) : s);
 }
 
 void nh_pg_args_bytes(nh_pg_args_t *a, const char *p, size_t len)
@@ -206,32 +305,35 @@ static void i64_or_null(nh_pg_args_t *a, int64_t v)
   else nh_pg_args_null(a);
 }
 
+/* prose, and ids or names the store compares (see "text that is not UTF-8" above) */
 #define TXT(v) nh_pg_args_text(a, v)
+#define KEY(v) nh_pg_args_key(a, v)
 #define I64(v) nh_pg_args_i64(a, v)
 
+/* Every caller of these gives them keys. */
 static nh_pgop_t two(nh_pg_args_t *a, nh_pgop_t op, const char *x, const char *y)
 {
   nh_pg_args_reset(a);
-  TXT(x);
-  TXT(y);
+  KEY(x);
+  KEY(y);
   return op;
 }
 
 static nh_pgop_t one(nh_pg_args_t *a, nh_pgop_t op, const char *x)
 {
   nh_pg_args_reset(a);
-  TXT(x);
+  KEY(x);
   return op;
 }
 
 nh_pgop_t nh_pgargs_audit_put(nh_pg_args_t *a, const nh_audit_t *au)
 {
   nh_pg_args_reset(a);
-  TXT(au->endpoint); TXT(au->event_id); TXT(au->session_id); TXT(au->event_type);
+  KEY(au->endpoint); KEY(au->event_id); KEY(au->session_id); TXT(au->event_type);
   TXT(au->status); TXT(au->sub_status); TXT(au->error_text); TXT(au->error_type);
-  TXT(au->handoff_reason); TXT(au->external_job_id);
+  TXT(au->handoff_reason); KEY(au->external_job_id);
   i64_or_null(a, au->expected_by);
-  TXT(au->message_id); TXT(au->correlation_id); TXT(au->originating_message_id);
+  KEY(au->message_id); KEY(au->correlation_id); KEY(au->originating_message_id);
   I64(au->retry_count);
   nh_pg_args_bytes(a, au->payload, nh_audit_payload_len(au));
   TXT(au->result);
@@ -313,14 +415,15 @@ static int utf8_put(uint32_t c, char out[5])
 nh_pgop_t nh_pgargs_audit_find_prefix(nh_pg_args_t *a, const char *prefix)
 {
   nh_pg_args_reset(a);
-  TXT(prefix);
+  KEY(prefix);
+  prefix = a->values[0];   /* escaped, if it was not UTF-8 (callers check first: no id would match) */
   const unsigned char *p = (const unsigned char *)prefix;
   size_t len = strlen(prefix), cut = 0;
   uint32_t last = 0, cp;
   int found = 0;
   for (size_t i = 0; i < len;) {
     int n = utf8_char(p + i, len - i, &cp);
-    if (!n) break;   /* callers check first (nh_pg_utf8_valid); the server would refuse it */
+    if (!n) break;   /* not reached: the prefix is UTF-8 now */
     if (cp < 0x10FFFF) {
       cut = i;
       last = cp;
@@ -339,7 +442,7 @@ nh_pgop_t nh_pgargs_audit_find_prefix(nh_pg_args_t *a, const char *prefix)
 nh_pgop_t nh_pgargs_audit_retext(nh_pg_args_t *a, const char *endpoint, const char *session, const char *text)
 {
   nh_pg_args_reset(a);
-  TXT(endpoint); TXT(session); TXT(text);
+  KEY(endpoint); KEY(session); TXT(text);
   return NH_PGOP_AUDIT_RETEXT;
 }
 
@@ -353,7 +456,7 @@ nh_pgop_t nh_pgargs_handoffs_due(nh_pg_args_t *a, int64_t now, int limit)
 nh_pgop_t nh_pgargs_handoff_flag_overdue(nh_pg_args_t *a, const char *endpoint, const char *event_id, int64_t at)
 {
   nh_pg_args_reset(a);
-  TXT(endpoint); TXT(event_id); I64(at);
+  KEY(endpoint); KEY(event_id); I64(at);
   return NH_PGOP_HANDOFF_FLAG_OVERDUE;
 }
 
@@ -362,7 +465,7 @@ nh_pgop_t nh_pgargs_history_add(nh_pg_args_t *a, const char *endpoint, const cha
                                 const nh_history_extra_t *x)
 {
   nh_pg_args_reset(a);
-  TXT(endpoint); TXT(event_id); TXT(message_id); TXT(message_type); TXT(status); TXT(detail);
+  KEY(endpoint); KEY(event_id); KEY(message_id); TXT(message_type); TXT(status); TXT(detail);
   I64(nh_time_now_ms());
   TXT(x ? x->error_text : NULL);
   TXT(x ? x->error_type : NULL);
@@ -388,7 +491,7 @@ nh_pgop_t nh_pgargs_session_put(nh_pg_args_t *a, const char *endpoint, const cha
 {
   if (!st->blocked_by && !st->draining && !st->retry_due) return two(a, NH_PGOP_SESSION_DEL, endpoint, session);
   two(a, NH_PGOP_SESSION_PUT, endpoint, session);
-  TXT(st->blocked_by);
+  KEY(st->blocked_by);   /* an event id */
   I64(st->draining);
   i64_or_null(a, st->retry_due);
   I64(st->next_park_seq > 0 ? st->next_park_seq : 1);
@@ -412,7 +515,7 @@ nh_pgop_t nh_pgargs_sessions_draining(nh_pg_args_t *a, const char *endpoint, con
 nh_pgop_t nh_pgargs_sessions_list(nh_pg_args_t *a, const char *endpoint, int blocked_only)
 {
   nh_pg_args_reset(a);
-  if (endpoint) TXT(endpoint);
+  if (endpoint) KEY(endpoint);
   TXT(blocked_only ? "true" : "false");
   return endpoint ? NH_PGOP_SESSIONS_LIST_ENDPOINT : NH_PGOP_SESSIONS_LIST;
 }
@@ -421,13 +524,13 @@ nh_pgop_t nh_pgargs_park(nh_pg_args_t *a, const nh_msg_t *m, int64_t park_seq)
 {
   two(a, NH_PGOP_PARK, m->endpoint, m->session_id);
   I64(park_seq);
-  TXT(m->message_id); TXT(m->event_id); TXT(m->event_type);
-  TXT(nh_msg_type_name(m->type)); TXT(m->correlation_id);
-  TXT(m->originating_message_id); TXT(m->parent_message_id); TXT(m->from);
+  KEY(m->message_id); KEY(m->event_id); TXT(m->event_type);
+  TXT(nh_msg_type_name(m->type)); KEY(m->correlation_id);
+  KEY(m->originating_message_id); KEY(m->parent_message_id); KEY(m->from);
   I64(m->retry_count);
   I64(m->enqueued_at);
   nh_pg_args_bytes(a, m->body, m->body_len);
-  TXT(m->error_text); TXT(m->error_type); TXT(m->reply_to);
+  TXT(m->error_text); TXT(m->error_type); KEY(m->reply_to);
   TXT(m->traceparent); TXT(m->tracestate);
   return NH_PGOP_PARK;
 }
@@ -475,7 +578,7 @@ nh_pgop_t nh_pgargs_processed_has(nh_pg_args_t *a, const char *endpoint, const c
                                   const char *event_id)
 {
   two(a, NH_PGOP_PROCESSED_HAS, endpoint, message_id);
-  TXT(event_id);
+  KEY(event_id);
   return NH_PGOP_PROCESSED_HAS;
 }
 
@@ -483,7 +586,7 @@ nh_pgop_t nh_pgargs_oppending_add(nh_pg_args_t *a, const char *message_id, const
                                   const char *action, const char *expected_status)
 {
   two(a, NH_PGOP_OPPENDING_ADD, message_id, endpoint);
-  TXT(event_id); TXT(action); TXT(expected_status);
+  KEY(event_id); TXT(action); TXT(expected_status);
   I64(nh_time_now_ms());
   return NH_PGOP_OPPENDING_ADD;
 }
@@ -505,7 +608,7 @@ nh_pgop_t nh_pgargs_oplog_add(nh_pg_args_t *a, const char *actor, const char *ac
   I64(nh_time_now_ms());
   if (!actor) actor = getenv("USER");
   TXT(actor ? actor : "operator");
-  TXT(action); TXT(endpoint); TXT(event_id); TXT(session); TXT(detail);
+  TXT(action); KEY(endpoint); KEY(event_id); KEY(session); TXT(detail);
   return NH_PGOP_OPLOG_ADD;
 }
 
@@ -543,7 +646,7 @@ nh_pgop_t nh_pgargs_bulk_get(nh_pg_args_t *a, const char *key) { return one(a, N
 nh_pgop_t nh_pgargs_bulk_put(nh_pg_args_t *a, const char *key, const nh_bulk_run_t *run)
 {
   one(a, NH_PGOP_BULK_PUT, key);
-  I64(run->cutoff_ms); I64(run->started_ms); TXT(run->owner); I64(run->queued);
+  I64(run->cutoff_ms); I64(run->started_ms); KEY(run->owner); I64(run->queued);
   return NH_PGOP_BULK_PUT;
 }
 

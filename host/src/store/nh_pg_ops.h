@@ -77,7 +77,11 @@ int nh_pgop_nparams(nh_pgop_t op);
 /* A statement's parameters, in the arrays PQsendQueryPrepared takes. Strings are
  * borrowed (they must outlive the call that sends them, nothing longer: libpq copies
  * them into its output buffer); numbers are formatted into the struct's own buffers.
- * Text goes in text format, bytea in binary (its bytes as they are, with their length). */
+ * Text goes in text format, bytea in binary (its bytes as they are, with their length).
+ * Text that is not UTF-8, which PostgreSQL refuses, goes as a cleaned copy (nh_pg_args_text,
+ * nh_pg_args_key) the args own until nh_pg_db_run or nh_pg_batch_add has taken them (they
+ * release them, sent or not); args built and never sent are released with
+ * nh_pg_args_release. Valid text is sent from the caller's pointer, with no copy. */
 typedef struct nh_pg_args {
   int n;
   const char *values[NH_PG_MAX_ARGS];
@@ -86,10 +90,19 @@ typedef struct nh_pg_args {
   char num[NH_PG_MAX_ARGS][24];
   char group[NH_FAILGROUP_ID_LEN + 1];   /* audit put: the failure group it computes */
   char bound[8];                         /* a prefix find: the character that ends its range */
+  char *owned[NH_PG_MAX_ARGS];     /* cleaned copies of text that was not UTF-8 */
+  int nowned;
 } nh_pg_args_t;
 
 void nh_pg_args_reset(nh_pg_args_t *a);
-void nh_pg_args_text(nh_pg_args_t *a, const char *s);                  /* NULL: SQL NULL */
+void nh_pg_args_release(nh_pg_args_t *a);   /* frees its cleaned copies (the send calls do it) */
+/* Prose (an error text, a detail): each byte that does not start a well-formed UTF-8
+ * sequence is sent as U+FFFD, the rest as it is. NULL: SQL NULL. */
+void nh_pg_args_text(nh_pg_args_t *a, const char *s);
+/* An id or name the store compares (an endpoint, a message id): each such byte is sent
+ * as the four characters \xFF (its value in hex), so that ids differing only there stay
+ * apart; the reads escape their keys alike and find what was written (nh_pg_ops.c). */
+void nh_pg_args_key(nh_pg_args_t *a, const char *s);
 void nh_pg_args_bytes(nh_pg_args_t *a, const char *p, size_t len);    /* bytea; NULL p: SQL NULL */
 void nh_pg_args_i64(nh_pg_args_t *a, int64_t v);
 void nh_pg_args_null(nh_pg_args_t *a);
@@ -100,7 +113,7 @@ void nh_pg_args_null(nh_pg_args_t *a);
 nh_pgop_t nh_pgargs_audit_put(nh_pg_args_t *a, const nh_audit_t *au);
 nh_pgop_t nh_pgargs_audit_get(nh_pg_args_t *a, const char *endpoint, const char *event_id);
 nh_pgop_t nh_pgargs_audit_find(nh_pg_args_t *a, const char *event_id);
-/* Ids starting with `prefix` (which must be valid UTF-8, see nh_pg_utf8_valid): the
+/* Ids starting with `prefix` (escaped as a key, if it is not UTF-8): the
  * range [prefix, upper) of byte order (text is COLLATE "C"), whose upper end is the prefix
  * up to its last character below U+10FFFF, that character incremented; an index range
  * on a generic plan, where starts_with() or LIKE would not be. */
@@ -187,7 +200,7 @@ PGconn *nh_pg_db_conn(nh_pg_db_t *db);
 /* One operation, blocking: one round trip (with its prepare, the first time). NH_OK with
  * the result in *res (the caller PQclear()s; res may be NULL to drop it), or the error
  * explained, naming the operation. */
-int nh_pg_db_run(nh_pg_db_t *db, nh_pgop_t op, const nh_pg_args_t *args, PGresult **res, nh_error_t *err);
+int nh_pg_db_run(nh_pg_db_t *db, nh_pgop_t op, nh_pg_args_t *args, PGresult **res, nh_error_t *err);
 
 /* A batch: operations sent as they are added, in pipeline mode inside BEGIN ... COMMIT,
  * and their results read back in order when it commits. Nothing waits for the server
@@ -196,7 +209,7 @@ typedef void (*nh_pg_result_cb)(void *data, nh_pgop_t op, const PGresult *res);
 int nh_pg_batch_begin(nh_pg_db_t *db, nh_error_t *err);
 /* Sends one operation (args may go once this returns). cb (may be NULL) gets its result
  * once the batch has committed. */
-int nh_pg_batch_add(nh_pg_db_t *db, nh_pgop_t op, const nh_pg_args_t *args, nh_pg_result_cb cb, void *data,
+int nh_pg_batch_add(nh_pg_db_t *db, nh_pgop_t op, nh_pg_args_t *args, nh_pg_result_cb cb, void *data,
                     nh_error_t *err);
 /* Commits and waits. NH_OK: committed, and every callback has run, in the order the
  * operations were added. Otherwise nothing of the batch is committed (except when the

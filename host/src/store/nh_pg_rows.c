@@ -12,7 +12,7 @@
 
 /* Every statement goes through here: a failure is logged and marks the db failed, so a
  * caller's transaction can refuse to commit on it (as sqlite's sstep does). */
-static int op_run(nh_pg_db_t *db, nh_pgop_t op, const nh_pg_args_t *a, PGresult **res)
+static int op_run(nh_pg_db_t *db, nh_pgop_t op, nh_pg_args_t *a, PGresult **res)
 {
   nh_error_t err = { 0 };
   int rc = nh_pg_db_run(db, op, a, res, &err);
@@ -24,13 +24,13 @@ static int op_run(nh_pg_db_t *db, nh_pgop_t op, const nh_pg_args_t *a, PGresult 
 }
 
 /* A statement run for its effect: NH_OK or NH_EFAIL. */
-static int done(nh_pg_db_t *db, nh_pgop_t op, const nh_pg_args_t *a)
+static int done(nh_pg_db_t *db, nh_pgop_t op, nh_pg_args_t *a)
 {
   return op_run(db, op, a, NULL) ? NH_EFAIL : NH_OK;
 }
 
 /* A statement asking whether a row exists: 1 or 0 (0 too when it failed: db marked). */
-static int exists(nh_pg_db_t *db, nh_pgop_t op, const nh_pg_args_t *a)
+static int exists(nh_pg_db_t *db, nh_pgop_t op, nh_pg_args_t *a)
 {
   PGresult *r = NULL;
   if (op_run(db, op, a, &r)) return 0;
@@ -176,7 +176,7 @@ int nh_pgs_session_put(nh_pg_db_t *db, const char *endpoint, const char *session
 }
 
 /* Up to `limit` sessions of the result to cb; the last one's id into *last (if given). */
-static int sessions_collect(nh_pg_db_t *db, nh_pgop_t op, const nh_pg_args_t *a, const char *endpoint, int limit,
+static int sessions_collect(nh_pg_db_t *db, nh_pgop_t op, nh_pg_args_t *a, const char *endpoint, int limit,
                             char **last, nh_session_cb cb, void *data)
 {
   PGresult *r = NULL;
