@@ -160,7 +160,7 @@ static int on_due_session(void *data, const char *endpoint, const char *session,
       copy.retry_due = 0;
       copy.blocked_by = NULL;
       copy.draining = nh_uow_parked_any(d->uow, c->ep->name, session) > 0;
-      if (nh_store_session_put(d->store, c->ep->name, session, &copy)) c->failed = 1;
+      if (nh_uow_session_put(d->uow, c->ep->name, session, &copy)) c->failed = 1;
       d->tr->vt->unlock_session(d->tr, c->ep->name, session);
       return 0;
     }
@@ -200,7 +200,7 @@ static int on_due_session(void *data, const char *endpoint, const char *session,
       /* Drained: the session is free again. */
       nh_session_state_t copy = *st;
       copy.draining = 0;
-      if (nh_store_session_put(d->store, c->ep->name, session, &copy)) c->failed = 1;
+      if (nh_uow_session_put(d->uow, c->ep->name, session, &copy)) c->failed = 1;
       d->tr->vt->unlock_session(d->tr, c->ep->name, session);
       nh_job_free(job);
       return 0;
@@ -411,7 +411,7 @@ static void requeue_done(nh_dispatch_t *d, nh_queue_t *jobs)
  * sessions. Only a unit that can miss needs it. */
 static void pass_mark(nh_dispatch_t *d, int restore)
 {
-  if (nh_uow_mode(d->uow) == NH_UOW_DIRECT) return;
+  if (!(nh_uow_mode(d->uow) & NH_UOW_COLD)) return;
   for (nh_endpoint_t *ep = d->endpoints; ep; ep = ep->next) {
     if (restore) {
       free(ep->due_cursor);
@@ -441,29 +441,56 @@ static void pass_again(nh_dispatch_t *d, nh_queue_t *applied, nh_queue_t *retry)
   nh_dispatch_kick(d);
 }
 
+static void pump_committed(nh_dispatch_t *d, int ok);
+
+/* NIMBUS_STORE_LATE_COMMIT: the commit's result arrives on a later loop turn, as it will
+ * from a database server (store/nh_uow.h). */
+static void late_commit_cb(uv_timer_t *h)
+{
+  nh_dispatch_t *d = h->data;
+  pump_committed(d, d->commit_ok);
+}
+
+/* One pump: a pass that applies the finished jobs and fetches new work in one store
+ * transaction, then (pump_committed) what follows its commit. A pump never overlaps
+ * another: while its commit is out, `committing` holds the next one back. */
 static void pump(nh_dispatch_t *d)
 {
-  if (d->pumping) return;
+  if (d->pumping || d->committing) return;
   d->pumping = 1;
   int64_t now = nh_time_now_ms();
-  int fetched = 0, had_done = !nh_queue_empty(&d->done), ok = 0;
-  nh_queue_t applied, retry;
-  nh_queue_init(&applied);
-  nh_queue_init(&retry);
+  int ok = 0;
+  d->pump_fetched = 0;
+  d->pump_had_done = !nh_queue_empty(&d->done);
   pass_mark(d, 0);
   nh_uow_pass_begin(d->uow);
-  if (begin_and_apply(d, &applied, &retry) == NH_OK) {
+  if (begin_and_apply(d, &d->pump_applied, &d->pump_retry) == NH_OK) {
     ok = 1;
-    if (!d->stopping && fetch(d, now, &fetched)) ok = 0;
+    if (!d->stopping && fetch(d, now, &d->pump_fetched)) ok = 0;
     if (ok && nh_uow_missed(d->uow)) {
       nh_store_rollback(d->store);
-      pass_again(d, &applied, &retry);
+      pass_again(d, &d->pump_applied, &d->pump_retry);
       return;
     }
     if (ok && nh_store_commit(d->store)) ok = 0;
     if (!ok) nh_store_rollback(d->store);
   }
   nh_uow_end(d->uow);
+  d->pumping = 0;
+  d->committing = 1;
+  if (nh_uow_mode(d->uow) & NH_UOW_LATE_COMMIT) {
+    d->commit_ok = ok;
+    uv_timer_start(&d->commit_timer, late_commit_cb, 0, 0);
+    return;
+  }
+  pump_committed(d, ok);
+}
+
+/* The pump's transaction committed (ok) or did not: settle what it recorded (tell, start
+ * the handlers it fetched), or put its work back, then decide when to pump next. */
+static void pump_committed(nh_dispatch_t *d, int ok)
+{
+  int fetched = d->pump_fetched;
   d->store_failing = !ok;
   if (ok) nh_dispatch_tell(d);   /* what this transaction recorded, now that it is recorded */
   else nh_story_rollback(&d->story, 0);
@@ -473,20 +500,20 @@ static void pump(nh_dispatch_t *d)
     d->pumped += (uint64_t)fetched;
   }
   if (ok) {
-    free_jobs(&applied);
-    requeue_done(d, &retry);
+    free_jobs(&d->pump_applied);
+    requeue_done(d, &d->pump_retry);
     start_fresh(d);
     if (d->nretiring) nh_dispatch_close_retired(d, 0);
   } else {
     /* Nothing of this batch happened (a full disk, say): every finished job stays queued
      * and is applied again; fetched messages are fetched again later. */
-    requeue_done(d, &applied);
-    requeue_done(d, &retry);
+    requeue_done(d, &d->pump_applied);
+    requeue_done(d, &d->pump_retry);
     discard_fresh(d);
     nh_log_error("dispatch", "store transaction failed; retrying in 1 s");
     if (d->force_stop) free_jobs(&d->done);
   }
-  d->pumping = 0;
+  d->committing = 0;
 
   if (d->stopping) {
     maybe_stopped(d);
@@ -500,7 +527,7 @@ static void pump(nh_dispatch_t *d)
     uv_timer_start(&d->timer, timer_cb, 1000, 0);
     return;
   }
-  if (fetched > 0 || had_done || !nh_queue_empty(&d->done)) {
+  if (fetched > 0 || d->pump_had_done || !nh_queue_empty(&d->done)) {
     d->poll_ms = NH_POLL_MIN_MS;
     nh_dispatch_kick(d);
     uv_timer_stop(&d->timer);
@@ -513,15 +540,26 @@ static void pump(nh_dispatch_t *d)
 
 /* ---------------------------------------------------------------- lifecycle */
 
+static int env_flag(const char *name)
+{
+  const char *v = getenv(name);
+  return v && *v && strcmp(v, "0") != 0;
+}
+
 nh_dispatch_t *nh_dispatch_init(uv_loop_t *loop, nh_store_t *store, nh_transport_t *transport, const char *lua_dir)
 {
   nh_dispatch_t *d = nh_xcalloc(1, sizeof *d);
   d->loop = loop;
   d->store = store;
   d->ckpt = nh_checkpointer_start(loop, store);
-  /* a debugging switch: every pump runs its restart path (store/nh_uow.h) */
-  const char *cold = getenv("NIMBUS_STORE_COLD_READS");
-  d->uow = nh_uow_new(store, cold && *cold && strcmp(cold, "0") != 0 ? NH_UOW_COLD : NH_UOW_DIRECT);
+  /* debugging switches: every pump runs its restart path, or gets its commit's result on a
+   * later loop turn (store/nh_uow.h) */
+  d->uow = nh_uow_new(store, (env_flag("NIMBUS_STORE_COLD_READS") ? NH_UOW_COLD : 0) |
+                                 (env_flag("NIMBUS_STORE_LATE_COMMIT") ? NH_UOW_LATE_COMMIT : 0));
+  nh_queue_init(&d->pump_applied);
+  nh_queue_init(&d->pump_retry);
+  uv_timer_init(loop, &d->commit_timer);
+  d->commit_timer.data = d;
   d->tr = transport;
   d->lua_dir = nh_xstrdup(lua_dir);
   nh_queue_init(&d->fresh);
@@ -618,11 +656,12 @@ int nh_dispatch_start(nh_dispatch_t *d, nh_error_t *err)
 
 static void maybe_stopped(nh_dispatch_t *d)
 {
-  if (!d->stopping || d->running > 0 || !nh_queue_empty(&d->done) || !d->on_stopped) return;
+  if (!d->stopping || d->running > 0 || d->committing || !nh_queue_empty(&d->done) || !d->on_stopped) return;
   void (*cb)(void *) = d->on_stopped;
   d->on_stopped = NULL;
   uv_timer_stop(&d->drain_timer);
   uv_timer_stop(&d->timer);
+  uv_timer_stop(&d->commit_timer);
   uv_timer_stop(&d->renew_timer);
   uv_timer_stop(&d->reload_timer);
   uv_timer_stop(&d->retention_timer);
@@ -646,7 +685,7 @@ static void maybe_stopped(nh_dispatch_t *d)
   nh_log_info("dispatch", "%llu messages fetched in %llu transactions (%.1f per transaction)",
               (unsigned long long)d->pumped, (unsigned long long)d->pumps,
               d->pumps ? (double)d->pumped / (double)d->pumps : 0.0);
-  if (nh_uow_mode(d->uow) != NH_UOW_DIRECT) {
+  if (nh_uow_mode(d->uow) & NH_UOW_COLD) {
     nh_uow_stats_t us;
     nh_uow_stats(d->uow, &us);
     nh_log_info("dispatch", "unit of work: %llu passes, %llu of them run again after %llu store reads it did not have",
@@ -714,6 +753,10 @@ void nh_dispatch_close(nh_dispatch_t *d)
     nh_queue_remove(&job->done_node);
     nh_job_free(job);
   }
+  /* a commit whose result never came (the loop is closing): its jobs are dropped as the
+   * done ones are, their sessions' locks expire */
+  free_jobs(&d->pump_applied);
+  free_jobs(&d->pump_retry);
   discard_fresh(d);
   while (d->endpoints) {
     nh_endpoint_t *n = d->endpoints->next;
@@ -737,6 +780,7 @@ void nh_dispatch_close(nh_dispatch_t *d)
   close_handle(d, &d->idle);
   close_handle(d, &d->timer);
   close_handle(d, &d->drain_timer);
+  close_handle(d, &d->commit_timer);
 }
 
 int nh_dispatch_ready(nh_dispatch_t *d, char *why, size_t len)

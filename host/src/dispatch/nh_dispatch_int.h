@@ -113,6 +113,12 @@ struct nh_dispatch {
   uint64_t renewals, renew_failures, cancellations;
   uint64_t pumps, pumped;        /* transactions with work, messages fetched in them */
   int pumping, stopping, started, closing, force_stop;
+  int committing;                /* a pump's commit is out: the next pump waits for its result */
+  int commit_ok;                 /* NH_UOW_LATE_COMMIT: the result, told on commit_timer */
+  uv_timer_t commit_timer;
+  nh_queue_t pump_applied;       /* the pump's jobs whose outcome its transaction records */
+  nh_queue_t pump_retry;         /* its jobs whose outcome could not be written, to apply again */
+  int pump_fetched, pump_had_done;
   int store_failing;             /* the last pump's transaction failed (disk full, unwritable) */
   nh_endpoint_t *receiving_ep;   /* the endpoint whose receive() is running */
   int64_t poll_ms;               /* adaptive idle poll interval */

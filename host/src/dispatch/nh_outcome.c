@@ -145,14 +145,14 @@ static void audit_status(nh_audit_t *a, const char *status, const char *text, co
 static int audit_write(nh_dispatch_t *d, nh_job_t *job, nh_audit_t *a, const char *detail)
 {
   note_audit(d, job, a, detail);
-  int rc = nh_store_audit_put(d->store, a);
+  int rc = nh_uow_audit_put(d->uow, a);
   /* each attempt keeps its own error (the audit row shows only the latest) */
   int failed = nh_audit_unresolved_failure(a->status) || nh_audit_retrying(a);
   nh_history_extra_t x = { failed ? a->error_text : NULL, failed ? a->error_type : NULL,
                            failed ? a->error_stack : NULL, a->replaced_payload };
   if (!rc)
-    rc = nh_store_history_add_ex(d->store, job->ep->name, a->event_id, job->msg.message_id,
-                                 job->src == NH_JOB_RETRY ? "RetryRequest" : nh_msg_type_name(job->msg.type),
+    rc = nh_uow_history_add(d->uow, job->ep->name, a->event_id, job->msg.message_id,
+                            job->src == NH_JOB_RETRY ? "RetryRequest" : nh_msg_type_name(job->msg.type),
                                  a->status, detail, &x);
   nh_audit_clear(a);
   return rc;
@@ -222,7 +222,7 @@ static int park_one(nh_dispatch_t *d, nh_job_t *job, nh_session_state_t *st)
   audit_load(d, job, &a);
   audit_status(&a, NH_ST_DEFERRED, text, NULL, NULL);
   note_parked(d, job->ep->name, 1);
-  if (nh_store_park(d->store, m, seq) || nh_store_session_put(d->store, m->endpoint, m->session_id, st) ||
+  if (nh_uow_park(d->uow, m, seq) || nh_uow_session_put(d->uow, m->endpoint, m->session_id, st) ||
       audit_write(d, job, &a, text))
     return NH_EFAIL;
   return settle(d, job, NH_SETTLE_COMPLETE, 0, NULL);
@@ -268,13 +268,13 @@ static int route_skip(nh_dispatch_t *d, nh_job_t *job, nh_session_state_t *st)
   nh_audit_t a;
   audit_load(d, job, &a);
   audit_status(&a, NH_ST_SKIPPED, NULL, NULL, NULL);
-  int removed = nh_store_parked_delete_event(d->store, job->ep->name, m->event_id);
+  int removed = nh_uow_parked_delete_event(d->uow, job->ep->name, m->event_id);
   if (removed > 0) note_parked(d, job->ep->name, -removed);
   char *was = nh_xstrdup(st->blocked_by);
   if (is_blocker(st, m->event_id)) unblock(d, job, st);
   if (removed > 0 && !st->blocked_by)
     st->draining = nh_uow_parked_any(d->uow, job->ep->name, m->session_id) > 0;
-  int rc = nh_store_session_put(d->store, m->endpoint, m->session_id, st) ||
+  int rc = nh_uow_session_put(d->uow, m->endpoint, m->session_id, st) ||
            audit_write(d, job, &a, removed > 0 ? "skipped by operator (removed from the parked queue)"
                                                : "skipped by operator");
   note_session(d, job, was, st);
@@ -297,8 +297,8 @@ static int route_handoff(nh_dispatch_t *d, nh_job_t *job, nh_session_state_t *st
              found && a.status ? a.status : "unknown");
     note_rejected(d, job, detail);
     if (found) nh_audit_clear(&a);
-    if (nh_store_history_add(d->store, job->ep->name, m->event_id, m->message_id, nh_msg_type_name(m->type),
-                             "Rejected", detail))
+    if (nh_uow_history_add(d->uow, job->ep->name, m->event_id, m->message_id, nh_msg_type_name(m->type),
+                           "Rejected", detail, NULL))
       return NH_EFAIL;
     return settle(d, job, NH_SETTLE_COMPLETE, 0, NULL);
   }
@@ -317,7 +317,7 @@ static int route_handoff(nh_dispatch_t *d, nh_job_t *job, nh_session_state_t *st
                  m->error_type ? m->error_type : "HandoffFailed", NULL);
     detail = "hand-off failed; the session stays blocked until resubmit or skip";
   }
-  int rc = nh_store_session_put(d->store, m->endpoint, m->session_id, st) || audit_write(d, job, &a, detail);
+  int rc = nh_uow_session_put(d->uow, m->endpoint, m->session_id, st) || audit_write(d, job, &a, detail);
   note_session(d, job, was, st);
   free(was);
   if (rc) return NH_EFAIL;
@@ -352,8 +352,8 @@ static int stale_request(nh_dispatch_t *d, nh_job_t *job, const char *expected)
     snprintf(detail, sizeof detail, "%s rejected: the event changed from %s to %s after the request was made",
              nh_msg_type_name(job->msg.type), expected, a.status);
     note_rejected(d, job, detail);
-    nh_store_history_add(d->store, job->ep->name, job->msg.event_id, job->msg.message_id,
-                         nh_msg_type_name(job->msg.type), "Rejected", detail);
+    nh_uow_history_add(d->uow, job->ep->name, job->msg.event_id, job->msg.message_id,
+                         nh_msg_type_name(job->msg.type), "Rejected", detail, NULL);
   }
   nh_audit_clear(&a);
   return stale;
@@ -362,10 +362,10 @@ static int stale_request(nh_dispatch_t *d, nh_job_t *job, const char *expected)
 /* A parked message settled without its handler: drop it and keep draining. */
 static int parked_done(nh_dispatch_t *d, nh_job_t *job, nh_session_state_t *st)
 {
-  if (nh_store_parked_delete(d->store, job->ep->name, job->msg.session_id, job->park_seq)) return NH_EFAIL;
+  if (nh_uow_parked_delete(d->uow, job->ep->name, job->msg.session_id, job->park_seq)) return NH_EFAIL;
   note_parked(d, job->ep->name, -1);
   if (!st->blocked_by) st->draining = parked_after(st, job->park_seq);
-  return nh_store_session_put(d->store, job->ep->name, job->msg.session_id, st);
+  return nh_uow_session_put(d->uow, job->ep->name, job->msg.session_id, st);
 }
 
 int nh_dispatch_route(nh_dispatch_t *d, nh_job_t *job)
@@ -425,8 +425,9 @@ int nh_dispatch_route(nh_dispatch_t *d, nh_job_t *job)
       if (!rc) rc = settle(d, job, NH_SETTLE_COMPLETE, 0, NULL);
     } else if (job->src == NH_JOB_QUEUE && is_blocker(&st, m->event_id)) {
       /* A redelivered blocker is never parked behind itself: its outcome is recorded. */
-      rc = nh_store_history_add(d->store, ep->name, m->event_id, m->message_id, "EventRequest", "Redelivered",
-                                "redelivery of the session's blocking event; settled without running the handler");
+      rc = nh_uow_history_add(d->uow, ep->name, m->event_id, m->message_id, "EventRequest", "Redelivered",
+                              "redelivery of the session's blocking event; settled without running the handler",
+                              NULL);
       if (!rc) rc = settle(d, job, NH_SETTLE_COMPLETE, 0, NULL);
     } else if (job->src == NH_JOB_QUEUE && (st.blocked_by || st.draining)) {
       rc = route_park(d, job, &st);
@@ -446,8 +447,8 @@ int nh_dispatch_route(nh_dispatch_t *d, nh_job_t *job)
     nh_audit_clear(&a);
     if (parked) {
       note_rejected(d, job, "resubmit rejected: the event is parked and will replay in order");
-      rc = nh_store_history_add(d->store, ep->name, m->event_id, m->message_id, "ResubmissionRequest", "Rejected",
-                                "resubmit rejected: the event is parked and will replay in order");
+      rc = nh_uow_history_add(d->uow, ep->name, m->event_id, m->message_id, "ResubmissionRequest", "Rejected",
+                              "resubmit rejected: the event is parked and will replay in order", NULL);
       if (!rc) rc = settle(d, job, NH_SETTLE_COMPLETE, 0, NULL);
     } else if (ep->inbox && !new_body && m->parent_message_id &&
                nh_uow_inbox_has(d->uow, ep->name, m->parent_message_id)) {
@@ -559,8 +560,8 @@ int nh_dispatch_apply(nh_dispatch_t *d, nh_job_t *job)
      * nothing recorded, nothing settled, the message is delivered again. The history
      * says why. */
     if (job->cancel == NH_CANCEL_LOCK_LOST && m->event_id &&
-        nh_store_history_add(d->store, ep->name, m->event_id, m->message_id, nh_msg_type_name(m->type), "Cancelled",
-                             "handler cancelled: lock lost; not settled here, delivered again"))
+        nh_uow_history_add(d->uow, ep->name, m->event_id, m->message_id, nh_msg_type_name(m->type), "Cancelled",
+                           "handler cancelled: lock lost; not settled here, delivered again", NULL))
       return NH_EFAIL;
     return job->src == NH_JOB_QUEUE ? settle(d, job, NH_SETTLE_RELEASE, 0, NULL) : unlock(d, job);
   }
@@ -574,7 +575,7 @@ int nh_dispatch_apply(nh_dispatch_t *d, nh_job_t *job)
     if (job->src == NH_JOB_RETRY) {
       nh_session_state_t st = job->st;
       st.retry_due = nh_time_now_ms() + delay;
-      int rc = nh_store_session_put(d->store, ep->name, m->session_id, &st);
+      int rc = nh_uow_session_put(d->uow, ep->name, m->session_id, &st);
       return rc ? rc : unlock(d, job);
     }
     return settle(d, job, NH_SETTLE_RELEASE, delay, NULL);
@@ -608,7 +609,7 @@ int nh_dispatch_apply(nh_dispatch_t *d, nh_job_t *job)
     set(&a.external_job_id, NULL);
     a.expected_by = 0;
     if (job->src == NH_JOB_RETRY || blocker) unblock(d, job, &st);
-    if (ep->inbox && m->message_id) rc = nh_store_inbox_add(d->store, ep->name, m->message_id);
+    if (ep->inbox && m->message_id) rc = nh_uow_inbox_add(d->uow, ep->name, m->message_id);
     if (!rc) rc = nh_dispatch_flush_pubs(d, job);
     detail = "handler completed";
     break;
@@ -689,7 +690,7 @@ int nh_dispatch_apply(nh_dispatch_t *d, nh_job_t *job)
   }
 
   if (job->src == NH_JOB_PARKED) {
-    if (!rc) rc = nh_store_parked_delete(d->store, ep->name, m->session_id, job->park_seq);
+    if (!rc) rc = nh_uow_parked_delete(d->uow, ep->name, m->session_id, job->park_seq);
     note_parked(d, ep->name, -1);
     if (!st.blocked_by) {
       st.draining = parked_after(&st, job->park_seq);
@@ -697,13 +698,13 @@ int nh_dispatch_apply(nh_dispatch_t *d, nh_job_t *job)
       /* re-blocked during the replay: the still-parked rows now wait for this event */
       char text[512];
       snprintf(text, sizeof text, "Session %s is blocked by %s", m->session_id, m->event_id);
-      rc = nh_store_audit_retext_deferred(d->store, ep->name, m->session_id, text);
+      rc = nh_uow_audit_retext_deferred(d->uow, ep->name, m->session_id, text);
     }
   }
   /* A session that had no row when this job was routed (its lock kept it so) and is still
    * free has none to delete: the common case, a statement per event saved. */
   int untouched = !st.exists && !st.blocked_by && !st.draining && !st.retry_due;
-  if (!rc && !untouched) rc = nh_store_session_put(d->store, ep->name, m->session_id, &st);
+  if (!rc && !untouched) rc = nh_uow_session_put(d->uow, ep->name, m->session_id, &st);
   if (!rc) rc = audit_write(d, job, &a, detail);
   else nh_audit_clear(&a);
   note_session(d, job, job->st.blocked_by, &st);   /* told after the outcome that caused it */

@@ -9,7 +9,7 @@
 
 struct nh_uow {
   nh_store_t *store;
-  nh_uow_mode_t mode;
+  unsigned mode;         /* nh_uow_mode_t flags */
   nh_strset_t known;    /* COLD: keys missed in an earlier pass of this pump: read from the store */
   nh_strset_t fresh;    /* COLD: keys missed in this pass: missed again until the next, so a void
                            pass sees one answer per key */
@@ -20,12 +20,12 @@ struct nh_uow {
   nh_uow_stats_t stats;
 };
 
-nh_uow_t *nh_uow_new(nh_store_t *s, nh_uow_mode_t mode)
+nh_uow_t *nh_uow_new(nh_store_t *s, unsigned mode)
 {
   nh_uow_t *u = nh_xcalloc(1, sizeof *u);
   u->store = s;
   u->mode = mode;
-  if (mode == NH_UOW_COLD) {
+  if (mode & NH_UOW_COLD) {
     nh_strset_init(&u->known, 64);
     nh_strset_init(&u->fresh, 64);
   }
@@ -35,7 +35,7 @@ nh_uow_t *nh_uow_new(nh_store_t *s, nh_uow_mode_t mode)
 void nh_uow_free(nh_uow_t *u)
 {
   if (!u) return;
-  if (u->mode == NH_UOW_COLD) {
+  if (u->mode & NH_UOW_COLD) {
     nh_strset_free(&u->known);
     nh_strset_free(&u->fresh);
   }
@@ -43,7 +43,7 @@ void nh_uow_free(nh_uow_t *u)
   free(u);
 }
 
-nh_uow_mode_t nh_uow_mode(const nh_uow_t *u) { return u->mode; }
+unsigned nh_uow_mode(const nh_uow_t *u) { return u->mode; }
 
 void nh_uow_pass_begin(nh_uow_t *u)
 {
@@ -51,7 +51,7 @@ void nh_uow_pass_begin(nh_uow_t *u)
   u->missed = 0;
   u->pass++;
   u->stats.passes++;
-  if (u->mode == NH_UOW_COLD && u->fresh.count) {
+  if ((u->mode & NH_UOW_COLD) && u->fresh.count) {
     for (size_t i = 0; i < u->fresh.cap; i++)
       if (u->fresh.keys[i]) nh_strset_add(&u->known, u->fresh.keys[i]);
     nh_strset_free(&u->fresh);
@@ -65,7 +65,7 @@ void nh_uow_end(nh_uow_t *u)
 {
   u->missed = 0;
   u->pass = 0;
-  if (u->mode == NH_UOW_COLD) {
+  if (u->mode & NH_UOW_COLD) {
     nh_strset_free(&u->known);
     nh_strset_init(&u->known, 64);
     nh_strset_free(&u->fresh);
@@ -79,7 +79,7 @@ void nh_uow_stats(const nh_uow_t *u, nh_uow_stats_t *out) { *out = u->stats; }
  * kind and its arguments, joined by a unit separator. */
 static int have(nh_uow_t *u, char kind, const char *a, const char *b, const char *c)
 {
-  if (u->mode == NH_UOW_DIRECT || u->pass > NH_UOW_MAX_PASSES) return 1;
+  if (!(u->mode & NH_UOW_COLD) || u->pass > NH_UOW_MAX_PASSES) return 1;
   const char *parts[3] = { a, b, c };
   size_t need = 2;
   for (int i = 0; i < 3; i++) need += (parts[i] ? strlen(parts[i]) : 0) + 1;
@@ -145,4 +145,42 @@ int nh_uow_oppending_take(nh_uow_t *u, const char *message_id, char **expected_s
   if (have(u, 'o', message_id, NULL, NULL)) return nh_store_oppending_take(u->store, message_id, expected_status);
   *expected_status = NULL;
   return 0;
+}
+
+/* ---------------------------------------------------------------- writes */
+
+int nh_uow_session_put(nh_uow_t *u, const char *endpoint, const char *session, const nh_session_state_t *st)
+{
+  return nh_store_session_put(u->store, endpoint, session, st);
+}
+
+int nh_uow_audit_put(nh_uow_t *u, const nh_audit_t *a) { return nh_store_audit_put(u->store, a); }
+
+int nh_uow_audit_retext_deferred(nh_uow_t *u, const char *endpoint, const char *session, const char *text)
+{
+  return nh_store_audit_retext_deferred(u->store, endpoint, session, text);
+}
+
+int nh_uow_history_add(nh_uow_t *u, const char *endpoint, const char *event_id, const char *message_id,
+                       const char *message_type, const char *status, const char *detail,
+                       const nh_history_extra_t *x)
+{
+  return nh_store_history_add_ex(u->store, endpoint, event_id, message_id, message_type, status, detail, x);
+}
+
+int nh_uow_park(nh_uow_t *u, const nh_msg_t *m, int64_t park_seq) { return nh_store_park(u->store, m, park_seq); }
+
+int nh_uow_parked_delete(nh_uow_t *u, const char *endpoint, const char *session, int64_t park_seq)
+{
+  return nh_store_parked_delete(u->store, endpoint, session, park_seq);
+}
+
+int nh_uow_parked_delete_event(nh_uow_t *u, const char *endpoint, const char *event_id)
+{
+  return nh_store_parked_delete_event(u->store, endpoint, event_id);
+}
+
+int nh_uow_inbox_add(nh_uow_t *u, const char *endpoint, const char *message_id)
+{
+  return nh_store_inbox_add(u->store, endpoint, message_id);
 }

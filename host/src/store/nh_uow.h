@@ -1,4 +1,4 @@
-/* The unit of work: what the outcome state machine reads from the store during a pump
+/* The unit of work: what the outcome state machine reads from and writes to the store during a pump
  * (docs/store-backends.md, "The pump as one unit of work").
  *
  * Against a local sqlite file every read is answered at once (NH_UOW_DIRECT). Against a
@@ -22,15 +22,22 @@
 
 typedef struct nh_uow nh_uow_t;
 
-typedef enum { NH_UOW_DIRECT, NH_UOW_COLD } nh_uow_mode_t;
+/* Flags; the two debugging ones (never set in production) make sqlite behave as a server does. */
+typedef enum {
+  NH_UOW_DIRECT = 0,         /* reads answered at once, commits done at once */
+  NH_UOW_COLD = 1,           /* NIMBUS_STORE_COLD_READS: the first read of a key in a pump misses */
+  NH_UOW_LATE_COMMIT = 2,    /* NIMBUS_STORE_LATE_COMMIT: the dispatcher gets its commit's result on a later
+                                loop turn (the commit itself happened), so what follows a commit runs with the
+                                loop having moved on meanwhile: handlers ending, timers, operator calls */
+} nh_uow_mode_t;
 
 /* After this many void passes of one pump, reads go to the store (a backend that cannot
  * do that fails the pump instead): a pump whose new keys never end still ends. */
 #define NH_UOW_MAX_PASSES 16
 
-nh_uow_t *nh_uow_new(nh_store_t *s, nh_uow_mode_t mode);
+nh_uow_t *nh_uow_new(nh_store_t *s, unsigned mode);   /* nh_uow_mode_t flags */
 void nh_uow_free(nh_uow_t *u);
-nh_uow_mode_t nh_uow_mode(const nh_uow_t *u);
+unsigned nh_uow_mode(const nh_uow_t *u);
 
 /* A pass over the pump's work starts (inside its transaction). */
 void nh_uow_pass_begin(nh_uow_t *u);
@@ -55,5 +62,21 @@ int nh_uow_parked_head(nh_uow_t *u, const char *endpoint, const char *session, n
 int nh_uow_processed_has(nh_uow_t *u, const char *endpoint, const char *message_id, const char *event_id);
 /* Reads and removes the request (a miss removes nothing). */
 int nh_uow_oppending_take(nh_uow_t *u, const char *message_id, char **expected_status);
+
+/* The writes, each as its nh_store_* twin. On sqlite they are statements in the pump's
+ * transaction at once; on a server they will be the pump's list, sent with its commit as
+ * one pipeline (docs/store-backends.md). */
+int nh_uow_session_put(nh_uow_t *u, const char *endpoint, const char *session, const nh_session_state_t *st);
+int nh_uow_audit_put(nh_uow_t *u, const nh_audit_t *a);
+int nh_uow_audit_retext_deferred(nh_uow_t *u, const char *endpoint, const char *session, const char *text);
+/* x may be NULL (a status and a detail only) */
+int nh_uow_history_add(nh_uow_t *u, const char *endpoint, const char *event_id, const char *message_id,
+                       const char *message_type, const char *status, const char *detail,
+                       const nh_history_extra_t *x);
+int nh_uow_park(nh_uow_t *u, const nh_msg_t *m, int64_t park_seq);
+int nh_uow_parked_delete(nh_uow_t *u, const char *endpoint, const char *session, int64_t park_seq);
+/* The number of rows removed, or NH_EFAIL. */
+int nh_uow_parked_delete_event(nh_uow_t *u, const char *endpoint, const char *event_id);
+int nh_uow_inbox_add(nh_uow_t *u, const char *endpoint, const char *message_id);
 
 #endif
