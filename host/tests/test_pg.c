@@ -569,6 +569,7 @@ static int is_body(const char *table, const char *col)
 {
   static const char *const bodies[][2] = {
     { "audit", "payload" }, { "parked", "body" }, { "history", "previous_payload" },
+    { "audit", "result" },   /* a hand-off's completion body */
   };
   for (size_t i = 0; i < sizeof bodies / sizeof bodies[0]; i++)
     if (!strcmp(bodies[i][0], table) && !strcmp(bodies[i][1], col)) return 1;

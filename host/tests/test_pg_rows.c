@@ -339,8 +339,84 @@ TEST(parity_audit_find_by_id_and_prefix)
   find_both(b, "\xF4\x8F\xBF\xBF\xF4\x8F\xBF\xBF", NH_OK, "Erp");
   find_both(b, "surrogat\xED\x9F\xBF", NH_OK, "Erp");
   find_both(b, "surrogat", NH_EUSAGE, NULL);
-  find_both(b, "\xff\xfe\xfd\xfc\xfb\xfa\xf9\xf8", NH_ENOTFOUND, NULL);     /* not UTF-8: matches nothing */
+  find_both(b, "\xff\xfe\xfd\xfc\xfb\xfa\xf9\xf8", NH_ENOTFOUND, NULL);     /* not UTF-8: no id starts so */
   find_both(b, "\xff\xfe", NH_ENOTFOUND, NULL);
+  ASSERT_FALSE(nh_pg_db_failed(b->pg));
+}
+
+/* A hand-off's result is its completion's body (dispatch/nh_outcome.c route_handoff): any
+ * bytes, kept as they are on both stores, as the payload is. */
+TEST(parity_audit_result_keeps_bytes_that_are_not_utf8)
+{
+  pair_t *b = pair_open();
+  static const struct { const char *id, *result; } r[] = {
+    { "r-bad", "{\"done\":\"\xff\xfe\x80 \xC0\xAF \xE2\x82\"}" },   /* not UTF-8 */
+    { "r-utf8", "{\"done\":\"Grüße, 東京, 🍕\"}" },                  /* multibyte text, byte for byte */
+    { "r-empty", "" },                                                /* empty, not NULL */
+    { "r-null", NULL },
+  };
+  for (size_t i = 0; i < sizeof r / sizeof r[0]; i++) {
+    nh_audit_t a = audit_of("Erp", r[i].id, "s-1", NH_ST_COMPLETED, 100);
+    a.sub_status = "Handoff";
+    a.result = (char *)r[i].result;
+    put_both(b, &a);
+  }
+  for (size_t i = 0; i < sizeof r / sizeof r[0]; i++) {
+    nh_audit_t got;
+    audit_both(b, "Erp", r[i].id, &got);   /* compares result with strcmp: every byte */
+    int same = r[i].result ? got.result && strcmp(got.result, r[i].result) == 0 : got.result == NULL;
+    nh_audit_clear(&got);
+    if (!same) FAIL("%s: the result read back is not the one written", r[i].id);
+  }
+  /* the server holds the bytes themselves, not a cleaned copy */
+  ASSERT_EQ_STR(nh_pgtest_q1(pgc(b), "SELECT encode(result, 'hex') FROM audit WHERE event_id = 'r-bad'"),
+                "7b22646f6e65223a22fffe8020c0af20e282227d");
+  char len[16];
+  snprintf(len, sizeof len, "%zu", strlen(r[1].result));
+  ASSERT_EQ_STR(nh_pgtest_q1(pgc(b), "SELECT octet_length(result) FROM audit WHERE event_id = 'r-utf8'"), len);
+  /* the other readers of audit rows too */
+  find_both(b, "r-bad", NH_OK, "Erp");
+  ASSERT_FALSE(nh_pg_db_failed(b->pg));
+}
+
+/* find on PostgreSQL, its row compared with sqlite's but for the event id, which PostgreSQL
+ * keeps escaped (store/nh_pg_ops.c): that one must be want_pg_id. */
+static void find_escaped_both(pair_t *b, const char *id, const char *want_pg_id)
+{
+  nh_audit_t l, p;
+  nh_error_t le = { 0 }, pe = { 0 };
+  memset(&l, 0, sizeof l);
+  memset(&p, 0, sizeof p);
+  int lrc = nh_store_audit_find(b->lite, id, &l, &le), prc = nh_pgs_audit_find(b->pg, id, &p, &pe);
+  if (lrc != NH_OK || prc != NH_OK) FAIL("find %s: sqlite %d (%s), PostgreSQL %d (%s)", want_pg_id, lrc, le.msg, prc,
+                                         pe.msg);
+  int escaped = p.event_id && strcmp(p.event_id, want_pg_id) == 0, raw = strcmp(l.event_id, id) == 0;
+  free(p.event_id);
+  p.event_id = nh_xstrdup(l.event_id);
+  same_audit(&l, &p);
+  nh_audit_clear(&l);
+  nh_audit_clear(&p);
+  if (!escaped || !raw) FAIL("find %s: the event id read back is not the one written", want_pg_id);
+}
+
+TEST(parity_audit_find_an_id_that_is_not_utf8)
+{
+  pair_t *b = pair_open();
+  /* ids that differ only in a byte that is not UTF-8; one too short for a prefix, so only
+   * the lookup by exact id can find it */
+  static const char *const ids[] = { "e-\xFF", "e-\xFE", "bin-\xFF\xFE\xFD\xFC-1", "bin-\xFF\xFE\xFD\xFC-2" };
+  for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++) {
+    nh_audit_t a = audit_of("Erp", ids[i], "s-1", NH_ST_COMPLETED, 100 + (int64_t)i);
+    a.result = "{\"r\":\"\xFF\"}";
+    put_both(b, &a);
+  }
+  find_escaped_both(b, "e-\xFF", "e-\\xFF");
+  find_escaped_both(b, "e-\xFE", "e-\\xFE");
+  find_escaped_both(b, "bin-\xFF\xFE\xFD\xFC-2", "bin-\\xFF\\xFE\\xFD\\xFC-2");
+  find_both(b, "e-\xFD", NH_ENOTFOUND, NULL);
+  /* a prefix with such bytes, as sqlite matches it */
+  find_both(b, "bin-\xFF\xFE\xFD\xFC", NH_EUSAGE, NULL);
+  find_both(b, "bin-\xFF\xFE\xFD\xFB", NH_ENOTFOUND, NULL);
   ASSERT_FALSE(nh_pg_db_failed(b->pg));
 }
 

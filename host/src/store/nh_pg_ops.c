@@ -200,7 +200,7 @@ static void put_text(nh_pg_args_t *a, const char *s)
  * overlong form, of a surrogate, of a code point past U+10FFFF) replaced, the valid
  * sequences around it kept as they are:
  *
- * - in prose (error texts, types and stacks, details, results, statuses) by U+FFFD, what
+ * - in prose (error texts, types and stacks, details, statuses) by U+FFFD, what
  *   any lossy decoder shows (nh_pg_args_text);
  * - in ids and names the store compares (endpoint, event, session and message ids, the
  *   other ids of a message, blocked_by, owners, keys) by the four characters \xFF
@@ -336,7 +336,8 @@ nh_pgop_t nh_pgargs_audit_put(nh_pg_args_t *a, const nh_audit_t *au)
   KEY(au->message_id); KEY(au->correlation_id); KEY(au->originating_message_id);
   I64(au->retry_count);
   nh_pg_args_bytes(a, au->payload, nh_audit_payload_len(au));
-  TXT(au->result);
+  /* a hand-off's completion body: bytes, as the payload; a C string in nh_audit_t */
+  nh_pg_args_bytes(a, au->result, au->result ? strlen(au->result) : 0);
   I64(au->updated_at ? au->updated_at : nh_time_now_ms());
   TXT(au->error_stack);
   if (nh_audit_unresolved_failure(au->status)) {
@@ -416,7 +417,10 @@ nh_pgop_t nh_pgargs_audit_find_prefix(nh_pg_args_t *a, const char *prefix)
 {
   nh_pg_args_reset(a);
   KEY(prefix);
-  prefix = a->values[0];   /* escaped, if it was not UTF-8 (callers check first: no id would match) */
+  /* escaped, if it was not UTF-8, as the ids were when written, so a prefix of such an id
+   * finds it. Not found here, unlike on sqlite: a prefix cut inside a multibyte character
+   * of a valid id (its lone lead byte is escaped; the id's is not). */
+  prefix = a->values[0];
   const unsigned char *p = (const unsigned char *)prefix;
   size_t len = strlen(prefix), cut = 0;
   uint32_t last = 0, cp;
@@ -715,7 +719,8 @@ void nh_pgrow_audit(const PGresult *r, int row, nh_audit_t *a)
   a->originating_message_id = nh_pg_col_strdup(r, row, 13);
   a->retry_count = (int)nh_pg_col_i64(r, row, 14);
   a->payload = nh_pg_col_body(r, row, 15, &a->payload_len);
-  a->result = nh_pg_col_strdup(r, row, 16);
+  size_t result_len;   /* nh_audit_t keeps the result as a C string, as sqlite reads it */
+  a->result = nh_pg_col_body(r, row, 16, &result_len);
   a->created_at = nh_pg_col_i64(r, row, 17);
   a->updated_at = nh_pg_col_i64(r, row, 18);
   a->error_stack = nh_pg_col_strdup(r, row, 19);

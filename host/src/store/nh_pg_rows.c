@@ -58,32 +58,26 @@ int nh_pgs_audit_get(nh_pg_db_t *db, const char *endpoint, const char *event_id,
   return found;
 }
 
+/* An id that is not UTF-8 (a binary AMQP id made an event id) is looked up as it was
+ * written: escaped by the builders (nh_pg_ops.c), so it is found as sqlite finds it. */
 int nh_pgs_audit_find(nh_pg_db_t *db, const char *event_id, nh_audit_t *out, nh_error_t *err)
 {
   nh_pg_args_t a;
   PGresult *r = NULL;
-  size_t len = strlen(event_id);
-  /* no stored id has bytes that are not UTF-8 (text refuses them): none matches */
-  int valid = nh_pg_utf8_valid(event_id, len);
-  if (valid) {
-    if (op_run(db, nh_pgargs_audit_find(&a, event_id), &a, &r)) return nh_error_set(err, NH_EFAIL, "%s",
-                                                                                  nh_pg_db_error(db)->msg);
-    int found = PQntuples(r) > 0;
-    if (found) nh_pgrow_audit(r, 0, out);
-    PQclear(r);
-    if (found) return NH_OK;
-  }
-  if (len < 8)
+  if (op_run(db, nh_pgargs_audit_find(&a, event_id), &a, &r))
+    return nh_error_set(err, NH_EFAIL, "%s", nh_pg_db_error(db)->msg);
+  int found = PQntuples(r) > 0;
+  if (found) nh_pgrow_audit(r, 0, out);
+  PQclear(r);
+  if (found) return NH_OK;
+  if (strlen(event_id) < 8)
     return nh_error_set(err, NH_ENOTFOUND, "no event with id %s (ids are 36 characters; a prefix needs 8 or more)",
                         event_id);
-  int n = 0;
-  if (valid) {
-    if (op_run(db, nh_pgargs_audit_find_prefix(&a, event_id), &a, &r))
-      return nh_error_set(err, NH_EFAIL, "%s", nh_pg_db_error(db)->msg);
-    n = PQntuples(r);
-    if (n == 1) nh_pgrow_audit(r, 0, out);
-    PQclear(r);
-  }
+  if (op_run(db, nh_pgargs_audit_find_prefix(&a, event_id), &a, &r))
+    return nh_error_set(err, NH_EFAIL, "%s", nh_pg_db_error(db)->msg);
+  int n = PQntuples(r);
+  if (n == 1) nh_pgrow_audit(r, 0, out);
+  PQclear(r);
   if (n == 1) return NH_OK;
   if (n > 1)
     return nh_error_set(err, NH_EUSAGE, "event id prefix %s matches several events; give more characters",

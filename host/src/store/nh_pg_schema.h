@@ -1,7 +1,9 @@
 /* The store's schema migrations in PostgreSQL's dialect: entry i moves the schema from
  * version i to i+1 and matches entry i of nh_store_schema.h (sqlite), so that version N
  * holds the same tables, columns and indexes on both backends (host/tests/test_pg.c
- * compares them). Never edit a shipped entry; append one here with each sqlite one.
+ * compares them). Never edit a shipped entry; append one here with each sqlite one. (Entry 1
+ * was edited once, audit.result made bytea, while the host still refused to run on
+ * PostgreSQL: no store in service had it.)
  *
  * What differs from sqlite, and why:
  * - audit has no rowid to page by insert order: `seq` (an identity, unique index
@@ -10,9 +12,9 @@
  * - text is COLLATE "C": sqlite compares text byte by byte, and keyset paging
  *   (session_id > $1 ORDER BY session_id) must page the same way on both, whatever the
  *   database's default collation (a locale's order also keeps LIKE 'prefix%' off the index).
- * - message bodies (audit.payload, parked.body, history.previous_payload) are bytea: a
- *   body may hold a NUL or bytes that are not UTF-8, which sqlite keeps and PostgreSQL's
- *   text refuses.
+ * - message bodies (audit.payload, parked.body, history.previous_payload, and audit.result,
+ *   a hand-off's completion body) are bytea: a body may hold a NUL or bytes that are not
+ *   UTF-8, which sqlite keeps and PostgreSQL's text refuses.
  * - WITHOUT ROWID tables are plain tables with the same primary key.
  * The version lives in the one-row table nimbus_schema, which nh_pg_migrate creates. */
 #ifndef NH_PG_SCHEMA_H
@@ -27,7 +29,7 @@ static const char *const nh_pg_migrations[] = {
   "  event_type " NH_PG_T ", status " NH_PG_T " NOT NULL, sub_status " NH_PG_T ","
   "  error_text " NH_PG_T ", error_type " NH_PG_T ", handoff_reason " NH_PG_T ", external_job_id " NH_PG_T ","
   "  expected_by bigint, message_id " NH_PG_T ", correlation_id " NH_PG_T ", originating_message_id " NH_PG_T ","
-  "  retry_count bigint NOT NULL DEFAULT 0, payload bytea, result " NH_PG_T ", error_stack " NH_PG_T ","
+  "  retry_count bigint NOT NULL DEFAULT 0, payload bytea, result bytea, error_stack " NH_PG_T ","
   "  created_at bigint NOT NULL, updated_at bigint NOT NULL,"
   "  seq bigint GENERATED ALWAYS AS IDENTITY,"
   "  PRIMARY KEY (event_id, endpoint));"   /* event_id first: serves lookups by id alone */
