@@ -1,0 +1,505 @@
+/* The embedded transport's tables and statements in PostgreSQL's dialect (nh_pg_queue.h).
+ * Each statement is its twin of nh_embedded.c's q_sql; what differs, and why:
+ * - INSERT OR REPLACE is INSERT ... ON CONFLICT (the primary key) DO UPDATE;
+ * - sqlite's order without ORDER BY (a WITHOUT ROWID table's primary key) is spelled out;
+ * - max() of two values is greatest();
+ * - parameters whose type PostgreSQL cannot infer are cast.
+ * HEADS_AND_LOCK is PostgreSQL's own: on sqlite one writer at a time makes "scan, then lock
+ * each head" safe; here several hosts scan at once (see its comment). */
+#include "nh_pg_queue.h"
+#include "nh_pg.h"
+#include "core/nh_util.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---------------------------------------------------------------- schema */
+
+#define T "text COLLATE \"C\""
+
+/* The end state of sqlite's embedded_migrations 1-5 as one entry: no PostgreSQL queue was
+ * ever written, so there is nothing to step through. As in nh_pg_schema.h: text is
+ * COLLATE "C" (byte order, as sqlite), integers bigint, bodies bytea (a NUL, bytes that
+ * are not UTF-8), WITHOUT ROWID tables plain ones with the same key. queue.seq is an
+ * identity (AUTOINCREMENT: never reused, so a dead letter's seq stays unique). The heads
+ * scan reads queue_endpoint in seq order; no index on (endpoint, session_id, seq), which
+ * sqlite dropped (version 3) for what it cost every enqueue and settle, nor on
+ * session_locks.owner (version 5). */
+static const char *const queue_migrations[] = {
+  /* 1: sqlite's 1-5 */
+  "CREATE TABLE subscriptions (event_type " T " NOT NULL, endpoint " T " NOT NULL,"
+  "  command bigint NOT NULL DEFAULT 0, PRIMARY KEY (event_type, endpoint));"
+  "CREATE TABLE queue ("
+  "  seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, endpoint " T " NOT NULL, session_id " T " NOT NULL,"
+  "  message_id " T " NOT NULL, event_id " T ", event_type " T ", message_type " T " NOT NULL,"
+  "  correlation_id " T ", originating_message_id " T ", parent_message_id " T ", from_ " T ","
+  "  retry_count bigint NOT NULL DEFAULT 0, delivery_count bigint NOT NULL DEFAULT 0,"
+  "  releases bigint NOT NULL DEFAULT 0, reply_to " T ","
+  "  enqueued_at bigint NOT NULL, visible_at bigint NOT NULL, body bytea, error_text " T ", error_type " T ","
+  "  traceparent " T ", tracestate " T ");"
+  "CREATE INDEX queue_endpoint ON queue(endpoint, seq);"
+  "CREATE TABLE session_locks (endpoint " T " NOT NULL, session_id " T " NOT NULL, owner " T ","
+  "  locked_until bigint NOT NULL, PRIMARY KEY (endpoint, session_id));"
+  "CREATE TABLE dead_letters ("
+  "  seq bigint PRIMARY KEY, endpoint " T " NOT NULL, session_id " T ", message_id " T ", event_id " T ","
+  "  event_type " T ", message_type " T ", body bytea, reason " T ", delivery_count bigint, at bigint NOT NULL);",
+};
+
+#undef T
+
+_Static_assert(sizeof queue_migrations / sizeof queue_migrations[0] == NH_PG_QUEUE_SCHEMA_VERSION,
+               "NH_PG_QUEUE_SCHEMA_VERSION must count the entries of queue_migrations");
+
+/* The advisory lock a host migrating the queue takes: "NHst" (as the store's) and 2; the
+ * store's is "NHst" and 1 (nh_pg.c). Different keys: the two lists are independent. */
+#define QUEUE_MIGRATE_LOCK "5640885475334946818"
+
+/* The version lives in a table of its own rather than a second row of nimbus_schema:
+ * nimbus_schema is one row by a unique index, and nh_pg_migrate and the link read it as
+ * the store's version (a row keyed 'queue' would need both changed). */
+static int read_version(PGconn *conn, int *version, nh_error_t *err)
+{
+  PGresult *r = NULL;
+  *version = 0;
+  if (nh_pg_exec(conn, "SELECT to_regclass('nimbus_queue_schema') IS NOT NULL", 0, NULL, &r, err)) return NH_EFAIL;
+  int exists = strcmp(PQgetvalue(r, 0, 0), "t") == 0;
+  PQclear(r);
+  if (!exists) return NH_OK;
+  if (nh_pg_exec(conn, "SELECT version FROM nimbus_queue_schema", 0, NULL, &r, err)) return NH_EFAIL;
+  if (PQntuples(r) > 0) *version = atoi(PQgetvalue(r, 0, 0));
+  PQclear(r);
+  return NH_OK;
+}
+
+int nh_pg_queue_schema_version(PGconn *conn, int *version, nh_error_t *err)
+{
+  return read_version(conn, version, err);
+}
+
+static int fail_rollback(PGconn *conn)
+{
+  PQclear(PQexec(conn, "ROLLBACK"));
+  return NH_EFAIL;
+}
+
+/* One migration (v to v+1) in its own transaction; *v gets the version after it. */
+static int migrate_step(PGconn *conn, int *v, nh_error_t *err)
+{
+  const char *const lock[] = { QUEUE_MIGRATE_LOCK };
+  if (nh_pg_exec(conn, "BEGIN", 0, NULL, NULL, err)) return NH_EFAIL;
+  /* held to COMMIT: a host starting beside us waits here, then reads our version */
+  if (nh_pg_exec(conn, "SELECT pg_advisory_xact_lock($1::bigint)", 1, lock, NULL, err) ||
+      read_version(conn, v, err))
+    return fail_rollback(conn);
+  if (*v > NH_PG_QUEUE_SCHEMA_VERSION) {
+    fail_rollback(conn);
+    char where[512];
+    nh_pg_conn_display(conn, where, sizeof where);
+    return nh_error_set(err, NH_EFAIL,
+                        "store %s: the embedded queue's schema is version %d, newer than this nimbus-host knows "
+                        "(%d): upgrade nimbus-host or use another --store", where, *v, NH_PG_QUEUE_SCHEMA_VERSION);
+  }
+  if (*v == NH_PG_QUEUE_SCHEMA_VERSION) return nh_pg_exec(conn, "COMMIT", 0, NULL, NULL, err);
+  char doing[64];
+  snprintf(doing, sizeof doing, "migrating the embedded queue to version %d", *v + 1);
+  const char *init = *v == 0 ? "CREATE TABLE IF NOT EXISTS nimbus_queue_schema (version int NOT NULL);"
+                               "CREATE UNIQUE INDEX IF NOT EXISTS nimbus_queue_schema_one_row"
+                               "  ON nimbus_queue_schema ((true));"
+                               "DELETE FROM nimbus_queue_schema; INSERT INTO nimbus_queue_schema VALUES (0);"
+                             : NULL;
+  const char *steps[] = { init, queue_migrations[*v] };
+  for (int i = 0; i < 2; i++) {
+    if (!steps[i]) continue;
+    PGresult *r = PQexec(conn, steps[i]);   /* several statements: the simple protocol */
+    if (PQresultStatus(r) != PGRES_COMMAND_OK) {
+      nh_pg_explain_result(conn, r, doing, err);
+      PQclear(r);
+      return fail_rollback(conn);
+    }
+    PQclear(r);
+  }
+  char next[16];
+  snprintf(next, sizeof next, "%d", *v + 1);
+  const char *const p[] = { next };
+  if (nh_pg_exec(conn, "UPDATE nimbus_queue_schema SET version = $1::int", 1, p, NULL, err))
+    return fail_rollback(conn);
+  if (nh_pg_exec(conn, "COMMIT", 0, NULL, NULL, err)) return NH_EFAIL;
+  *v += 1;
+  return NH_OK;
+}
+
+int nh_pg_queue_migrate(PGconn *conn, nh_error_t *err)
+{
+  int v = 0, rc;
+  do rc = migrate_step(conn, &v, err);
+  while (rc == NH_OK && v < NH_PG_QUEUE_SCHEMA_VERSION);
+  return rc;
+}
+
+/* ---------------------------------------------------------------- operations */
+
+/* The columns nh_pgq_row reads, in nh_embedded.c's read_row order (visible_at is 13). */
+#define ROW_COLS                                                                                  \
+  "seq, session_id, message_id, event_id, event_type, message_type, correlation_id,"                \
+  " originating_message_id, parent_message_id, from_, retry_count, delivery_count, enqueued_at,"   \
+  " visible_at, body, error_text, error_type, releases, reply_to, traceparent, tracestate"
+
+typedef struct opdef {
+  const char *name, *sql;
+  int nparams;
+} opdef_t;
+
+static const opdef_t ops[NH_PGQ_COUNT] = {
+  [NH_PGQ_SUB_DEL] = { "nhq_sub_del", "DELETE FROM subscriptions WHERE endpoint = $1", 1 },
+  [NH_PGQ_SUB_ADD] = { "nhq_sub_add",
+    "INSERT INTO subscriptions(event_type, endpoint, command) VALUES ($1, $2, $3)"
+    " ON CONFLICT (event_type, endpoint) DO UPDATE SET command = excluded.command", 3 },
+  [NH_PGQ_SUB_CONFLICT] = { "nhq_sub_conflict",
+    "SELECT endpoint FROM subscriptions WHERE event_type = $1 AND endpoint <> $2 AND (command = 1 OR $3::bigint = 1)"
+    " ORDER BY endpoint", 3 },
+  [NH_PGQ_SUBSCRIBERS] = { "nhq_subscribers",
+    "SELECT endpoint FROM subscriptions WHERE event_type = $1 ORDER BY endpoint", 1 },
+  [NH_PGQ_INSERT] = { "nhq_insert",
+    "INSERT INTO queue(endpoint, session_id, message_id, event_id, event_type, message_type, correlation_id,"
+    " originating_message_id, parent_message_id, from_, retry_count, enqueued_at, visible_at, body,"
+    " error_text, error_type, reply_to, traceparent, tracestate)"
+    " VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$12,$13,$14,$15,$16,$17,$18) RETURNING seq", 18 },
+  [NH_PGQ_HEADS] = { "nhq_heads",
+    "SELECT " ROW_COLS " FROM queue q WHERE q.endpoint = $1 AND NOT EXISTS"
+    " (SELECT 1 FROM session_locks l WHERE l.endpoint = $1 AND l.session_id = q.session_id"
+    "  AND l.locked_until > $2) ORDER BY q.seq LIMIT $3", 3 },
+  [NH_PGQ_LOCK] = { "nhq_lock",
+    "INSERT INTO session_locks(endpoint, session_id, owner, locked_until) VALUES ($1, $2, $3, $4)"
+    " ON CONFLICT (endpoint, session_id) DO UPDATE SET owner = excluded.owner, locked_until = excluded.locked_until"
+    " WHERE session_locks.locked_until <= $5", 5 },
+  [NH_PGQ_UNLOCK] = { "nhq_unlock",
+    "DELETE FROM session_locks WHERE endpoint = $1 AND session_id = $2 AND owner = $3", 3 },
+  [NH_PGQ_RENEW] = { "nhq_renew",
+    "UPDATE session_locks SET locked_until = $4 WHERE endpoint = $1 AND session_id = $2 AND owner = $3", 4 },
+  [NH_PGQ_DELIVERED] = { "nhq_delivered", "UPDATE queue SET delivery_count = delivery_count + 1 WHERE seq = $1", 1 },
+  [NH_PGQ_DELETE] = { "nhq_delete", "DELETE FROM queue WHERE seq = $1", 1 },
+  [NH_PGQ_DEAD] = { "nhq_dead",
+    "INSERT INTO dead_letters(seq, endpoint, session_id, message_id, event_id, event_type, message_type, body,"
+    " reason, delivery_count, at) SELECT seq, endpoint, session_id, message_id, event_id, event_type,"
+    " message_type, body, $2, delivery_count, $3 FROM queue WHERE seq = $1", 3 },
+  [NH_PGQ_RELEASE_LOCK] = { "nhq_release_lock",
+    "UPDATE session_locks SET owner = NULL, locked_until = $3 WHERE endpoint = $1 AND session_id = $2"
+    " AND owner = $4", 4 },
+  [NH_PGQ_RELEASED] = { "nhq_released",
+    "UPDATE queue SET delivery_count = greatest(delivery_count - 1, 0), releases = releases + 1 WHERE seq = $1", 1 },
+  [NH_PGQ_OWNERS] = { "nhq_owners",
+    "SELECT DISTINCT owner FROM session_locks WHERE owner IS NOT NULL ORDER BY owner", 0 },
+  [NH_PGQ_ROW] = { "nhq_row",
+    "SELECT " ROW_COLS " FROM queue WHERE seq = $1 AND endpoint = $2 AND session_id = $3", 3 },
+  [NH_PGQ_DROP_OWNER] = { "nhq_drop_owner", "DELETE FROM session_locks WHERE owner = $1", 1 },
+  /* The head scan for several hosts, one statement ($1 endpoint, $2 now, $3 max heads,
+   * $4 owner, $5 lease end, $6 rows to scan):
+   * - scan/heads: as the sqlite transport, the endpoint's rows of sessions with no live
+   *   lease in seq order (queue_endpoint), each session's first row its head. Heads are
+   *   chosen before any row lock is asked for: skipping a head locked by another host
+   *   must not make that session's second row look like its head.
+   * - cand: the first $3 of those heads visible now, locked FOR UPDATE SKIP LOCKED (the
+   *   LIMIT above the lock: skipped rows do not count). A host whose statement is taking
+   *   some of them right now has them locked until it commits: they are skipped, not
+   *   waited for, so hosts scanning together take the next sessions, not none.
+   * - leased: the lease, taken only where there is none or it expired by $2. This is what
+   *   makes two hosts never hold one session: a host whose snapshot predates another's
+   *   committed lease still meets it here (ON CONFLICT reads the latest row, and its
+   *   WHERE is checked on it), and one meeting a lease not committed yet waits for it,
+   *   then finds it live. An expired lease (a host that died, a released session's
+   *   delay over) is taken over.
+   * - taken: the leased heads counted as delivered (sqlite's DELIVERED), returned with
+   *   the count before this delivery so that nh_pgq_row reads all row operations alike. */
+  [NH_PGQ_HEADS_AND_LOCK] = { "nhq_heads_and_lock",
+    "WITH scan AS ("
+    "  SELECT q.seq, q.session_id, q.visible_at FROM queue q WHERE q.endpoint = $1 AND NOT EXISTS"
+    "   (SELECT 1 FROM session_locks l WHERE l.endpoint = $1 AND l.session_id = q.session_id"
+    "    AND l.locked_until > $2::bigint) ORDER BY q.seq LIMIT $6),"
+    " heads AS (SELECT DISTINCT ON (session_id) seq, visible_at FROM scan ORDER BY session_id, seq),"
+    " cand AS (SELECT q.seq, q.session_id FROM queue q WHERE q.seq IN"
+    "   (SELECT seq FROM heads WHERE visible_at <= $2::bigint)"
+    "  ORDER BY q.seq LIMIT $3 FOR UPDATE SKIP LOCKED),"
+    " leased AS (INSERT INTO session_locks(endpoint, session_id, owner, locked_until)"
+    "  SELECT $1::text, session_id, $4::text, $5::bigint FROM cand"
+    "  ON CONFLICT (endpoint, session_id) DO UPDATE SET owner = excluded.owner, locked_until = excluded.locked_until"
+    "  WHERE session_locks.locked_until <= $2::bigint RETURNING session_id),"
+    " taken AS (UPDATE queue q SET delivery_count = q.delivery_count + 1 FROM cand c JOIN leased l USING (session_id)"
+    "  WHERE q.seq = c.seq RETURNING q.*)"
+    " SELECT seq, session_id, message_id, event_id, event_type, message_type, correlation_id,"
+    " originating_message_id, parent_message_id, from_, retry_count, delivery_count - 1, enqueued_at,"
+    " visible_at, body, error_text, error_type, releases, reply_to, traceparent, tracestate FROM taken ORDER BY seq",
+    6 },
+  [NH_PGQ_SESSION_NEXT] = { "nhq_session_next",
+    "SELECT " ROW_COLS " FROM queue WHERE endpoint = $1 AND seq > $3 AND session_id = $2 ORDER BY seq LIMIT $4", 4 },
+};
+
+static int known(nh_pgqop_t op) { return (unsigned)op < NH_PGQ_COUNT; }
+const char *nh_pgqop_name(nh_pgqop_t op) { return known(op) ? ops[op].name : "nhq_unknown"; }
+const char *nh_pgqop_sql(nh_pgqop_t op) { return known(op) ? ops[op].sql : NULL; }
+int nh_pgqop_nparams(nh_pgqop_t op) { return known(op) ? ops[op].nparams : 0; }
+
+/* ---------------------------------------------------------------- arguments */
+
+/* prose, and ids or names the queue compares (nh_pg_ops.h) */
+#define TXT(v) nh_pg_args_text(a, v)
+#define KEY(v) nh_pg_args_key(a, v)
+#define I64(v) nh_pg_args_i64(a, v)
+
+static nh_pgqop_t one_key(nh_pg_args_t *a, nh_pgqop_t op, const char *k)
+{
+  nh_pg_args_reset(a);
+  KEY(k);
+  return op;
+}
+
+static nh_pgqop_t one_seq(nh_pg_args_t *a, nh_pgqop_t op, int64_t seq)
+{
+  nh_pg_args_reset(a);
+  I64(seq);
+  return op;
+}
+
+nh_pgqop_t nh_pgqargs_sub_del(nh_pg_args_t *a, const char *endpoint) { return one_key(a, NH_PGQ_SUB_DEL, endpoint); }
+
+nh_pgqop_t nh_pgqargs_sub_add(nh_pg_args_t *a, const char *event_type, const char *endpoint, int command)
+{
+  nh_pg_args_reset(a);
+  KEY(event_type); KEY(endpoint); I64(command != 0);
+  return NH_PGQ_SUB_ADD;
+}
+
+nh_pgqop_t nh_pgqargs_sub_conflict(nh_pg_args_t *a, const char *event_type, const char *endpoint, int command)
+{
+  nh_pgqargs_sub_add(a, event_type, endpoint, command);
+  return NH_PGQ_SUB_CONFLICT;
+}
+
+nh_pgqop_t nh_pgqargs_subscribers(nh_pg_args_t *a, const char *event_type)
+{
+  return one_key(a, NH_PGQ_SUBSCRIBERS, event_type);
+}
+
+nh_pgqop_t nh_pgqargs_insert(nh_pg_args_t *a, const nh_msg_t *m, const char *endpoint, const char *event_id)
+{
+  nh_pg_args_reset(a);
+  KEY(endpoint); KEY(m->session_id); KEY(m->message_id); KEY(event_id); KEY(m->event_type);
+  TXT(nh_msg_type_name(m->type)); KEY(m->correlation_id); KEY(m->originating_message_id);
+  KEY(m->parent_message_id); KEY(m->from);
+  I64(m->retry_count);
+  I64(m->enqueued_at ? m->enqueued_at : nh_time_now_ms());
+  nh_pg_args_bytes(a, m->body, m->body_len);
+  TXT(m->error_text); TXT(m->error_type); KEY(m->reply_to); TXT(m->traceparent); TXT(m->tracestate);
+  return NH_PGQ_INSERT;
+}
+
+nh_pgqop_t nh_pgqargs_heads(nh_pg_args_t *a, const char *endpoint, int64_t now, int scan)
+{
+  one_key(a, NH_PGQ_HEADS, endpoint);
+  I64(now); I64(scan);
+  return NH_PGQ_HEADS;
+}
+
+nh_pgqop_t nh_pgqargs_heads_and_lock(nh_pg_args_t *a, const char *endpoint, int64_t now, int max, const char *owner,
+                                     int64_t until)
+{
+  one_key(a, NH_PGQ_HEADS_AND_LOCK, endpoint);
+  I64(now); I64(max > 0 ? max : 0); KEY(owner); I64(until);
+  I64((int64_t)(max > 0 ? max : 0) * 4 + 256);   /* the sqlite transport's scan */
+  return NH_PGQ_HEADS_AND_LOCK;
+}
+
+nh_pgqop_t nh_pgqargs_lock(nh_pg_args_t *a, const char *endpoint, const char *session, const char *owner,
+                           int64_t until, int64_t now)
+{
+  nh_pg_args_reset(a);
+  KEY(endpoint); KEY(session); KEY(owner); I64(until); I64(now);
+  return NH_PGQ_LOCK;
+}
+
+nh_pgqop_t nh_pgqargs_unlock(nh_pg_args_t *a, const char *endpoint, const char *session, const char *owner)
+{
+  nh_pg_args_reset(a);
+  KEY(endpoint); KEY(session); KEY(owner);
+  return NH_PGQ_UNLOCK;
+}
+
+nh_pgqop_t nh_pgqargs_renew(nh_pg_args_t *a, const char *endpoint, const char *session, const char *owner,
+                            int64_t until)
+{
+  nh_pgqargs_unlock(a, endpoint, session, owner);
+  I64(until);
+  return NH_PGQ_RENEW;
+}
+
+nh_pgqop_t nh_pgqargs_delivered(nh_pg_args_t *a, int64_t seq) { return one_seq(a, NH_PGQ_DELIVERED, seq); }
+nh_pgqop_t nh_pgqargs_delete(nh_pg_args_t *a, int64_t seq) { return one_seq(a, NH_PGQ_DELETE, seq); }
+nh_pgqop_t nh_pgqargs_released(nh_pg_args_t *a, int64_t seq) { return one_seq(a, NH_PGQ_RELEASED, seq); }
+
+nh_pgqop_t nh_pgqargs_dead(nh_pg_args_t *a, int64_t seq, const char *reason, int64_t at)
+{
+  one_seq(a, NH_PGQ_DEAD, seq);
+  TXT(reason); I64(at);
+  return NH_PGQ_DEAD;
+}
+
+nh_pgqop_t nh_pgqargs_release_lock(nh_pg_args_t *a, const char *endpoint, const char *session, int64_t until,
+                                   const char *owner)
+{
+  nh_pg_args_reset(a);
+  KEY(endpoint); KEY(session); I64(until); KEY(owner);
+  return NH_PGQ_RELEASE_LOCK;
+}
+
+nh_pgqop_t nh_pgqargs_owners(nh_pg_args_t *a)
+{
+  nh_pg_args_reset(a);
+  return NH_PGQ_OWNERS;
+}
+
+nh_pgqop_t nh_pgqargs_row(nh_pg_args_t *a, int64_t seq, const char *endpoint, const char *session)
+{
+  one_seq(a, NH_PGQ_ROW, seq);
+  KEY(endpoint); KEY(session);
+  return NH_PGQ_ROW;
+}
+
+nh_pgqop_t nh_pgqargs_drop_owner(nh_pg_args_t *a, const char *owner) { return one_key(a, NH_PGQ_DROP_OWNER, owner); }
+
+nh_pgqop_t nh_pgqargs_session_next(nh_pg_args_t *a, const char *endpoint, const char *session, int64_t after_seq,
+                                   int max)
+{
+  nh_pg_args_reset(a);
+  KEY(endpoint); KEY(session); I64(after_seq); I64(max > 0 ? max : 0);
+  return NH_PGQ_SESSION_NEXT;
+}
+
+/* ---------------------------------------------------------------- readers */
+
+void nh_pgq_row(const PGresult *r, int row, const char *endpoint, nh_msg_t *m)
+{
+  memset(m, 0, sizeof *m);
+  m->seq = nh_pg_col_i64(r, row, 0);
+  m->endpoint = nh_xstrdup(endpoint);
+  m->session_id = nh_pg_col_strdup(r, row, 1);
+  m->message_id = nh_pg_col_strdup(r, row, 2);
+  m->event_id = nh_pg_col_strdup(r, row, 3);
+  m->event_type = nh_pg_col_strdup(r, row, 4);
+  m->type = nh_msg_type_parse(nh_pg_col_text(r, row, 5));
+  m->correlation_id = nh_pg_col_strdup(r, row, 6);
+  m->originating_message_id = nh_pg_col_strdup(r, row, 7);
+  m->parent_message_id = nh_pg_col_strdup(r, row, 8);
+  m->from = nh_pg_col_strdup(r, row, 9);
+  m->retry_count = (int)nh_pg_col_i64(r, row, 10);
+  m->delivery_count = (int)nh_pg_col_i64(r, row, 11) + 1;
+  m->enqueued_at = nh_pg_col_i64(r, row, 12);
+  m->body = nh_pg_col_body(r, row, 14, &m->body_len);
+  m->error_text = nh_pg_col_strdup(r, row, 15);
+  m->error_type = nh_pg_col_strdup(r, row, 16);
+  m->release_count = (int)nh_pg_col_i64(r, row, 17);
+  m->reply_to = nh_pg_col_strdup(r, row, 18);
+  m->traceparent = nh_pg_col_strdup(r, row, 19);
+  m->tracestate = nh_pg_col_strdup(r, row, 20);
+}
+
+int nh_pgq_visible(const PGresult *r, int row, int64_t now) { return nh_pg_col_i64(r, row, 13) <= now; }
+
+/* ---------------------------------------------------------------- executor */
+
+struct nh_pgq {
+  PGconn *conn;
+  unsigned char prepared[NH_PGQ_COUNT];
+  nh_pgqop_t sent;   /* the operation nh_pgq_result reads (NH_PGQ_COUNT: none) */
+};
+
+nh_pgq_t *nh_pgq_new(PGconn *conn)
+{
+  nh_pgq_t *q = nh_xcalloc(1, sizeof *q);
+  q->conn = conn;
+  q->sent = NH_PGQ_COUNT;
+  return q;
+}
+
+void nh_pgq_free(nh_pgq_t *q) { free(q); }
+PGconn *nh_pgq_conn(nh_pgq_t *q) { return q->conn; }
+
+static int ok_result(const PGresult *r)
+{
+  ExecStatusType st = PQresultStatus(r);
+  return st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK;
+}
+
+/* Says why `op` failed while `verb` ("preparing", "running"); takes r. */
+static int op_failed(nh_pgq_t *q, nh_pgqop_t op, const char *verb, PGresult *r, nh_error_t *err)
+{
+  char doing[96];
+  snprintf(doing, sizeof doing, "%s %s", verb, nh_pgqop_name(op) + 4);   /* "heads_and_lock" */
+  int rc = nh_pg_explain_result(q->conn, r, doing, err);
+  PQclear(r);
+  return rc ? rc : NH_EFAIL;
+}
+
+static int prepare(nh_pgq_t *q, nh_pgqop_t op, const nh_pg_args_t *args, nh_error_t *err)
+{
+  if (!known(op) || args->n != ops[op].nparams)
+    return nh_error_set(err, NH_EUSAGE, "queue: operation %d given %d parameters, not %d (a bug of nimbus-host)",
+                        (int)op, args->n, nh_pgqop_nparams(op));
+  if (q->sent != NH_PGQ_COUNT)
+    return nh_error_set(err, NH_ESTATE, "queue: %s is still running on this connection (a bug of nimbus-host)",
+                        nh_pgqop_name(q->sent));
+  if (q->prepared[op]) return NH_OK;
+  PGresult *r = PQprepare(q->conn, ops[op].name, ops[op].sql, ops[op].nparams, NULL);
+  if (!ok_result(r)) return op_failed(q, op, "preparing", r, err);
+  PQclear(r);
+  q->prepared[op] = 1;
+  return NH_OK;
+}
+
+int nh_pgq_run(nh_pgq_t *q, nh_pgqop_t op, nh_pg_args_t *args, PGresult **res, nh_error_t *err)
+{
+  if (res) *res = NULL;
+  int rc = prepare(q, op, args, err);
+  if (rc == NH_OK) {
+    /* binary results: bodies as their bytes, numbers as 8 bytes (nh_pg_col_*) */
+    PGresult *r = PQexecPrepared(q->conn, ops[op].name, args->n, args->values, args->lengths, args->formats, 1);
+    if (!ok_result(r)) rc = op_failed(q, op, "running", r, err);
+    else if (res) *res = r;
+    else PQclear(r);
+  }
+  nh_pg_args_release(args);   /* libpq has copied them, or they were not sent */
+  return rc;
+}
+
+int nh_pgq_send(nh_pgq_t *q, nh_pgqop_t op, nh_pg_args_t *args, nh_error_t *err)
+{
+  int rc = prepare(q, op, args, err);
+  if (rc == NH_OK && !PQsendQueryPrepared(q->conn, ops[op].name, args->n, args->values, args->lengths,
+                                          args->formats, 1))
+    rc = op_failed(q, op, "sending", NULL, err);
+  if (rc == NH_OK) q->sent = op;
+  nh_pg_args_release(args);
+  return rc;
+}
+
+int nh_pgq_result(nh_pgq_t *q, PGresult **res, nh_error_t *err)
+{
+  if (res) *res = NULL;
+  nh_pgqop_t op = q->sent;
+  if (op == NH_PGQ_COUNT)
+    return nh_error_set(err, NH_ESTATE, "queue: no operation was sent on this connection (a bug of nimbus-host)");
+  q->sent = NH_PGQ_COUNT;
+  /* every result up to the NULL that ends them: the first failure is the one said */
+  PGresult *r, *got = NULL;
+  while ((r = PQgetResult(q->conn)) != NULL) {
+    if (!got || (ok_result(got) && !ok_result(r))) {
+      PQclear(got);
+      got = r;
+    } else {
+      PQclear(r);
+    }
+  }
+  if (!got || !ok_result(got)) return op_failed(q, op, "running", got, err);
+  if (res) *res = got;
+  else PQclear(got);
+  return NH_OK;
+}
