@@ -353,7 +353,7 @@ static int stale_request(nh_dispatch_t *d, nh_job_t *job, const char *expected)
              nh_msg_type_name(job->msg.type), expected, a.status);
     note_rejected(d, job, detail);
     nh_uow_history_add(d->uow, job->ep->name, job->msg.event_id, job->msg.message_id,
-                         nh_msg_type_name(job->msg.type), "Rejected", detail, NULL);
+                       nh_msg_type_name(job->msg.type), "Rejected", detail, NULL);
   }
   nh_audit_clear(&a);
   return stale;
