@@ -1,13 +1,17 @@
 /* The embedded transport's tables and statements on PostgreSQL (store/nh_pg_queue.c)
  * against a real server:
- * - its migration, apart from the store's (own version table, own advisory lock);
+ * - its migration, apart from the store's (own version table, own advisory lock), by the
+ *   store's migrator (the same refusals and explanations);
  * - parity: the same sequence run through the real sqlite transport (nh_embedded.c:
  *   subscribe, send, receive, lock/unlock/renew, settle complete/release/dead-letter,
  *   session_next) and through the PostgreSQL operations, comparing the messages handed
  *   out field by field and in order, the queue, the session locks and the dead letters;
  * - heads_and_lock for several hosts: two connections running it at once over 200
  *   sessions take each exactly once; one mid-statement (its transaction open) is skipped,
- *   not waited for; an expired lease is taken over by the other owner, a live one is not.
+ *   not waited for; an expired lease is taken over by the other owner, a live one is not;
+ * - the one executor: the queue's operations run on nh_pg_exec.c's executor like the
+ *   store's, and in one batch with them (a pump's settlement and its store rows): one
+ *   round trip, each prepared once per connection, all committed or nothing.
  *
  * NH_PG_URL names the test cluster (the ctest fixture "postgres") and NH_PG_ADMIN_URL a
  * superuser, through which each test makes its own database (nh_pgtest.h). Without
@@ -33,7 +37,7 @@
 
 /* ---------------------------------------------------------------- PostgreSQL */
 
-static void free_q(void *q) { nh_pgq_free(q); }
+static void free_db(void *db) { nh_pg_db_free(db); }
 
 /* A fresh scratch database's URL (dropped after the test). */
 static const char *scratch_url(void)
@@ -43,19 +47,23 @@ static const char *scratch_url(void)
   return url;
 }
 
-/* A connection to url with the queue migrated and the operations' executor on it. */
-static nh_pgq_t *queue_conn(const char *url)
+/* A connection to url with the queue migrated and the executor on it (which owns it). */
+static nh_pg_db_t *queue_conn(const char *url)
 {
-  PGconn *c = nh_pgtest_connect(url);
+  PGconn *c = NULL;
   nh_error_t err = { 0 };
-  if (nh_pg_queue_migrate(c, &err)) FAIL("queue migrate: %s", err.msg);
-  nh_pgq_t *q = nh_pgq_new(c);
-  nh_test_on_cleanup(free_q, q);
+  if (nh_pg_connect(url, &c, &err)) FAIL("%s", err.msg);
+  if (nh_pg_queue_migrate(c, &err)) {
+    PQfinish(c);
+    FAIL("queue migrate: %s", err.msg);
+  }
+  nh_pg_db_t *q = nh_pg_db_new(c);
+  nh_test_on_cleanup(free_db, q);
   return q;
 }
 
 /* Runs op (built into a); FAILs on an error. The caller PQclear()s. */
-static PGresult *run(nh_pgq_t *q, nh_pgqop_t op, nh_pg_args_t *a)
+static PGresult *run(nh_pg_db_t *q, nh_pgqop_t op, nh_pg_args_t *a)
 {
   nh_error_t err = { 0 };
   PGresult *r = NULL;
@@ -63,7 +71,7 @@ static PGresult *run(nh_pgq_t *q, nh_pgqop_t op, nh_pg_args_t *a)
   return r;
 }
 
-static int run_affected(nh_pgq_t *q, nh_pgqop_t op, nh_pg_args_t *a)
+static int run_affected(nh_pg_db_t *q, nh_pgqop_t op, nh_pg_args_t *a)
 {
   PGresult *r = run(q, op, a);
   int n = nh_pg_affected(r);
@@ -107,7 +115,7 @@ static int take_rows(got_t *g, PGresult *r, const char *ep)
   return g->n;
 }
 
-static int pg_receive(nh_pgq_t *q, got_t *g, const char *ep, int max, int64_t now, const char *owner)
+static int pg_receive(nh_pg_db_t *q, got_t *g, const char *ep, int max, int64_t now, const char *owner)
 {
   nh_pg_args_t a;
   nh_pgqop_t op = nh_pgqargs_heads_and_lock(&a, ep, now, max, owner, now + LOCK_MS);
@@ -156,7 +164,7 @@ typedef struct pair {
   got_t *pg;                    /* what heads_and_lock returned */
   char eps[8][64], eids[8][64];   /* the copies the last sqlite send queued */
   int ncopies;
-  nh_pgq_t *q;
+  nh_pg_db_t *q;
 } pair_t;
 
 static void on_msg(void *data, nh_msg_t *m)
@@ -272,7 +280,7 @@ static const char *same_table(pair_t *b, const char *what, const char *sql)
   static char l[16384];
   char p[16384];
   dump_lite(lite_db(b), sql, l, sizeof l);
-  dump_pg(nh_pgq_conn(b->q), sql, p, sizeof p);
+  dump_pg(nh_pg_db_conn(b->q), sql, p, sizeof p);
   if (strcmp(l, p) != 0) FAIL("%s differ:\n-- sqlite\n%s-- PostgreSQL\n%s", what, l, p);
   return l;
 }
@@ -436,6 +444,26 @@ TEST(queue_schema_migrates_once_beside_the_store)
   ASSERT_EQ_STR(nh_pgtest_q1(c, "SELECT version FROM nimbus_queue_schema"), "7");
 }
 
+/* The store's migrator, so the store's explanations: a role that may not create the
+ * queue's tables is told the right and the GRANT, and nothing is left half-made. */
+TEST(queue_migration_without_create_says_which_grant)
+{
+  const char *role = nh_pgtest_scratch_role("qlimited", "qlimited-pw");
+  const char *db = nh_pgtest_scratch_db();
+  PGconn *c = nh_pgtest_connect(nh_pgtest_url("user", role, "password", "qlimited-pw", "dbname", db, NULL));
+  nh_error_t err = { 0 };
+  ASSERT_EQ_INT(nh_pg_queue_migrate(c, &err), NH_EFAIL);
+  char want[512];
+  snprintf(want, sizeof want, "role \"%s\" may not create tables in schema \"public\" of database \"%s\"", role, db);
+  ASSERT_CONTAINS(err.msg, want);
+  ASSERT_CONTAINS(err.msg, "while migrating the embedded queue to version 1");
+  snprintf(want, sizeof want, "GRANT CREATE ON SCHEMA \"public\" TO \"%s\";", role);
+  ASSERT_CONTAINS(err.msg, want);
+  ASSERT_EQ_INT(PQtransactionStatus(c), PQTRANS_IDLE);
+  PGconn *owner = nh_pgtest_connect(nh_pgtest_url("dbname", db, NULL));
+  ASSERT_EQ_STR(nh_pgtest_q1(owner, "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'"), "0");
+}
+
 /* ---------------------------------------------------------------- parity */
 
 TEST(same_sequence_same_messages_locks_and_dead_letters)
@@ -528,7 +556,7 @@ TEST(same_sequence_same_messages_locks_and_dead_letters)
   int64_t after = nh_time_now_ms();
   ASSERT_CMP_INT(nh_test_q1i(lite_db(b), "SELECT locked_until FROM session_locks WHERE session_id = 's2'"), >=,
                  before + 5000);
-  ASSERT_CMP_INT(atoll(nh_pgtest_q1(nh_pgq_conn(b->q), "SELECT locked_until FROM session_locks"
+  ASSERT_CMP_INT(atoll(nh_pgtest_q1(nh_pg_db_conn(b->q), "SELECT locked_until FROM session_locks"
                                                         " WHERE session_id = 's2'")), <=, after + 5000);
   same_tables(b);
   ASSERT_EQ_INT(receive_both(b, "EpA", 10, t0), 0);
@@ -543,9 +571,9 @@ TEST(same_sequence_same_messages_locks_and_dead_letters)
   const char *dead = same_table(b, "dead letters", dead_dump);
   ASSERT_CONTAINS(dead, "|EpA|s3|m-4|");
   ASSERT_CONTAINS(dead, "|poison: ✗ no handler|1");
-  ASSERT_CMP_INT(atoll(nh_pgtest_q1(nh_pgq_conn(b->q), "SELECT at FROM dead_letters")), >=, before);
-  ASSERT_CMP_INT(atoll(nh_pgtest_q1(nh_pgq_conn(b->q), "SELECT at FROM dead_letters")), <=, after);
-  ASSERT_EQ_STR(nh_pgtest_q1(nh_pgq_conn(b->q), "SELECT octet_length(body) FROM dead_letters"), "0");
+  ASSERT_CMP_INT(atoll(nh_pgtest_q1(nh_pg_db_conn(b->q), "SELECT at FROM dead_letters")), >=, before);
+  ASSERT_CMP_INT(atoll(nh_pgtest_q1(nh_pg_db_conn(b->q), "SELECT at FROM dead_letters")), <=, after);
+  ASSERT_EQ_STR(nh_pgtest_q1(nh_pg_db_conn(b->q), "SELECT octet_length(body) FROM dead_letters"), "0");
   same_tables(b);
 
   /* renew: the lease runs from the renewal; owner B cannot take a live lock, then can */
@@ -621,7 +649,7 @@ TEST(session_next_and_row_read_what_sqlite_reads)
   /* max, and after a later seq */
   got_clear(l);
   got_clear(p);
-  int64_t second = atoll(nh_pgtest_q1(nh_pgq_conn(b->q), "SELECT seq FROM queue WHERE event_id = 'e-2'"));
+  int64_t second = atoll(nh_pgtest_q1(nh_pg_db_conn(b->q), "SELECT seq FROM queue WHERE event_id = 'e-2'"));
   l->n = b->tr->vt->session_next(b->tr, "Ep", "s1", second, 1, l->m, t0);
   r = run(b->q, nh_pgqargs_session_next(&a, "Ep", "s1", second, 1), &a);
   take_rows(p, r, "Ep");
@@ -657,44 +685,68 @@ TEST(session_next_and_row_read_what_sqlite_reads)
 
 #define SESSIONS 200
 
-/* NSESS sessions on Ep with `rows` rows each, every one visible at t0. */
-static void fill(nh_pgq_t *q, int nsess, int rows, int64_t t0)
+/* NSESS sessions on Ep with `rows` rows each, every one visible at t0: one batch. */
+static void fill(nh_pg_db_t *q, int nsess, int rows, int64_t t0)
 {
   nh_pg_args_t a;
+  nh_error_t err = { 0 };
   char s[16], e[32];
-  PQclear(PQexec(nh_pgq_conn(q), "BEGIN"));
+  if (nh_pg_batch_begin(q, &err)) FAIL("%s", err.msg);
   for (int k = 0; k < rows; k++)
     for (int i = 0; i < nsess; i++) {
       snprintf(s, sizeof s, "s%03d", i);
       snprintf(e, sizeof e, "e%03d-%d", i, k);
       nh_msg_t m = msg_of(s, e, e, t0 - 1000);
-      run_affected(q, nh_pgqargs_insert(&a, &m, "Ep", e), &a);
+      if (nh_pgq_batch_add(q, nh_pgqargs_insert(&a, &m, "Ep", e), &a, NULL, NULL, &err)) FAIL("%s", err.msg);
     }
-  PQclear(PQexec(nh_pgq_conn(q), "COMMIT"));
+  if (nh_pg_batch_commit(q, &err)) FAIL("fill: %s", err.msg);
 }
 
-/* Waits up to ms for the statement sent on q; NULL if it has not answered by then. */
-static PGresult *result_within(nh_pgq_t *q, int ms)
+/* One host's heads_and_lock in flight: the sessions it took are counted into taken[]
+ * when its batch commits; rows is how many (-1 until then). */
+typedef struct heads {
+  int *taken;
+  int rows;
+} heads_t;
+
+static void on_heads(void *data, const nh_pg_optab_t *tab, int op, const PGresult *r)
 {
-  PGconn *c = nh_pgq_conn(q);
-  int64_t end = nh_test_mono_ms() + ms;
-  while (PQconsumeInput(c) && PQisBusy(c)) {
-    int64_t left = end - nh_test_mono_ms();
-    if (left <= 0) return NULL;
-    struct pollfd p = { .fd = PQsocket(c), .events = POLLIN };
-    poll(&p, 1, (int)left);
-  }
-  nh_error_t err = { 0 };
-  PGresult *r = NULL;
-  if (nh_pgq_result(q, &r, &err)) FAIL("%s", err.msg);
-  return r;
+  heads_t *h = data;
+  if (tab != &nh_pgq_optab || op != NH_PGQ_HEADS_AND_LOCK) return;   /* rows stays -1: the caller fails */
+  h->rows = PQntuples(r);
+  for (int i = 0; i < h->rows; i++) h->taken[atoi(nh_pg_col_text(r, i, 1) + 1)]++;
 }
 
-static void send_heads(nh_pgq_t *q, int max, int64_t now, const char *owner, int64_t until)
+/* Sends heads_and_lock as a batch of its own and returns at once: several hosts' can be
+ * running on the server before any result is read. */
+static void send_heads(nh_pg_db_t *q, heads_t *h, int max, int64_t now, const char *owner, int64_t until)
 {
   nh_pg_args_t a;
   nh_error_t err = { 0 };
-  if (nh_pgq_send(q, nh_pgqargs_heads_and_lock(&a, "Ep", now, max, owner, until), &a, &err)) FAIL("%s", err.msg);
+  h->rows = -1;
+  if (nh_pg_batch_begin(q, &err) ||
+      nh_pgq_batch_add(q, nh_pgqargs_heads_and_lock(&a, "Ep", now, max, owner, until), &a, on_heads, h, &err) ||
+      nh_pg_batch_send_commit(q, &err))
+    FAIL("%s", err.msg);
+}
+
+/* Drives the batch sent on q for up to ms: the rows it took, or -1 if it has not
+ * committed by then (it is still waiting for something). */
+static int heads_within(nh_pg_db_t *q, heads_t *h, int ms)
+{
+  int64_t end = nh_test_mono_ms() + ms;
+  nh_error_t err = { 0 };
+  int rc = NH_OK, want;
+  while ((want = nh_pg_batch_poll(q, &rc, &err)) != 0) {
+    int64_t left = end - nh_test_mono_ms();
+    if (left <= 0) return -1;
+    struct pollfd p = { .fd = PQsocket(nh_pg_db_conn(q)), .events = POLLIN };
+    if (want & NH_PG_WANT_WRITE) p.events |= POLLOUT;
+    poll(&p, 1, (int)left);
+  }
+  if (rc) FAIL("heads_and_lock: %s", err.msg);
+  if (h->rows < 0) FAIL("heads_and_lock committed without its result");
+  return h->rows;
 }
 
 /* Counts each session a result took into taken[]; returns how many rows. */
@@ -706,21 +758,31 @@ static int tally(PGresult *r, int *taken)
   return n;
 }
 
+/* heads_and_lock, waited for (30 s at most). */
+static int take_heads(nh_pg_db_t *q, int *taken, int max, int64_t now, const char *owner, int64_t until)
+{
+  heads_t h = { taken, -1 };
+  send_heads(q, &h, max, now, owner, until);
+  int n = heads_within(q, &h, 30000);
+  if (n < 0) FAIL("heads_and_lock did not answer in 30 s");
+  return n;
+}
+
 TEST(two_hosts_at_once_take_every_session_exactly_once)
 {
   const char *url = scratch_url();
-  nh_pgq_t *qa = queue_conn(url), *qb = queue_conn(url);
+  nh_pg_db_t *qa = queue_conn(url), *qb = queue_conn(url);
   int64_t t0 = nh_time_now_ms();
   fill(qa, SESSIONS, 2, t0);   /* two rows each: a session's second row must never pass for its head */
   int taken[SESSIONS] = { 0 };
   int got_a = 0, got_b = 0, rounds = 0;
+  heads_t ha = { taken, -1 }, hb = { taken, -1 };
   for (;;) {
     /* both statements running on the server before either result is read */
-    send_heads(qa, 16, t0, OWNER_A, t0 + LOCK_MS);
-    send_heads(qb, 16, t0, OWNER_B, t0 + LOCK_MS);
-    PGresult *ra = result_within(qa, 30000), *rb = result_within(qb, 30000);
-    if (!ra || !rb) FAIL("a host waited 30 s for the other");
-    int na = tally(ra, taken), nb = tally(rb, taken);
+    send_heads(qa, &ha, 16, t0, OWNER_A, t0 + LOCK_MS);
+    send_heads(qb, &hb, 16, t0, OWNER_B, t0 + LOCK_MS);
+    int na = heads_within(qa, &ha, 30000), nb = heads_within(qb, &hb, 30000);
+    if (na < 0 || nb < 0) FAIL("a host waited 30 s for the other");
     got_a += na;
     got_b += nb;
     if (na == 0 && nb == 0) break;
@@ -731,7 +793,7 @@ TEST(two_hosts_at_once_take_every_session_exactly_once)
   ASSERT_EQ_INT(got_a + got_b, SESSIONS);
   ASSERT_CMP_INT(got_a, >, 0);
   ASSERT_CMP_INT(got_b, >, 0);
-  PGconn *c = nh_pgq_conn(qa);
+  PGconn *c = nh_pg_db_conn(qa);
   /* each lease is its taker's, each head delivered once, no second row touched */
   ASSERT_EQ_INT(atoi(nh_pgtest_q1(c, "SELECT count(*) FROM session_locks WHERE owner = '" OWNER_A "'")), got_a);
   ASSERT_EQ_INT(atoi(nh_pgtest_q1(c, "SELECT count(*) FROM session_locks WHERE owner = '" OWNER_B "'")), got_b);
@@ -744,49 +806,154 @@ TEST(two_hosts_at_once_take_every_session_exactly_once)
 TEST(a_host_mid_statement_is_skipped_and_expired_leases_are_taken_over)
 {
   const char *url = scratch_url();
-  nh_pgq_t *qa = queue_conn(url), *qb = queue_conn(url);
+  nh_pg_db_t *qa = queue_conn(url), *qb = queue_conn(url);
   int64_t t0 = nh_time_now_ms();
   fill(qa, 20, 1, t0);
   int taken[SESSIONS] = { 0 };
 
   /* A takes s000-s004 and has not committed yet: B neither waits nor gets those */
-  PGconn *ca = nh_pgq_conn(qa);
+  PGconn *ca = nh_pg_db_conn(qa);
+  nh_pg_args_t a;
+  nh_error_t err = { 0 };
+  PGresult *r = NULL;
   PQclear(PQexec(ca, "BEGIN"));
-  send_heads(qa, 5, t0, OWNER_A, t0 + LOCK_MS);
-  PGresult *r = result_within(qa, 30000);
-  ASSERT_NOT_NULL(r);
+  if (nh_pgq_run(qa, nh_pgqargs_heads_and_lock(&a, "Ep", t0, 5, OWNER_A, t0 + LOCK_MS), &a, &r, &err))
+    FAIL("%s", err.msg);
   ASSERT_EQ_INT(tally(r, taken), 5);
   for (int i = 0; i < 5; i++) ASSERT_EQ_INT(taken[i], 1);
-  send_heads(qb, 5, t0, OWNER_B, t0 + 3 * LOCK_MS);
-  r = result_within(qb, 10000);
+  heads_t hb = { taken, -1 };
+  send_heads(qb, &hb, 5, t0, OWNER_B, t0 + 3 * LOCK_MS);
+  int nb = heads_within(qb, &hb, 10000);
   PQclear(PQexec(ca, "COMMIT"));
-  if (!r) FAIL("B waited for A's open transaction instead of skipping its sessions");
-  ASSERT_EQ_INT(tally(r, taken), 5);
+  if (nb < 0) FAIL("B waited for A's open transaction instead of skipping its sessions");
+  ASSERT_EQ_INT(nb, 5);
   for (int i = 5; i < 10; i++) ASSERT_EQ_INT(taken[i], 1);
   /* A committed: B, whose next scan sees A's leases, takes the next ones */
-  send_heads(qb, 5, t0 + 1, OWNER_B, t0 + 3 * LOCK_MS);
-  ASSERT_EQ_INT(tally(result_within(qb, 30000), taken), 5);
+  ASSERT_EQ_INT(take_heads(qb, taken, 5, t0 + 1, OWNER_B, t0 + 3 * LOCK_MS), 5);
   for (int i = 0; i < 15; i++) ASSERT_EQ_INT(taken[i], 1);
 
   /* a live lease is not taken over: before A's end, A's sessions stay A's */
   int64_t t1 = t0 + LOCK_MS;   /* A's leases end here (locked_until <= now: expired) */
   memset(taken, 0, sizeof taken);
-  send_heads(qb, 50, t1 - 1, OWNER_B, t0 + 3 * LOCK_MS);
-  ASSERT_EQ_INT(tally(result_within(qb, 30000), taken), 5);
+  ASSERT_EQ_INT(take_heads(qb, taken, 50, t1 - 1, OWNER_B, t0 + 3 * LOCK_MS), 5);
   for (int i = 15; i < 20; i++) ASSERT_EQ_INT(taken[i], 1);
   ASSERT_EQ_STR(nh_pgtest_q1(ca, "SELECT count(*) FROM session_locks WHERE owner = '" OWNER_A "'"), "5");
 
   /* A died: at its leases' end B takes its five sessions over, and nothing of its own */
   memset(taken, 0, sizeof taken);
-  send_heads(qb, 50, t1, OWNER_B, t0 + 3 * LOCK_MS);
-  ASSERT_EQ_INT(tally(result_within(qb, 30000), taken), 5);
+  ASSERT_EQ_INT(take_heads(qb, taken, 50, t1, OWNER_B, t0 + 3 * LOCK_MS), 5);
   for (int i = 0; i < 5; i++) ASSERT_EQ_INT(taken[i], 1);
   ASSERT_EQ_STR(nh_pgtest_q1(ca, "SELECT count(*) FROM session_locks WHERE owner = '" OWNER_B "'"), "20");
   ASSERT_EQ_STR(nh_pgtest_q1(ca, "SELECT delivery_count FROM queue WHERE session_id = 's000'"), "2");
   /* and A, back, finds every session leased by B */
   memset(taken, 0, sizeof taken);
-  send_heads(qa, 50, t1, OWNER_A, t1 + LOCK_MS);
-  ASSERT_EQ_INT(tally(result_within(qa, 30000), taken), 0);
+  ASSERT_EQ_INT(take_heads(qa, taken, 50, t1, OWNER_A, t1 + LOCK_MS), 0);
+}
+
+/* ---------------------------------------------------------------- one executor */
+
+/* Each committed result of a mixed batch, as "table:operation", in order. */
+static char done_log[512];
+
+static void log_done(const char *what, const char *name)
+{
+  size_t o = strlen(done_log);
+  snprintf(done_log + o, sizeof done_log - o, "%s%s:%s", o ? " " : "", what, name);
+}
+
+static void on_store_result(void *data, nh_pgop_t op, const PGresult *res)
+{
+  (void)data;
+  (void)res;
+  log_done("store", nh_pgop_name(op));
+}
+
+static void on_any_result(void *data, const nh_pg_optab_t *tab, int op, const PGresult *res)
+{
+  (void)data;
+  (void)res;
+  log_done(tab->what, tab->ops[op].name);
+}
+
+/* A pump's transaction on PostgreSQL: the queue's settlement of a head and the store's
+ * rows of its outcome. */
+static void add_settlement(nh_pg_db_t *q, int64_t seq, const char *session, const char *mid)
+{
+  nh_pg_args_t a;
+  nh_error_t err = { 0 };
+  if (nh_pg_batch_add(q, nh_pgargs_inbox_add(&a, "Ep", mid), &a, on_store_result, NULL, &err) ||
+      nh_pgq_batch_add(q, nh_pgqargs_delete(&a, seq), &a, on_any_result, NULL, &err) ||
+      nh_pg_batch_add_op(q, &nh_pg_store_optab, nh_pgargs_oplog_add(&a, "tests", "settle", "Ep", mid, session, NULL),
+                         &a, on_any_result, NULL, &err) ||
+      nh_pgq_batch_add(q, nh_pgqargs_unlock(&a, "Ep", session, OWNER_A), &a, NULL, NULL, &err))
+    FAIL("%s", err.msg);
+}
+
+TEST(queue_and_store_operations_commit_in_one_batch_or_not_at_all)
+{
+  nh_pg_db_t *q = queue_conn(scratch_url());
+  PGconn *c = nh_pg_db_conn(q);
+  nh_error_t err = { 0 };
+  if (nh_pg_migrate(c, NULL, NULL, &err)) FAIL("store migrate: %s", err.msg);
+  int64_t t0 = nh_time_now_ms();
+  fill(q, 3, 1, t0);
+  int taken[SESSIONS] = { 0 };
+  ASSERT_EQ_INT(take_heads(q, taken, 3, t0, OWNER_A, t0 + LOCK_MS), 3);
+  int64_t s0 = atoll(nh_pgtest_q1(c, "SELECT seq FROM queue WHERE session_id = 's000'"));
+  int64_t s1 = atoll(nh_pgtest_q1(c, "SELECT seq FROM queue WHERE session_id = 's001'"));
+  int64_t s2 = atoll(nh_pgtest_q1(c, "SELECT seq FROM queue WHERE session_id = 's002'"));
+  nh_pg_db_stats_t st0, st1;
+  nh_pg_db_stats(q, &st0);
+
+  /* both tables' operations in one pipeline, the results told in order, each op told
+   * with its own table */
+  done_log[0] = '\0';
+  if (nh_pg_batch_begin(q, &err)) FAIL("%s", err.msg);
+  add_settlement(q, s0, "s000", "e000-0");
+  if (nh_pg_batch_commit(q, &err)) FAIL("%s", err.msg);
+  ASSERT_EQ_STR(done_log, "store:nh_inbox_add queue:nhq_delete store:nh_oplog_add");
+  ASSERT_EQ_STR(nh_pgtest_q1(c, "SELECT count(*) FROM queue"), "2");
+  ASSERT_EQ_STR(nh_pgtest_q1(c, "SELECT count(*) FROM session_locks WHERE session_id = 's000'"), "0");
+  ASSERT_EQ_STR(nh_pgtest_q1(c, "SELECT message_id FROM inbox"), "e000-0");
+  ASSERT_EQ_STR(nh_pgtest_q1(c, "SELECT count(*) FROM operator_log"), "1");
+  nh_pg_db_stats(q, &st1);
+  ASSERT_EQ_INT(st1.pipelines - st0.pipelines, 1);   /* one round trip */
+  ASSERT_EQ_INT(st1.prepares - st0.prepares, 4);     /* each prepared once on this connection */
+
+  /* again: nothing prepared twice, whichever table it is of */
+  if (nh_pg_batch_begin(q, &err)) FAIL("%s", err.msg);
+  add_settlement(q, s1, "s001", "e001-0");
+  if (nh_pg_batch_commit(q, &err)) FAIL("%s", err.msg);
+  nh_pg_db_stats(q, &st0);
+  ASSERT_EQ_INT(st0.prepares, st1.prepares);
+  ASSERT_EQ_STR(nh_pgtest_q1(c, "SELECT count(*) FROM queue"), "1");
+
+  /* a queue statement failing after store writes: nothing of either is committed, and
+   * the error names the statement */
+  nh_pg_args_t a;
+  if (nh_pg_batch_begin(q, &err)) FAIL("%s", err.msg);
+  if (nh_pg_batch_add(q, nh_pgargs_inbox_add(&a, "Ep", "before"), &a, NULL, NULL, &err) ||
+      nh_pgq_batch_add(q, nh_pgqargs_dead(&a, s2, "poison", t0), &a, NULL, NULL, &err) ||
+      nh_pgq_batch_add(q, nh_pgqargs_dead(&a, s2, "twice", t0), &a, NULL, NULL, &err))   /* its key again */
+    FAIL("%s", err.msg);
+  add_settlement(q, s2, "s002", "e002-0");
+  ASSERT_EQ_INT(nh_pg_batch_commit(q, &err), NH_EFAIL);
+  ASSERT_CONTAINS(err.msg, "statement 3 of a batch of 7 (dead)");
+  ASSERT_CONTAINS(err.msg, "23505");
+  ASSERT_CONTAINS(err.msg, "nothing of the batch was committed");
+  ASSERT_EQ_INT(nh_pg_batch_outcome(q), NH_PG_NOT_COMMITTED);
+  ASSERT_EQ_STR(nh_pgtest_q1(c, "SELECT count(*) FROM queue"), "1");
+  ASSERT_EQ_STR(nh_pgtest_q1(c, "SELECT count(*) FROM session_locks WHERE session_id = 's002'"), "1");
+  ASSERT_EQ_STR(nh_pgtest_q1(c, "SELECT count(*) FROM inbox"), "2");
+  ASSERT_EQ_STR(nh_pgtest_q1(c, "SELECT count(*) FROM dead_letters"), "0");
+  ASSERT_EQ_INT(PQtransactionStatus(c), PQTRANS_IDLE);
+
+  /* misuse of a queue operation is refused by the queue's name */
+  nh_pgqargs_delete(&a, s2);
+  a.n = 3;
+  ASSERT_EQ_INT(nh_pgq_run(q, NH_PGQ_DELETE, &a, NULL, &err), NH_EUSAGE);
+  ASSERT_CONTAINS(err.msg, "queue: operation");
+  ASSERT_CONTAINS(err.msg, "given 3 parameters, not 1");
 }
 
 /* ---------------------------------------------------------------- main */

@@ -1,5 +1,6 @@
-/* The PostgreSQL store's statements run blocking (the CLI, migrations at start) and its
- * versioned migrations. The schema version lives in the one-row table nimbus_schema. */
+/* The PostgreSQL store's statements run blocking (the CLI, migrations at start) and the
+ * migrator of versioned migration lists (nh_pg_int.h): the store's, whose version lives in
+ * the one-row table nimbus_schema, and the embedded queue's (nh_pg_queue.c). */
 #include "nh_pg_int.h"
 #include "nh_pg_schema.h"
 #include "nh_store_schema.h"
@@ -54,49 +55,70 @@ static void rollback(PGconn *conn)
   PQclear(PQexec(conn, "ROLLBACK"));
 }
 
-/* The version and whether nimbus_schema exists (-1: it does, but has no row). On an
- * error *failed gets the result, for the caller to explain. */
-static int read_version(PGconn *conn, int *version, int *exists, PGresult **failed)
+/* One query with text parameters; NH_OK with *r, or NH_EFAIL with *failed to explain. */
+static int query(PGconn *conn, const char *sql, const char *param, PGresult **r, PGresult **failed)
 {
+  *r = PQexecParams(conn, sql, param ? 1 : 0, NULL, param ? &param : NULL, NULL, NULL, 0);
+  if (PQresultStatus(*r) == PGRES_TUPLES_OK || PQresultStatus(*r) == PGRES_COMMAND_OK) return NH_OK;
+  *failed = *r;
+  *r = NULL;
+  return NH_EFAIL;
+}
+
+/* The version and whether the list's version table exists (-1: it does, but has no
+ * row). On an error *failed gets the result, for the caller to explain. The table's name
+ * is the list's own (a constant of this program), so it is spelled into the SQL. */
+static int read_version(PGconn *conn, const nh_pg_migrations_t *m, int *version, int *exists, PGresult **failed)
+{
+  char sql[128];
+  PGresult *r;
   *version = 0;
   *exists = 0;
-  PGresult *r = PQexec(conn, "SELECT to_regclass('nimbus_schema') IS NOT NULL");
-  if (PQresultStatus(r) != PGRES_TUPLES_OK) goto fail;
+  if (query(conn, "SELECT to_regclass($1) IS NOT NULL", m->table, &r, failed)) return NH_EFAIL;
   int found = strcmp(PQgetvalue(r, 0, 0), "t") == 0;
   PQclear(r);
   if (!found) return NH_OK;
-  r = PQexec(conn, "SELECT version FROM nimbus_schema");
-  if (PQresultStatus(r) != PGRES_TUPLES_OK) goto fail;
+  snprintf(sql, sizeof sql, "SELECT version FROM %s", m->table);
+  if (query(conn, sql, NULL, &r, failed)) return NH_EFAIL;
   *exists = PQntuples(r) > 0 ? 1 : -1;
   if (*exists > 0) *version = atoi(PQgetvalue(r, 0, 0));
   PQclear(r);
   return NH_OK;
-fail:
-  *failed = r;
-  return NH_EFAIL;
 }
 
-int nh_pg_schema_version(PGconn *conn, int *version, nh_error_t *err)
+int nh_pg_migrations_version(PGconn *conn, const nh_pg_migrations_t *m, int *version, nh_error_t *err)
 {
   int exists;
   PGresult *failed = NULL;
-  if (read_version(conn, version, &exists, &failed) == NH_OK) return NH_OK;
-  int rc = nh_pg_explain_result(conn, failed, "reading the schema version", err);
+  if (read_version(conn, m, version, &exists, &failed) == NH_OK) return NH_OK;
+  char doing[96];
+  snprintf(doing, sizeof doing, "reading %s version", m->what);
+  int rc = nh_pg_explain_result(conn, failed, doing, err);
   PQclear(failed);
   return rc;
 }
 
+/* What a failure while migrating was doing: "migrating the schema to version 3". */
+static void migrating(const nh_pg_migrations_t *m, int version, char *doing, size_t len)
+{
+  if (version > 0) snprintf(doing, len, "migrating %s to version %d", m->what, version);
+  else snprintf(doing, len, "migrating %s", m->what);
+}
+
 /* A migration refused with 42501: which right is missing, on what, and who can grant it
  * (asked of the server once the failed transaction is rolled back). */
-static int explain_denied(PGconn *conn, const PGresult *res, int version, nh_error_t *err)
+static int explain_denied(PGconn *conn, const nh_pg_migrations_t *m, const PGresult *res, int version,
+                          nh_error_t *err)
 {
-  char doing[64] = "migrating the schema", where[512], qu[160], qd[160], qs[160], qo[160];
-  if (version > 0) snprintf(doing, sizeof doing, "migrating the schema to version %d", version);
-  PGresult *r = PQexec(conn,
+  char doing[96], where[512], qu[160], qd[160], qs[160], qo[160];
+  migrating(m, version, doing, sizeof doing);
+  const char *const table[] = { m->table };
+  PGresult *r = PQexecParams(conn,
     "SELECT current_user, current_database(), current_schema(),"
     " current_schema() IS NOT NULL AND has_schema_privilege(current_schema(), 'CREATE'),"
     " (SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = current_database()),"
-    " (SELECT tableowner FROM pg_tables WHERE schemaname = current_schema() AND tablename = 'nimbus_schema')");
+    " (SELECT tableowner FROM pg_tables WHERE schemaname = current_schema() AND tablename = $1)",
+    1, NULL, table, NULL, NULL, 0);
   if (PQresultStatus(r) != PGRES_TUPLES_OK || PQntuples(r) != 1 || PQgetisnull(r, 0, 2)) {
     PQclear(r);
     return nh_pg_explain_result(conn, res, doing, err);
@@ -120,10 +142,10 @@ static int explain_denied(PGconn *conn, const PGresult *res, int version, nh_err
   } else if (owner && strcmp(owner, user) != 0) {
     nh_pg_quote_ident(conn, owner, qo, sizeof qo);
     rc = nh_error_set(err, NH_EFAIL,
-                      "store %s: role %s does not own the store's tables in schema %s (their owner is %s), which "
+                      "store %s: role %s does not own the %s's tables in schema %s (their owner is %s), which "
                       "migrations read and alter (SQLSTATE 42501: %s) while %s: run this nimbus-host once as role "
                       "%s, or as %s or a superuser run GRANT %s TO %s;",
-                      where, qu, qs, qo, primary, doing, qo, qo, qo, qu);
+                      where, qu, m->whose, qs, qo, primary, doing, qo, qo, qo, qu);
   } else {
     rc = nh_pg_explain_result(conn, res, doing, err);
   }
@@ -132,52 +154,67 @@ static int explain_denied(PGconn *conn, const PGresult *res, int version, nh_err
 }
 
 /* 42501 is said with the right and the object it is about; anything else as it came. */
-static int explain_failed(PGconn *conn, PGresult *failed, int version, nh_error_t *err)
+static int explain_failed(PGconn *conn, const nh_pg_migrations_t *m, PGresult *failed, int version,
+                          nh_error_t *err)
 {
   const char *code = PQresultErrorField(failed, PG_DIAG_SQLSTATE);
   rollback(conn);
-  char doing[64] = "migrating the schema";
-  if (version > 0) snprintf(doing, sizeof doing, "migrating the schema to version %d", version);
-  int rc = code && strcmp(code, "42501") == 0 ? explain_denied(conn, failed, version, err)
+  char doing[96];
+  migrating(m, version, doing, sizeof doing);
+  int rc = code && strcmp(code, "42501") == 0 ? explain_denied(conn, m, failed, version, err)
                                                : nh_pg_explain_result(conn, failed, doing, err);
   PQclear(failed);
   return rc;
 }
 
+/* The statements that make the version table (exists 0) or give it its row (-1). */
+static void init_script(const nh_pg_migrations_t *m, int exists, char *sql, size_t len)
+{
+  const char *t = m->table;
+  if (exists == 0)
+    snprintf(sql, len,
+             "CREATE TABLE %s (version int NOT NULL);"
+             "CREATE UNIQUE INDEX %s_one_row ON %s ((true));"
+             "INSERT INTO %s VALUES (0);", t, t, t, t);
+  else
+    snprintf(sql, len, "INSERT INTO %s VALUES (0);", t);
+}
+
 /* One migration (v to v+1) in its own transaction; *v gets the version found, and the
  * caller stops when it is at or past target. */
-static int migrate_step(PGconn *conn, int target, int *v, int *first, nh_error_t *err)
+static int migrate_step(PGconn *conn, const nh_pg_migrations_t *m, int target, int *v, int *first, nh_error_t *err)
 {
-  const char *const lock[] = { NH_PG_MIGRATE_LOCK };
+  const char *const lock[] = { m->lock };
   int exists = 0;
   PGresult *failed = NULL;
+  char sql[512];
   if (nh_pg_exec(conn, "BEGIN", 0, NULL, NULL, err)) return NH_EFAIL;
   /* Held to COMMIT: a host starting beside us waits here, then finds our version. */
   if (nh_pg_exec(conn, "SELECT pg_advisory_xact_lock($1::bigint)", 1, lock, NULL, err)) {
     rollback(conn);
     return NH_EFAIL;
   }
-  if (read_version(conn, v, &exists, &failed)) return explain_failed(conn, failed, -1, err);
+  if (read_version(conn, m, v, &exists, &failed)) return explain_failed(conn, m, failed, -1, err);
   if (*first < 0) *first = *v;
-  if (*v > NH_PG_SCHEMA_VERSION) {
+  if (*v > m->count) {
     rollback(conn);
     char where[512];
     nh_pg_conn_display(conn, where, sizeof where);
     return nh_error_set(err, NH_EFAIL,
-                        "store %s: the store's schema is version %d, newer than this nimbus-host knows (%d): "
-                        "upgrade nimbus-host or use another --store", where, *v, NH_PG_SCHEMA_VERSION);
+                        "store %s: the %s's schema is version %d, newer than this nimbus-host knows (%d): "
+                        "upgrade nimbus-host or use another --store", where, m->whose, *v, m->count);
   }
   if (*v >= target) return nh_pg_exec(conn, "COMMIT", 0, NULL, NULL, err);
-  const char *init = exists == 0 ? "CREATE TABLE nimbus_schema (version int NOT NULL);"
-                                   "CREATE UNIQUE INDEX nimbus_schema_one_row ON nimbus_schema ((true));"
-                                   "INSERT INTO nimbus_schema VALUES (0);"
-                     : exists < 0 ? "INSERT INTO nimbus_schema VALUES (0);" : NULL;
-  if ((init && exec_script(conn, init, &failed)) || exec_script(conn, nh_pg_migrations[*v], &failed))
-    return explain_failed(conn, failed, *v + 1, err);
+  if (exists <= 0) {
+    init_script(m, exists, sql, sizeof sql);
+    if (exec_script(conn, sql, &failed)) return explain_failed(conn, m, failed, *v + 1, err);
+  }
+  if (exec_script(conn, m->steps[*v], &failed)) return explain_failed(conn, m, failed, *v + 1, err);
   char next[16];
   snprintf(next, sizeof next, "%d", *v + 1);
+  snprintf(sql, sizeof sql, "UPDATE %s SET version = $1::int", m->table);
   const char *const p[] = { next };
-  if (nh_pg_exec(conn, "UPDATE nimbus_schema SET version = $1::int", 1, p, NULL, err)) {
+  if (nh_pg_exec(conn, sql, 1, p, NULL, err)) {
     rollback(conn);
     return NH_EFAIL;
   }
@@ -186,17 +223,39 @@ static int migrate_step(PGconn *conn, int target, int *v, int *first, nh_error_t
   return NH_OK;
 }
 
-int nh_pg_migrate_to(PGconn *conn, int target, int *from, int *to, nh_error_t *err)
+int nh_pg_migrations_run(PGconn *conn, const nh_pg_migrations_t *m, int target, int *from, int *to,
+                         nh_error_t *err)
 {
-  if (target < 0 || target > NH_PG_SCHEMA_VERSION)
+  if (target < 0 || target > m->count)
     return nh_error_set(err, NH_EUSAGE, "schema version %d does not exist: this nimbus-host knows 0 to %d", target,
-                        NH_PG_SCHEMA_VERSION);
+                        m->count);
   int v = 0, first = -1, rc;
-  do rc = migrate_step(conn, target, &v, &first, err);
+  do rc = migrate_step(conn, m, target, &v, &first, err);
   while (rc == NH_OK && v < target);
   if (from) *from = first < 0 ? 0 : first;
   if (to) *to = v;
   return rc;
+}
+
+/* ---------------------------------------------------------------- the store's */
+
+static const nh_pg_migrations_t store_migrations = {
+  .lock = NH_PG_MIGRATE_LOCK,
+  .table = "nimbus_schema",
+  .whose = "store",
+  .what = "the schema",
+  .steps = nh_pg_migrations,
+  .count = NH_PG_SCHEMA_VERSION,
+};
+
+int nh_pg_schema_version(PGconn *conn, int *version, nh_error_t *err)
+{
+  return nh_pg_migrations_version(conn, &store_migrations, version, err);
+}
+
+int nh_pg_migrate_to(PGconn *conn, int target, int *from, int *to, nh_error_t *err)
+{
+  return nh_pg_migrations_run(conn, &store_migrations, target, from, to, err);
 }
 
 int nh_pg_migrate(PGconn *conn, int *from, int *to, nh_error_t *err)

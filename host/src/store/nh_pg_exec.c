@@ -11,7 +11,10 @@
  *
  * A failed item aborts the rest of its pipeline (the server skips them until the sync):
  * in a batch, COMMIT is among them, and the transaction, left failed, is rolled back by
- * a second pipeline. Callbacks run only for a batch that committed. */
+ * a second pipeline. Callbacks run only for a batch that committed.
+ *
+ * Operations come from operation tables (nh_pg_optab_t): the store's and the embedded
+ * queue's, mixed freely in one batch. What a connection has prepared is kept per table. */
 #include "nh_pg.h"
 #include "nh_pg_ops.h"
 #include "core/nh_log.h"
@@ -27,9 +30,11 @@ typedef enum { ITEM_PREPARE, ITEM_OP, ITEM_BEGIN, ITEM_COMMIT, ITEM_ROLLBACK } i
 
 typedef struct item {
   item_kind_t kind;
-  nh_pgop_t op;
+  const nh_pg_optab_t *tab;   /* ITEM_PREPARE, ITEM_OP: the operation, tab's op */
+  int op;
   int seq;                  /* ITEM_OP: the operation's number in its batch, from 1 */
-  nh_pg_result_cb cb;
+  nh_pg_result_cb store_cb;   /* nh_pg_batch_add's (the store's operations, typed) */
+  nh_pg_op_cb cb;             /* nh_pg_batch_add_op's */
   void *data;
   PGresult *res;            /* kept until the pipeline is over */
 } item_t;
@@ -37,9 +42,19 @@ typedef struct item {
 typedef enum { IDLE, ADDING, WAITING, ROLLING_BACK } phase_t;
 enum { UNPREPARED, PREPARE_SENT, PREPARED };
 
+/* The tables a connection may run operations of: the store's and the queue's, and room. */
+#define MAX_TABLES 4
+
+/* What a connection has prepared of one table, one state per operation. */
+typedef struct prepared {
+  const nh_pg_optab_t *tab;
+  unsigned char *state;
+} prepared_t;
+
 struct nh_pg_db {
   PGconn *conn;
-  unsigned char prepared[NH_PGOP_COUNT];
+  prepared_t prepared[MAX_TABLES];
+  int ntables;
   nh_pg_db_stats_t stats;
   int failed;
   nh_error_t last;
@@ -80,6 +95,7 @@ void nh_pg_db_free(nh_pg_db_t *db)
   if (!db) return;
   drop_items(db);
   free(db->items);
+  for (int i = 0; i < db->ntables; i++) free(db->prepared[i].state);
   PQfinish(db->conn);
   free(db);
 }
@@ -97,9 +113,22 @@ void nh_pg_db_set_failed(nh_pg_db_t *db, const nh_error_t *err)
 }
 
 /* The operation's name as messages show it: "audit_put". */
-static const char *shown(nh_pgop_t op) { return nh_pgop_name(op) + 3; }
+static const char *shown(const nh_pg_optab_t *tab, int op) { return tab->ops[op].name + tab->prefix; }
 
-static item_t *push(nh_pg_db_t *db, item_kind_t kind, nh_pgop_t op)
+/* The connection's prepare states of tab's operations, made on first use (NULL: more
+ * tables than MAX_TABLES). A table is found by its address: each is one constant. */
+static unsigned char *prepared_of(nh_pg_db_t *db, const nh_pg_optab_t *tab)
+{
+  for (int i = 0; i < db->ntables; i++)
+    if (db->prepared[i].tab == tab) return db->prepared[i].state;
+  if (db->ntables == MAX_TABLES) return NULL;
+  prepared_t *p = &db->prepared[db->ntables++];
+  p->tab = tab;
+  p->state = nh_xcalloc((size_t)tab->count, 1);
+  return p->state;
+}
+
+static item_t *push(nh_pg_db_t *db, item_kind_t kind, const nh_pg_optab_t *tab, int op)
 {
   if (db->nitems == db->cap) {
     db->cap = db->cap ? db->cap * 2 : 16;
@@ -108,6 +137,7 @@ static item_t *push(nh_pg_db_t *db, item_kind_t kind, nh_pgop_t op)
   item_t *it = &db->items[db->nitems++];
   memset(it, 0, sizeof *it);
   it->kind = kind;
+  it->tab = tab;
   it->op = op;
   return it;
 }
@@ -146,40 +176,56 @@ static int start(nh_pg_db_t *db, int batch, nh_error_t *err)
 static int send_plain(nh_pg_db_t *db, item_kind_t kind, const char *sql, nh_error_t *err)
 {
   if (!PQsendQueryParams(db->conn, sql, 0, NULL, NULL, NULL, NULL, 0)) return send_failed(db, sql, err);
-  push(db, kind, NH_PGOP_COUNT);
+  push(db, kind, NULL, -1);
   db->stats.statements++;
   return NH_OK;
 }
 
-static int send_op(nh_pg_db_t *db, nh_pgop_t op, const nh_pg_args_t *args, nh_pg_result_cb cb, void *data,
+/* Where a batch's result goes: one of the two callback kinds (or none), and its data. */
+typedef struct sink {
+  nh_pg_result_cb store_cb;
+  nh_pg_op_cb cb;
+  void *data;
+} sink_t;
+
+static int send_op(nh_pg_db_t *db, const nh_pg_optab_t *tab, int op, const nh_pg_args_t *args, const sink_t *to,
                    nh_error_t *err)
 {
   char doing[96];
-  if ((unsigned)op >= NH_PGOP_COUNT || args->n != nh_pgop_nparams(op))
-    return nh_error_set(err, NH_EUSAGE, "store: operation %d given %d parameters, not %d (a bug of nimbus-host)",
-                        (int)op, args->n, nh_pgop_nparams(op));
+  int known = op >= 0 && op < tab->count;
+  if (!known || args->n != tab->ops[op].nparams)
+    return nh_error_set(err, NH_EUSAGE, "%s: operation %d given %d parameters, not %d (a bug of nimbus-host)",
+                        tab->what, op, args->n, known ? tab->ops[op].nparams : 0);
+  unsigned char *prepared = prepared_of(db, tab);
+  if (!prepared)
+    return nh_error_set(err, NH_EUSAGE, "%s: more than %d operation tables on one connection (a bug of "
+                        "nimbus-host)", tab->what, MAX_TABLES);
   if (db->send_failed) {
     *err = db->err;
     return NH_EFAIL;
   }
-  if (db->prepared[op] == UNPREPARED) {
-    if (!PQsendPrepare(db->conn, nh_pgop_name(op), nh_pgop_sql(op), nh_pgop_nparams(op), NULL)) {
-      snprintf(doing, sizeof doing, "preparing %s", shown(op));
+  const nh_pg_opdef_t *def = &tab->ops[op];
+  if (prepared[op] == UNPREPARED) {
+    if (!PQsendPrepare(db->conn, def->name, def->sql, def->nparams, NULL)) {
+      snprintf(doing, sizeof doing, "preparing %s", shown(tab, op));
       return send_failed(db, doing, err);
     }
-    push(db, ITEM_PREPARE, op);
-    db->prepared[op] = PREPARE_SENT;
+    push(db, ITEM_PREPARE, tab, op);
+    prepared[op] = PREPARE_SENT;
     db->stats.prepares++;
   }
   /* binary results: bodies as their bytes, numbers as 8 bytes (nh_pg_col_*) */
-  if (!PQsendQueryPrepared(db->conn, nh_pgop_name(op), args->n, args->values, args->lengths, args->formats, 1)) {
-    snprintf(doing, sizeof doing, "sending %s", shown(op));
+  if (!PQsendQueryPrepared(db->conn, def->name, args->n, args->values, args->lengths, args->formats, 1)) {
+    snprintf(doing, sizeof doing, "sending %s", shown(tab, op));
     return send_failed(db, doing, err);
   }
-  item_t *it = push(db, ITEM_OP, op);
+  item_t *it = push(db, ITEM_OP, tab, op);
   it->seq = ++db->nops;
-  it->cb = cb;
-  it->data = data;
+  if (to) {
+    it->store_cb = to->store_cb;
+    it->cb = to->cb;
+    it->data = to->data;
+  }
   db->stats.statements++;
   return NH_OK;
 }
@@ -200,7 +246,7 @@ static void describe(nh_pg_db_t *db, const item_t *it, char *out, size_t len)
   const char *none = "; nothing of the batch was committed";
   switch (it ? it->kind : ITEM_OP) {
   case ITEM_PREPARE:
-    snprintf(out, len, "preparing %s%s", shown(it->op), db->batch ? none : "");
+    snprintf(out, len, "preparing %s%s", shown(it->tab, it->op), db->batch ? none : "");
     break;
   case ITEM_BEGIN:
     snprintf(out, len, "starting a batch of %d statements", db->nops);
@@ -224,9 +270,10 @@ static void describe(nh_pg_db_t *db, const item_t *it, char *out, size_t len)
     if (!it) snprintf(out, len, "waiting for the results of %s%s", db->batch ? "a batch" : "a statement",
                       db->batch ? none : "");
     else if (db->batch)
-      snprintf(out, len, "running statement %d of a batch of %d (%s)%s", it->seq, db->nops, shown(it->op), none);
+      snprintf(out, len, "running statement %d of a batch of %d (%s)%s", it->seq, db->nops, shown(it->tab, it->op),
+               none);
     else
-      snprintf(out, len, "running %s", shown(it->op));
+      snprintf(out, len, "running %s", shown(it->tab, it->op));
     break;
   }
 }
@@ -260,7 +307,7 @@ static void took(nh_pg_db_t *db, PGresult *r)
   }
   db->got = 1;
   if (it->kind == ITEM_PREPARE)
-    db->prepared[it->op] = PQresultStatus(it->res) == PGRES_COMMAND_OK ? PREPARED : UNPREPARED;
+    prepared_of(db, it->tab)[it->op] = PQresultStatus(it->res) == PGRES_COMMAND_OK ? PREPARED : UNPREPARED;
   if (db->failed_at < 0 && failed_result(it->res)) db->failed_at = db->next;
 }
 
@@ -304,8 +351,11 @@ static int in_doubt(const nh_pg_db_t *db)
 /* The pipeline is over, the connection idle again (or gone). */
 static void finish(nh_pg_db_t *db)
 {
-  for (int op = 0; op < NH_PGOP_COUNT; op++)
-    if (db->prepared[op] == PREPARE_SENT) db->prepared[op] = UNPREPARED;   /* skipped, or never answered */
+  for (int i = 0; i < db->ntables; i++) {
+    prepared_t *p = &db->prepared[i];
+    for (int op = 0; op < p->tab->count; op++)
+      if (p->state[op] == PREPARE_SENT) p->state[op] = UNPREPARED;   /* skipped, or never answered */
+  }
   if (!db->lost && !PQexitPipelineMode(db->conn) && !db->err.code)
     nh_pg_explain_result(db->conn, NULL, "leaving pipeline mode", &db->err);
   db->phase = IDLE;
@@ -385,7 +435,8 @@ static int run_to_end(nh_pg_db_t *db)
 
 /* ---------------------------------------------------------------- one operation */
 
-int nh_pg_db_run(nh_pg_db_t *db, nh_pgop_t op, nh_pg_args_t *args, PGresult **res, nh_error_t *err)
+int nh_pg_db_run_op(nh_pg_db_t *db, const nh_pg_optab_t *tab, int op, nh_pg_args_t *args, PGresult **res,
+                    nh_error_t *err)
 {
   if (res) *res = NULL;
   int rc = start(db, 0, err);
@@ -393,7 +444,7 @@ int nh_pg_db_run(nh_pg_db_t *db, nh_pgop_t op, nh_pg_args_t *args, PGresult **re
     nh_pg_args_release(args);
     return rc;
   }
-  rc = send_op(db, op, args, NULL, NULL, err);
+  rc = send_op(db, tab, op, args, NULL, err);
   nh_pg_args_release(args);   /* libpq has copied them, or they will not be sent */
   if (rc == NH_OK) rc = send_sync(db, err);
   if (rc) {
@@ -419,6 +470,11 @@ int nh_pg_db_run(nh_pg_db_t *db, nh_pgop_t op, nh_pg_args_t *args, PGresult **re
   return rc;
 }
 
+int nh_pg_db_run(nh_pg_db_t *db, nh_pgop_t op, nh_pg_args_t *args, PGresult **res, nh_error_t *err)
+{
+  return nh_pg_db_run_op(db, &nh_pg_store_optab, (int)op, args, res, err);
+}
+
 /* ---------------------------------------------------------------- batches */
 
 int nh_pg_batch_begin(nh_pg_db_t *db, nh_error_t *err)
@@ -432,14 +488,28 @@ int nh_pg_batch_begin(nh_pg_db_t *db, nh_error_t *err)
   return NH_OK;
 }
 
-int nh_pg_batch_add(nh_pg_db_t *db, nh_pgop_t op, nh_pg_args_t *args, nh_pg_result_cb cb, void *data,
-                    nh_error_t *err)
+static int batch_add(nh_pg_db_t *db, const nh_pg_optab_t *tab, int op, nh_pg_args_t *args, const sink_t *to,
+                     nh_error_t *err)
 {
   int rc = db->phase != ADDING || !db->batch
                ? nh_error_set(err, NH_ESTATE, "store: no batch is open on this connection (a bug of nimbus-host)")
-               : send_op(db, op, args, cb, data, err);
+               : send_op(db, tab, op, args, to, err);
   nh_pg_args_release(args);   /* libpq has copied them, or they will not be sent */
   return rc;
+}
+
+int nh_pg_batch_add(nh_pg_db_t *db, nh_pgop_t op, nh_pg_args_t *args, nh_pg_result_cb cb, void *data,
+                    nh_error_t *err)
+{
+  const sink_t to = { .store_cb = cb, .data = data };
+  return batch_add(db, &nh_pg_store_optab, (int)op, args, &to, err);
+}
+
+int nh_pg_batch_add_op(nh_pg_db_t *db, const nh_pg_optab_t *tab, int op, nh_pg_args_t *args, nh_pg_op_cb cb,
+                       void *data, nh_error_t *err)
+{
+  const sink_t to = { .cb = cb, .data = data };
+  return batch_add(db, tab, op, args, &to, err);
 }
 
 int nh_pg_batch_send_commit(nh_pg_db_t *db, nh_error_t *err)
@@ -471,7 +541,9 @@ int nh_pg_batch_poll(nh_pg_db_t *db, int *rc, nh_error_t *err)
   } else {
     for (int i = 0; i < db->nitems; i++) {
       item_t *it = &db->items[i];
-      if (it->kind == ITEM_OP && it->cb) it->cb(it->data, it->op, it->res);
+      if (it->kind != ITEM_OP) continue;
+      if (it->store_cb) it->store_cb(it->data, (nh_pgop_t)it->op, it->res);
+      else if (it->cb) it->cb(it->data, it->tab, it->op, it->res);
     }
   }
   drop_items(db);

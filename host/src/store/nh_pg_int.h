@@ -1,5 +1,5 @@
-/* PostgreSQL store internals shared by nh_pg*.c: the connection target a URL names, and
- * the explanations of connection failures. */
+/* PostgreSQL store internals shared by nh_pg*.c: the connection target a URL names, the
+ * explanations of connection failures, and the migrator of versioned migration lists. */
 #ifndef NH_PG_INT_H
 #define NH_PG_INT_H
 
@@ -52,5 +52,27 @@ int nh_pg_explain_unresolved(const nh_pg_target_t *t, const char *name, const ch
  * (single-quoted only when it needs to be). Both write into buf and return it. */
 const char *nh_pg_quote_ident(PGconn *conn, const char *name, char *buf, size_t len);
 const char *nh_pg_quote_shell(const char *word, char *buf, size_t len);
+
+/* A list of versioned migrations with a version of its own: the store's (nh_pg.c) and the
+ * embedded queue's (nh_pg_queue.c). Each is migrated apart, under its own advisory lock,
+ * its version in its own one-row table, so neither waits for nor disturbs the other. */
+typedef struct nh_pg_migrations {
+  const char *lock;          /* pg_advisory_xact_lock's key (a bigint, as text): one per list */
+  const char *table;         /* the one-row table holding the version (a constant identifier) */
+  const char *whose;         /* in messages, "the store's schema is version 9": "store" */
+  const char *what;          /* in messages, "migrating the schema to version 3": "the schema" */
+  const char *const *steps;  /* steps[v] brings version v to v + 1 (several statements) */
+  int count;                 /* the version this nimbus-host writes: the steps' number */
+} nh_pg_migrations_t;
+
+/* Brings the list to `target` (0 to m->count): one transaction per step, each under
+ * pg_advisory_xact_lock(m->lock) so that hosts starting together never run one twice. A
+ * newer version is refused (naming both versions); a current one is left alone; a role
+ * without the rights a step needs is told which, and the GRANT that gives it. *from and
+ * *to (either may be NULL) get the versions before and after. */
+int nh_pg_migrations_run(PGconn *conn, const nh_pg_migrations_t *m, int target, int *from, int *to,
+                         nh_error_t *err);
+/* The list's version the connection sees (0: no version table, or no row in it). */
+int nh_pg_migrations_version(PGconn *conn, const nh_pg_migrations_t *m, int *version, nh_error_t *err);
 
 #endif

@@ -21,12 +21,7 @@
 /* The audit columns in the order nh_pgrow_audit reads them: the sqlite store's. */
 #define AUDIT_COLS NH_AUDIT_COLS
 
-typedef struct opdef {
-  const char *name, *sql;
-  int nparams;
-} opdef_t;
-
-static const opdef_t ops[NH_PGOP_COUNT] = {
+static const nh_pg_opdef_t ops[NH_PGOP_COUNT] = {
   [NH_PGOP_AUDIT_PUT] = { "nh_audit_put",
     "INSERT INTO audit(endpoint, event_id, session_id, event_type, status, sub_status, error_text, error_type,"
     " handoff_reason, external_job_id, expected_by, message_id, correlation_id, originating_message_id,"
@@ -152,6 +147,8 @@ static const opdef_t ops[NH_PGOP_COUNT] = {
     " queued = excluded.queued", 5 },
   [NH_PGOP_BULK_DONE] = { "nh_bulk_done", "DELETE FROM bulk_runs WHERE key = $1", 1 },
 };
+
+const nh_pg_optab_t nh_pg_store_optab = { "store", 3, ops, NH_PGOP_COUNT };   /* "nh_" */
 
 static int known(nh_pgop_t op) { return (unsigned)op < NH_PGOP_COUNT; }
 const char *nh_pgop_name(nh_pgop_t op) { return known(op) ? ops[op].name : "nh_unknown"; }

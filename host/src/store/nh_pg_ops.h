@@ -70,6 +70,26 @@ const char *nh_pgop_name(nh_pgop_t op);
 const char *nh_pgop_sql(nh_pgop_t op);
 int nh_pgop_nparams(nh_pgop_t op);
 
+/* An operation table: the statements one module defines, indexed by its own enum (the
+ * store's nh_pgop_t here; the embedded queue's nh_pgqop_t, nh_pg_queue.h). The executor
+ * runs the operations of any table, in the same batches if need be (a pump settles queue
+ * rows and writes store rows in one transaction), and prepares each once per connection. */
+typedef struct nh_pg_opdef {
+  const char *name;   /* the prepared statement's name, unique over every table */
+  const char *sql;
+  int nparams;
+} nh_pg_opdef_t;
+
+typedef struct nh_pg_optab {
+  const char *what;            /* who reports a misuse: "store", "queue" */
+  size_t prefix;               /* the names' common prefix ("nh_"), dropped in messages */
+  const nh_pg_opdef_t *ops;
+  int count;
+} nh_pg_optab_t;
+
+/* The store's operations, NH_PGOP_COUNT of them. */
+extern const nh_pg_optab_t nh_pg_store_optab;
+
 /* ---------------------------------------------------------------- arguments */
 
 #define NH_PG_MAX_ARGS 25   /* audit put's */
@@ -188,7 +208,7 @@ int nh_pg_affected(const PGresult *r);
 
 /* ---------------------------------------------------------------- executor (nh_pg_exec.c) */
 
-/* A connection with the operations prepared on it, each on first use. */
+/* A connection with the operations prepared on it, each on first use, whatever its table. */
 typedef struct nh_pg_db nh_pg_db_t;
 
 /* Takes the connection (nh_pg_db_free PQfinish()es it) and makes it non-blocking: the
@@ -201,6 +221,9 @@ PGconn *nh_pg_db_conn(nh_pg_db_t *db);
  * the result in *res (the caller PQclear()s; res may be NULL to drop it), or the error
  * explained, naming the operation. */
 int nh_pg_db_run(nh_pg_db_t *db, nh_pgop_t op, nh_pg_args_t *args, PGresult **res, nh_error_t *err);
+/* The same for operation `op` of any table. */
+int nh_pg_db_run_op(nh_pg_db_t *db, const nh_pg_optab_t *tab, int op, nh_pg_args_t *args, PGresult **res,
+                    nh_error_t *err);
 
 /* A batch: operations sent as they are added, in pipeline mode inside BEGIN ... COMMIT,
  * and their results read back in order when it commits. Nothing waits for the server
@@ -211,6 +234,10 @@ int nh_pg_batch_begin(nh_pg_db_t *db, nh_error_t *err);
  * once the batch has committed. */
 int nh_pg_batch_add(nh_pg_db_t *db, nh_pgop_t op, nh_pg_args_t *args, nh_pg_result_cb cb, void *data,
                     nh_error_t *err);
+/* The same for operation `op` of any table; cb is told which. */
+typedef void (*nh_pg_op_cb)(void *data, const nh_pg_optab_t *tab, int op, const PGresult *res);
+int nh_pg_batch_add_op(nh_pg_db_t *db, const nh_pg_optab_t *tab, int op, nh_pg_args_t *args, nh_pg_op_cb cb,
+                       void *data, nh_error_t *err);
 /* Commits and waits. NH_OK: committed, and every callback has run, in the order the
  * operations were added. Otherwise nothing of the batch is committed (except when the
  * connection was lost during the COMMIT itself, which the error then says), no callback

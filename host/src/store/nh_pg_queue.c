@@ -7,7 +7,7 @@
  * HEADS_AND_LOCK is PostgreSQL's own: on sqlite one writer at a time makes "scan, then lock
  * each head" safe; here several hosts scan at once (see its comment). */
 #include "nh_pg_queue.h"
-#include "nh_pg.h"
+#include "nh_pg_int.h"
 #include "core/nh_util.h"
 
 #include <stdio.h>
@@ -51,90 +51,28 @@ static const char *const queue_migrations[] = {
 _Static_assert(sizeof queue_migrations / sizeof queue_migrations[0] == NH_PG_QUEUE_SCHEMA_VERSION,
                "NH_PG_QUEUE_SCHEMA_VERSION must count the entries of queue_migrations");
 
-/* The advisory lock a host migrating the queue takes: "NHst" (as the store's) and 2; the
- * store's is "NHst" and 1 (nh_pg.c). Different keys: the two lists are independent. */
-#define QUEUE_MIGRATE_LOCK "5640885475334946818"
-
-/* The version lives in a table of its own rather than a second row of nimbus_schema:
- * nimbus_schema is one row by a unique index, and nh_pg_migrate and the link read it as
- * the store's version (a row keyed 'queue' would need both changed). */
-static int read_version(PGconn *conn, int *version, nh_error_t *err)
-{
-  PGresult *r = NULL;
-  *version = 0;
-  if (nh_pg_exec(conn, "SELECT to_regclass('nimbus_queue_schema') IS NOT NULL", 0, NULL, &r, err)) return NH_EFAIL;
-  int exists = strcmp(PQgetvalue(r, 0, 0), "t") == 0;
-  PQclear(r);
-  if (!exists) return NH_OK;
-  if (nh_pg_exec(conn, "SELECT version FROM nimbus_queue_schema", 0, NULL, &r, err)) return NH_EFAIL;
-  if (PQntuples(r) > 0) *version = atoi(PQgetvalue(r, 0, 0));
-  PQclear(r);
-  return NH_OK;
-}
+/* The queue's list for the migrator (nh_pg_int.h). Its advisory lock: "NHst" (as the
+ * store's) and 2; the store's is "NHst" and 1 (nh_pg.c). Different keys: the two lists are
+ * independent. The version lives in a table of its own rather than a second row of
+ * nimbus_schema: nimbus_schema is one row by a unique index, and nh_pg_migrate and the link
+ * read it as the store's version (a row keyed 'queue' would need both changed). */
+static const nh_pg_migrations_t queue_list = {
+  .lock = "5640885475334946818",
+  .table = "nimbus_queue_schema",
+  .whose = "embedded queue",
+  .what = "the embedded queue",
+  .steps = queue_migrations,
+  .count = NH_PG_QUEUE_SCHEMA_VERSION,
+};
 
 int nh_pg_queue_schema_version(PGconn *conn, int *version, nh_error_t *err)
 {
-  return read_version(conn, version, err);
-}
-
-static int fail_rollback(PGconn *conn)
-{
-  PQclear(PQexec(conn, "ROLLBACK"));
-  return NH_EFAIL;
-}
-
-/* One migration (v to v+1) in its own transaction; *v gets the version after it. */
-static int migrate_step(PGconn *conn, int *v, nh_error_t *err)
-{
-  const char *const lock[] = { QUEUE_MIGRATE_LOCK };
-  if (nh_pg_exec(conn, "BEGIN", 0, NULL, NULL, err)) return NH_EFAIL;
-  /* held to COMMIT: a host starting beside us waits here, then reads our version */
-  if (nh_pg_exec(conn, "SELECT pg_advisory_xact_lock($1::bigint)", 1, lock, NULL, err) ||
-      read_version(conn, v, err))
-    return fail_rollback(conn);
-  if (*v > NH_PG_QUEUE_SCHEMA_VERSION) {
-    fail_rollback(conn);
-    char where[512];
-    nh_pg_conn_display(conn, where, sizeof where);
-    return nh_error_set(err, NH_EFAIL,
-                        "store %s: the embedded queue's schema is version %d, newer than this nimbus-host knows "
-                        "(%d): upgrade nimbus-host or use another --store", where, *v, NH_PG_QUEUE_SCHEMA_VERSION);
-  }
-  if (*v == NH_PG_QUEUE_SCHEMA_VERSION) return nh_pg_exec(conn, "COMMIT", 0, NULL, NULL, err);
-  char doing[64];
-  snprintf(doing, sizeof doing, "migrating the embedded queue to version %d", *v + 1);
-  const char *init = *v == 0 ? "CREATE TABLE IF NOT EXISTS nimbus_queue_schema (version int NOT NULL);"
-                               "CREATE UNIQUE INDEX IF NOT EXISTS nimbus_queue_schema_one_row"
-                               "  ON nimbus_queue_schema ((true));"
-                               "DELETE FROM nimbus_queue_schema; INSERT INTO nimbus_queue_schema VALUES (0);"
-                             : NULL;
-  const char *steps[] = { init, queue_migrations[*v] };
-  for (int i = 0; i < 2; i++) {
-    if (!steps[i]) continue;
-    PGresult *r = PQexec(conn, steps[i]);   /* several statements: the simple protocol */
-    if (PQresultStatus(r) != PGRES_COMMAND_OK) {
-      nh_pg_explain_result(conn, r, doing, err);
-      PQclear(r);
-      return fail_rollback(conn);
-    }
-    PQclear(r);
-  }
-  char next[16];
-  snprintf(next, sizeof next, "%d", *v + 1);
-  const char *const p[] = { next };
-  if (nh_pg_exec(conn, "UPDATE nimbus_queue_schema SET version = $1::int", 1, p, NULL, err))
-    return fail_rollback(conn);
-  if (nh_pg_exec(conn, "COMMIT", 0, NULL, NULL, err)) return NH_EFAIL;
-  *v += 1;
-  return NH_OK;
+  return nh_pg_migrations_version(conn, &queue_list, version, err);
 }
 
 int nh_pg_queue_migrate(PGconn *conn, nh_error_t *err)
 {
-  int v = 0, rc;
-  do rc = migrate_step(conn, &v, err);
-  while (rc == NH_OK && v < NH_PG_QUEUE_SCHEMA_VERSION);
-  return rc;
+  return nh_pg_migrations_run(conn, &queue_list, NH_PG_QUEUE_SCHEMA_VERSION, NULL, NULL, err);
 }
 
 /* ---------------------------------------------------------------- operations */
@@ -145,12 +83,7 @@ int nh_pg_queue_migrate(PGconn *conn, nh_error_t *err)
   " originating_message_id, parent_message_id, from_, retry_count, delivery_count, enqueued_at,"   \
   " visible_at, body, error_text, error_type, releases, reply_to, traceparent, tracestate"
 
-typedef struct opdef {
-  const char *name, *sql;
-  int nparams;
-} opdef_t;
-
-static const opdef_t ops[NH_PGQ_COUNT] = {
+static const nh_pg_opdef_t ops[NH_PGQ_COUNT] = {
   [NH_PGQ_SUB_DEL] = { "nhq_sub_del", "DELETE FROM subscriptions WHERE endpoint = $1", 1 },
   [NH_PGQ_SUB_ADD] = { "nhq_sub_add",
     "INSERT INTO subscriptions(event_type, endpoint, command) VALUES ($1, $2, $3)"
@@ -233,6 +166,8 @@ static const opdef_t ops[NH_PGQ_COUNT] = {
   [NH_PGQ_SESSION_NEXT] = { "nhq_session_next",
     "SELECT " ROW_COLS " FROM queue WHERE endpoint = $1 AND seq > $3 AND session_id = $2 ORDER BY seq LIMIT $4", 4 },
 };
+
+const nh_pg_optab_t nh_pgq_optab = { "queue", 4, ops, NH_PGQ_COUNT };   /* "nhq_" */
 
 static int known(nh_pgqop_t op) { return (unsigned)op < NH_PGQ_COUNT; }
 const char *nh_pgqop_name(nh_pgqop_t op) { return known(op) ? ops[op].name : "nhq_unknown"; }
@@ -406,100 +341,13 @@ int nh_pgq_visible(const PGresult *r, int row, int64_t now) { return nh_pg_col_i
 
 /* ---------------------------------------------------------------- executor */
 
-struct nh_pgq {
-  PGconn *conn;
-  unsigned char prepared[NH_PGQ_COUNT];
-  nh_pgqop_t sent;   /* the operation nh_pgq_result reads (NH_PGQ_COUNT: none) */
-};
-
-nh_pgq_t *nh_pgq_new(PGconn *conn)
+int nh_pgq_run(nh_pg_db_t *db, nh_pgqop_t op, nh_pg_args_t *args, PGresult **res, nh_error_t *err)
 {
-  nh_pgq_t *q = nh_xcalloc(1, sizeof *q);
-  q->conn = conn;
-  q->sent = NH_PGQ_COUNT;
-  return q;
+  return nh_pg_db_run_op(db, &nh_pgq_optab, (int)op, args, res, err);
 }
 
-void nh_pgq_free(nh_pgq_t *q) { free(q); }
-PGconn *nh_pgq_conn(nh_pgq_t *q) { return q->conn; }
-
-static int ok_result(const PGresult *r)
+int nh_pgq_batch_add(nh_pg_db_t *db, nh_pgqop_t op, nh_pg_args_t *args, nh_pg_op_cb cb, void *data,
+                     nh_error_t *err)
 {
-  ExecStatusType st = PQresultStatus(r);
-  return st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK;
-}
-
-/* Says why `op` failed while `verb` ("preparing", "running"); takes r. */
-static int op_failed(nh_pgq_t *q, nh_pgqop_t op, const char *verb, PGresult *r, nh_error_t *err)
-{
-  char doing[96];
-  snprintf(doing, sizeof doing, "%s %s", verb, nh_pgqop_name(op) + 4);   /* "heads_and_lock" */
-  int rc = nh_pg_explain_result(q->conn, r, doing, err);
-  PQclear(r);
-  return rc ? rc : NH_EFAIL;
-}
-
-static int prepare(nh_pgq_t *q, nh_pgqop_t op, const nh_pg_args_t *args, nh_error_t *err)
-{
-  if (!known(op) || args->n != ops[op].nparams)
-    return nh_error_set(err, NH_EUSAGE, "queue: operation %d given %d parameters, not %d (a bug of nimbus-host)",
-                        (int)op, args->n, nh_pgqop_nparams(op));
-  if (q->sent != NH_PGQ_COUNT)
-    return nh_error_set(err, NH_ESTATE, "queue: %s is still running on this connection (a bug of nimbus-host)",
-                        nh_pgqop_name(q->sent));
-  if (q->prepared[op]) return NH_OK;
-  PGresult *r = PQprepare(q->conn, ops[op].name, ops[op].sql, ops[op].nparams, NULL);
-  if (!ok_result(r)) return op_failed(q, op, "preparing", r, err);
-  PQclear(r);
-  q->prepared[op] = 1;
-  return NH_OK;
-}
-
-int nh_pgq_run(nh_pgq_t *q, nh_pgqop_t op, nh_pg_args_t *args, PGresult **res, nh_error_t *err)
-{
-  if (res) *res = NULL;
-  int rc = prepare(q, op, args, err);
-  if (rc == NH_OK) {
-    /* binary results: bodies as their bytes, numbers as 8 bytes (nh_pg_col_*) */
-    PGresult *r = PQexecPrepared(q->conn, ops[op].name, args->n, args->values, args->lengths, args->formats, 1);
-    if (!ok_result(r)) rc = op_failed(q, op, "running", r, err);
-    else if (res) *res = r;
-    else PQclear(r);
-  }
-  nh_pg_args_release(args);   /* libpq has copied them, or they were not sent */
-  return rc;
-}
-
-int nh_pgq_send(nh_pgq_t *q, nh_pgqop_t op, nh_pg_args_t *args, nh_error_t *err)
-{
-  int rc = prepare(q, op, args, err);
-  if (rc == NH_OK && !PQsendQueryPrepared(q->conn, ops[op].name, args->n, args->values, args->lengths,
-                                          args->formats, 1))
-    rc = op_failed(q, op, "sending", NULL, err);
-  if (rc == NH_OK) q->sent = op;
-  nh_pg_args_release(args);
-  return rc;
-}
-
-int nh_pgq_result(nh_pgq_t *q, PGresult **res, nh_error_t *err)
-{
-  if (res) *res = NULL;
-  nh_pgqop_t op = q->sent;
-  if (op == NH_PGQ_COUNT)
-    return nh_error_set(err, NH_ESTATE, "queue: no operation was sent on this connection (a bug of nimbus-host)");
-  q->sent = NH_PGQ_COUNT;
-  /* every result up to the NULL that ends them: the first failure is the one said */
-  PGresult *r, *got = NULL;
-  while ((r = PQgetResult(q->conn)) != NULL) {
-    if (!got || (ok_result(got) && !ok_result(r))) {
-      PQclear(got);
-      got = r;
-    } else {
-      PQclear(r);
-    }
-  }
-  if (!got || !ok_result(got)) return op_failed(q, op, "running", got, err);
-  if (res) *res = got;
-  else PQclear(got);
-  return NH_OK;
+  return nh_pg_batch_add_op(db, &nh_pgq_optab, (int)op, args, cb, data, err);
 }

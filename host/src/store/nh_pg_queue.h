@@ -6,12 +6,12 @@
  * sessions nobody holds and takes their lease, so hosts running it at once never get the
  * same session.
  *
- * The operations have an executor of their own (nh_pgq_*): nh_pg_exec.c's keeps its
- * prepared-once state in an array indexed by nh_pgop_t and cannot run operations defined
- * outside nh_pg_ops.c. This one is blocking, on a PGconn the caller keeps: each operation
- * prepared once per connection (PQprepare), then run with PQexecPrepared, binary results.
- * host/tests/test_pg_queue.c runs the same sequences through the sqlite transport and
- * through these operations and compares what comes back. */
+ * The operations are a table of nh_pg_exec.c's executor (nh_pgq_optab), run like the
+ * store's: one at a time (nh_pgq_run), or in batches, the store's operations among them
+ * (nh_pgq_batch_add beside nh_pg_batch_add: one transaction, one round trip), each
+ * prepared once per connection, binary results. host/tests/test_pg_queue.c runs the same
+ * sequences through the sqlite transport and through these operations and compares what
+ * comes back. */
 #ifndef NH_PG_QUEUE_H
 #define NH_PG_QUEUE_H
 
@@ -26,10 +26,10 @@
 #define NH_PG_QUEUE_SCHEMA_VERSION 1
 
 /* Brings the queue tables (subscriptions, queue, session_locks, dead_letters) to
- * NH_PG_QUEUE_SCHEMA_VERSION, blocking: one transaction per migration under an advisory
- * lock of its own (not the store's: either may migrate while the other waits for
- * nothing), the version in the one-row table nimbus_queue_schema. A newer queue schema is
- * refused, naming both versions. */
+ * NH_PG_QUEUE_SCHEMA_VERSION, blocking, with the store's migrator (nh_pg_int.h): one
+ * transaction per migration under an advisory lock of its own (not the store's: either
+ * may migrate while the other waits for nothing), the version in the one-row table
+ * nimbus_queue_schema. A newer queue schema is refused, naming both versions. */
 int nh_pg_queue_migrate(PGconn *conn, nh_error_t *err);
 /* The queue schema version the connection sees (0: no queue tables yet). */
 int nh_pg_queue_schema_version(PGconn *conn, int *version, nh_error_t *err);
@@ -58,6 +58,9 @@ typedef enum nh_pgqop {
   NH_PGQ_SESSION_NEXT,     /* a locked session's next rows by query (see nh_pgqargs_session_next) */
   NH_PGQ_COUNT
 } nh_pgqop_t;
+
+/* The queue's operations as a table of the executor (nh_pg_ops.h), NH_PGQ_COUNT of them. */
+extern const nh_pg_optab_t nh_pgq_optab;
 
 const char *nh_pgqop_name(nh_pgqop_t op);
 const char *nh_pgqop_sql(nh_pgqop_t op);
@@ -116,19 +119,11 @@ int nh_pgq_visible(const PGresult *r, int row, int64_t now);
 
 /* ---------------------------------------------------------------- executor */
 
-/* The operations prepared on one connection, each on first use. Does not own conn. */
-typedef struct nh_pgq nh_pgq_t;
-nh_pgq_t *nh_pgq_new(PGconn *conn);
-void nh_pgq_free(nh_pgq_t *q);
-PGconn *nh_pgq_conn(nh_pgq_t *q);
-
-/* One operation, blocking (its prepare first, the first time). NH_OK with the result in
- * *res (the caller PQclear()s; res may be NULL), or the error explained, naming the
- * operation. The args' cleaned copies are released, sent or not. */
-int nh_pgq_run(nh_pgq_t *q, nh_pgqop_t op, nh_pg_args_t *args, PGresult **res, nh_error_t *err);
-/* The same in two halves, so that several connections can have statements running at
- * once: send (preparing first, blocking, if needed), then take its result. */
-int nh_pgq_send(nh_pgq_t *q, nh_pgqop_t op, nh_pg_args_t *args, nh_error_t *err);
-int nh_pgq_result(nh_pgq_t *q, PGresult **res, nh_error_t *err);
+/* nh_pg_db_run and nh_pg_batch_add_op for the queue's operations (nh_pg_ops.h): one
+ * operation blocking, or added to a batch that may hold the store's operations too; cb
+ * (may be NULL) gets the result once the batch has committed, with tab &nh_pgq_optab. */
+int nh_pgq_run(nh_pg_db_t *db, nh_pgqop_t op, nh_pg_args_t *args, PGresult **res, nh_error_t *err);
+int nh_pgq_batch_add(nh_pg_db_t *db, nh_pgqop_t op, nh_pg_args_t *args, nh_pg_op_cb cb, void *data,
+                     nh_error_t *err);
 
 #endif
