@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "store/nh_pg.h"
+#include "store/nh_pg_ops.h"
 
 static nh_pgtest_hooks_t hooks;
 static nh_pgtest_server_t server;
@@ -338,4 +339,27 @@ const char *nh_pgtest_q1(PGconn *c, const char *fmt, ...)
   snprintf(o, sizeof out[0], "%s", PQntuples(r) > 0 && PQnfields(r) > 0 ? PQgetvalue(r, 0, 0) : "(no row)");
   PQclear(r);
   return o;
+}
+
+static void free_db(void *db) { nh_pg_db_free(db); }
+
+const char *nh_pgtest_scratch_url(void)
+{
+  static char url[1024];
+  snprintf(url, sizeof url, "%s", nh_pgtest_url("dbname", nh_pgtest_scratch_db(), NULL));
+  return url;
+}
+
+nh_pg_db_t *nh_pgtest_db(const char *url, int (*migrate)(PGconn *, nh_error_t *), const char *what)
+{
+  PGconn *c = NULL;
+  nh_error_t err = { 0 };
+  if (nh_pg_connect(url, &c, &err)) FAIL("%s", err.msg);
+  if (migrate && migrate(c, &err)) {
+    PQfinish(c);
+    FAIL("%s migrate: %s", what, err.msg);
+  }
+  nh_pg_db_t *db = nh_pg_db_new(c);
+  hooks.on_cleanup(free_db, db);
+  return db;
 }

@@ -1,4 +1,4 @@
-/* What the PostgreSQL test suites (test_pg.c, test_pg_rows.c) share: the test cluster named
+/* What the PostgreSQL test suites (test_pg*.c) share: the test cluster named
  * by the environment, the superuser connection, scratch databases and roles made per test
  * and dropped after it, URLs to the cluster, connections closed after the test, and
  * one-value queries.
@@ -69,6 +69,16 @@ const char *nh_pgtest_url(const char *key, ...) __attribute__((sentinel));
 
 /* A blocking connection to url, closed after the test. */
 PGconn *nh_pgtest_connect(const char *url);
+
+/* A fresh scratch database's URL (the database dropped after the test), in a buffer of its own
+ * that the next call reuses. */
+const char *nh_pgtest_scratch_url(void);
+/* The executor (nh_pg_ops.h) on a new connection to url, after `migrate` (a schema's
+ * nh_pg_*_migrate; NULL: none) ran on it, freed after the test; `what` names the schema when
+ * the migration fails. */
+struct nh_pg_db;
+struct nh_error;
+struct nh_pg_db *nh_pgtest_db(const char *url, int (*migrate)(PGconn *, struct nh_error *), const char *what);
 
 /* The first value of the first row of SQL (a printf format) as text: "" for NULL,
  * "(no row)" without one. In one of 8 rotating buffers. */

@@ -37,30 +37,8 @@
 
 /* ---------------------------------------------------------------- PostgreSQL */
 
-static void free_db(void *db) { nh_pg_db_free(db); }
-
-/* A fresh scratch database's URL (dropped after the test). */
-static const char *scratch_url(void)
-{
-  static char url[1024];
-  snprintf(url, sizeof url, "%s", nh_pgtest_url("dbname", nh_pgtest_scratch_db(), NULL));
-  return url;
-}
-
-/* A connection to url with the queue migrated and the executor on it (which owns it). */
-static nh_pg_db_t *queue_conn(const char *url)
-{
-  PGconn *c = NULL;
-  nh_error_t err = { 0 };
-  if (nh_pg_connect(url, &c, &err)) FAIL("%s", err.msg);
-  if (nh_pg_queue_migrate(c, &err)) {
-    PQfinish(c);
-    FAIL("queue migrate: %s", err.msg);
-  }
-  nh_pg_db_t *q = nh_pg_db_new(c);
-  nh_test_on_cleanup(free_db, q);
-  return q;
-}
+/* A connection to url with the queue tables migrated and the executor on it. */
+static nh_pg_db_t *queue_conn(const char *url) { return nh_pgtest_db(url, nh_pg_queue_migrate, "queue"); }
 
 /* Runs op (built into a); FAILs on an error. The caller PQclear()s. */
 static PGresult *run(nh_pg_db_t *q, nh_pgqop_t op, nh_pg_args_t *a)
@@ -207,7 +185,7 @@ static pair_t *pair_open(void)
   b->tr->cb_data = b->tr_b->cb_data = b->lite;
   b->tr->lock_ms = b->tr_b->lock_ms = LOCK_MS;
   nh_embedded_on_sent(b->tr, on_sent, b);
-  b->q = queue_conn(scratch_url());
+  b->q = queue_conn(nh_pgtest_scratch_url());
   return b;
 }
 
@@ -394,7 +372,7 @@ static void *migrate_thread(void *p)
 
 TEST(queue_schema_migrates_once_beside_the_store)
 {
-  const char *url = scratch_url();
+  const char *url = nh_pgtest_scratch_url();
   PGconn *c = nh_pgtest_connect(url);
   nh_error_t err = { 0 };
   int v = -1;
@@ -770,7 +748,7 @@ static int take_heads(nh_pg_db_t *q, int *taken, int max, int64_t now, const cha
 
 TEST(two_hosts_at_once_take_every_session_exactly_once)
 {
-  const char *url = scratch_url();
+  const char *url = nh_pgtest_scratch_url();
   nh_pg_db_t *qa = queue_conn(url), *qb = queue_conn(url);
   int64_t t0 = nh_time_now_ms();
   fill(qa, SESSIONS, 2, t0);   /* two rows each: a session's second row must never pass for its head */
@@ -805,7 +783,7 @@ TEST(two_hosts_at_once_take_every_session_exactly_once)
 
 TEST(a_host_mid_statement_is_skipped_and_expired_leases_are_taken_over)
 {
-  const char *url = scratch_url();
+  const char *url = nh_pgtest_scratch_url();
   nh_pg_db_t *qa = queue_conn(url), *qb = queue_conn(url);
   int64_t t0 = nh_time_now_ms();
   fill(qa, 20, 1, t0);
@@ -891,7 +869,7 @@ static void add_settlement(nh_pg_db_t *q, int64_t seq, const char *session, cons
 
 TEST(queue_and_store_operations_commit_in_one_batch_or_not_at_all)
 {
-  nh_pg_db_t *q = queue_conn(scratch_url());
+  nh_pg_db_t *q = queue_conn(nh_pgtest_scratch_url());
   PGconn *c = nh_pg_db_conn(q);
   nh_error_t err = { 0 };
   if (nh_pg_migrate(c, NULL, NULL, &err)) FAIL("store migrate: %s", err.msg);

@@ -70,6 +70,14 @@ static const char *const a_sql[A_COUNT] = {
   [A_OUT_ONE] = "SELECT seq, address, message FROM amqp_outbox WHERE seq = ?1",
 };
 
+const char *const *nh_amqp_sql_migrations(int *count)
+{
+  *count = (int)(sizeof amqp_migrations / sizeof amqp_migrations[0]);
+  return amqp_migrations;
+}
+
+const char *nh_amqp_sql(int id) { return id >= 0 && id < A_COUNT ? a_sql[id] : NULL; }
+
 int nh_amqp_is_url(const char *s)
 {
   return s && (strncmp(s, "amqp://", 7) == 0 || strncmp(s, "amqps://", 8) == 0);

@@ -124,6 +124,12 @@ aep_t *nh_amqp_ep_find(amqp_t *a, const char *name);
 void nh_amqp_topup(aep_t *ep);
 void *nh_amqp_grow(void *p, int *cap, int need, size_t size);
 
+/* nh_amqp.c, read-only: its sqlite migrations (their number in *count) and the text of
+ * statement A_* `id` (NULL out of range), so that a test can run them on a sqlite file
+ * beside their PostgreSQL twins (store/nh_pg_amqp.c, host/tests/test_pg_amqp.c). */
+const char *const *nh_amqp_sql_migrations(int *count);
+const char *nh_amqp_sql(int id);
+
 /* nh_amqp_outbox.c: sends through the store's outbox */
 int nh_amqp_outbox_add(amqp_t *a, const char *address, const nh_msg_t *m, const char *to, nh_error_t *err);
 void nh_amqp_outbox_pump(amqp_t *a);
