@@ -5,6 +5,7 @@
 #include "nh_pgtest.h"
 
 #include <ctype.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -362,4 +363,37 @@ nh_pg_db_t *nh_pgtest_db(const char *url, int (*migrate)(PGconn *, nh_error_t *)
   nh_pg_db_t *db = nh_pg_db_new(c);
   hooks.on_cleanup(free_db, db);
   return db;
+}
+
+typedef struct together {
+  const char *url;
+  int (*migrate)(PGconn *, nh_error_t *);
+  int rc;
+  char msg[512];
+} together_t;
+
+static void *migrate_one(void *p)
+{
+  together_t *t = p;
+  PGconn *c = NULL;
+  nh_error_t err = { 0 };
+  t->rc = nh_pg_connect(t->url, &c, &err);
+  if (t->rc == NH_OK) t->rc = t->migrate(c, &err);
+  snprintf(t->msg, sizeof t->msg, "%s", err.msg);
+  PQfinish(c);
+  return NULL;
+}
+
+void nh_pgtest_migrate_together(const char *url, int (*migrate)(PGconn *, nh_error_t *), int n)
+{
+  together_t t[8];
+  pthread_t th[8];
+  if (n > 8) n = 8;
+  for (int i = 0; i < n; i++) {
+    t[i] = (together_t){ url, migrate, -1, "" };
+    pthread_create(&th[i], NULL, migrate_one, &t[i]);
+  }
+  for (int i = 0; i < n; i++) pthread_join(th[i], NULL);
+  for (int i = 0; i < n; i++)
+    if (t[i].rc) FAIL("host %d of %d migrating at once: %s", i + 1, n, t[i].msg);
 }

@@ -79,6 +79,9 @@ const char *nh_pgtest_scratch_url(void);
 struct nh_pg_db;
 struct nh_error;
 struct nh_pg_db *nh_pgtest_db(const char *url, int (*migrate)(PGconn *, struct nh_error *), const char *what);
+/* Hosts starting together: `migrate` run on n (at most 8) new connections to url at once,
+ * one thread each. FAILs the test with the first host's error, if any. */
+void nh_pgtest_migrate_together(const char *url, int (*migrate)(PGconn *, struct nh_error *), int n);
 
 /* The first value of the first row of SQL (a printf format) as text: "" for NULL,
  * "(no row)" without one. In one of 8 rotating buffers. */

@@ -24,7 +24,6 @@
 #include "store/nh_pg_queue.h"
 #include "transport/nh_amqp_priv.h"
 
-#include <pthread.h>
 #include <stdarg.h>
 
 /* The operations are a_sql's, index for index: the tests below pair them by that. */
@@ -362,24 +361,6 @@ static int dlv_del_both(pair_t *b, const char *endpoint, const char *message_id)
 
 /* ---------------------------------------------------------------- migration */
 
-typedef struct mig_arg {
-  const char *url;
-  int rc;
-  char msg[512];
-} mig_arg_t;
-
-static void *migrate_thread(void *p)
-{
-  mig_arg_t *m = p;
-  PGconn *c = NULL;
-  nh_error_t err = { 0 };
-  m->rc = nh_pg_connect(m->url, &c, &err);
-  if (m->rc == NH_OK) m->rc = nh_pg_amqp_migrate(c, &err);
-  snprintf(m->msg, sizeof m->msg, "%s", err.msg);
-  PQfinish(c);
-  return NULL;
-}
-
 TEST(amqp_schema_migrates_once_beside_the_store_and_the_queue)
 {
   const char *url = nh_pgtest_scratch_url();
@@ -389,12 +370,7 @@ TEST(amqp_schema_migrates_once_beside_the_store_and_the_queue)
   ASSERT_EQ_INT(nh_pg_amqp_schema_version(c, &v, &err), NH_OK);
   ASSERT_EQ_INT(v, 0);
   /* two hosts starting together: one migrates, the other waits for it and finds it done */
-  mig_arg_t m[2] = { { url, -1, "" }, { url, -1, "" } };
-  pthread_t th[2];
-  for (int i = 0; i < 2; i++) pthread_create(&th[i], NULL, migrate_thread, &m[i]);
-  for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
-  for (int i = 0; i < 2; i++)
-    if (m[i].rc) FAIL("host %d: %s", i, m[i].msg);
+  nh_pgtest_migrate_together(url, nh_pg_amqp_migrate, 2);
   ASSERT_EQ_INT(nh_pg_amqp_schema_version(c, &v, &err), NH_OK);
   ASSERT_EQ_INT(v, NH_PG_AMQP_SCHEMA_VERSION);
   ASSERT_EQ_STR(nh_pgtest_q1(c, "SELECT count(*) || ':' || min(version) FROM nimbus_amqp_schema"), "1:1");

@@ -28,7 +28,6 @@
 #include "transport/nh_embedded.h"
 
 #include <poll.h>
-#include <pthread.h>
 
 #define OWNER_A "test-host-a"
 #define OWNER_B "test-host-b"
@@ -352,24 +351,6 @@ static const nh_msg_t *head_of(pair_t *b, const char *session)
 
 /* ---------------------------------------------------------------- migration */
 
-typedef struct mig_arg {
-  const char *url;
-  int rc;
-  char msg[512];
-} mig_arg_t;
-
-static void *migrate_thread(void *p)
-{
-  mig_arg_t *m = p;
-  PGconn *c = NULL;
-  nh_error_t err = { 0 };
-  m->rc = nh_pg_connect(m->url, &c, &err);
-  if (m->rc == NH_OK) m->rc = nh_pg_queue_migrate(c, &err);
-  snprintf(m->msg, sizeof m->msg, "%s", err.msg);
-  PQfinish(c);
-  return NULL;
-}
-
 TEST(queue_schema_migrates_once_beside_the_store)
 {
   const char *url = nh_pgtest_scratch_url();
@@ -379,12 +360,7 @@ TEST(queue_schema_migrates_once_beside_the_store)
   ASSERT_EQ_INT(nh_pg_queue_schema_version(c, &v, &err), NH_OK);
   ASSERT_EQ_INT(v, 0);
   /* hosts starting together: each migrates or waits for the other, none fails */
-  mig_arg_t m[3] = { { url, -1, "" }, { url, -1, "" }, { url, -1, "" } };
-  pthread_t th[3];
-  for (int i = 0; i < 3; i++) pthread_create(&th[i], NULL, migrate_thread, &m[i]);
-  for (int i = 0; i < 3; i++) pthread_join(th[i], NULL);
-  for (int i = 0; i < 3; i++)
-    if (m[i].rc) FAIL("host %d: %s", i, m[i].msg);
+  nh_pgtest_migrate_together(url, nh_pg_queue_migrate, 3);
   ASSERT_EQ_INT(nh_pg_queue_schema_version(c, &v, &err), NH_OK);
   ASSERT_EQ_INT(v, NH_PG_QUEUE_SCHEMA_VERSION);
   ASSERT_EQ_STR(nh_pgtest_q1(c, "SELECT count(*) FROM nimbus_queue_schema"), "1");
