@@ -1,6 +1,7 @@
 /* The PostgreSQL store's statements run blocking (the CLI, migrations at start) and the
  * migrator of versioned migration lists (nh_pg_int.h): the store's, whose version lives in
- * the one-row table nimbus_schema, and the embedded queue's (nh_pg_queue.c). */
+ * the one-row table nimbus_schema, the embedded queue's (nh_pg_queue.c) and the AMQP
+ * transport's (nh_pg_amqp.c), each with its own version table and advisory lock. */
 #include "nh_pg_int.h"
 #include "nh_pg_schema.h"
 #include "nh_store_schema.h"
