@@ -53,9 +53,10 @@ int nh_pg_explain_unresolved(const nh_pg_target_t *t, const char *name, const ch
 const char *nh_pg_quote_ident(PGconn *conn, const char *name, char *buf, size_t len);
 const char *nh_pg_quote_shell(const char *word, char *buf, size_t len);
 
-/* A list of versioned migrations with a version of its own: the store's (nh_pg.c) and the
- * embedded queue's (nh_pg_queue.c). Each is migrated apart, under its own advisory lock,
- * its version in its own one-row table, so neither waits for nor disturbs the other. */
+/* A list of versioned migrations with a version of its own: the store's (nh_pg.c), the
+ * embedded queue's (nh_pg_queue.c) and the AMQP transport's (nh_pg_amqp.c). Each is
+ * migrated apart, under its own advisory lock, its version in its own one-row table, so
+ * none waits for nor disturbs another. */
 typedef struct nh_pg_migrations {
   const char *lock;          /* pg_advisory_xact_lock's key (a bigint, as text): one per list */
   const char *table;         /* the one-row table holding the version (a constant identifier) */
