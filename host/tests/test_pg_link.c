@@ -173,8 +173,9 @@ static void on_closed(void *data)
   trace(fx, "closed");
 }
 
-static void on_result(void *data, nh_pgop_t op, const PGresult *res)
+static void on_result(void *data, const nh_pg_optab_t *tab, int op, const PGresult *res)
 {
+  (void)tab;
   (void)op;
   (void)res;
   ((job_t *)data)->results++;

@@ -815,13 +815,6 @@ static void log_done(const char *what, const char *name)
   snprintf(done_log + o, sizeof done_log - o, "%s%s:%s", o ? " " : "", what, name);
 }
 
-static void on_store_result(void *data, nh_pgop_t op, const PGresult *res)
-{
-  (void)data;
-  (void)res;
-  log_done("store", nh_pgop_name(op));
-}
-
 static void on_any_result(void *data, const nh_pg_optab_t *tab, int op, const PGresult *res)
 {
   (void)data;
@@ -835,7 +828,7 @@ static void add_settlement(nh_pg_db_t *q, int64_t seq, const char *session, cons
 {
   nh_pg_args_t a;
   nh_error_t err = { 0 };
-  if (nh_pg_batch_add(q, nh_pgargs_inbox_add(&a, "Ep", mid), &a, on_store_result, NULL, &err) ||
+  if (nh_pg_batch_add(q, nh_pgargs_inbox_add(&a, "Ep", mid), &a, on_any_result, NULL, &err) ||
       nh_pgq_batch_add(q, nh_pgqargs_delete(&a, seq), &a, on_any_result, NULL, &err) ||
       nh_pg_batch_add_op(q, &nh_pg_store_optab, nh_pgargs_oplog_add(&a, "tests", "settle", "Ep", mid, session, NULL),
                          &a, on_any_result, NULL, &err) ||

@@ -1152,10 +1152,10 @@ TEST(ids_that_are_not_utf8_stay_apart_and_are_found_by_what_was_written)
 static int cb_log[2048], cb_n;
 static char cb_taken[64];
 
-static void on_result(void *data, nh_pgop_t op, const PGresult *res)
+static void on_result(void *data, const nh_pg_optab_t *tab, int op, const PGresult *res)
 {
   cb_log[cb_n++] = (int)(intptr_t)data;
-  if (op == NH_PGOP_OPPENDING_TAKE && PQntuples(res) == 1)
+  if (tab == &nh_pg_store_optab && op == NH_PGOP_OPPENDING_TAKE && PQntuples(res) == 1)
     snprintf(cb_taken, sizeof cb_taken, "%s", nh_pg_col_text(res, 0, 0));
   if (PQresultStatus(res) != PGRES_COMMAND_OK && PQresultStatus(res) != PGRES_TUPLES_OK)
     cb_log[cb_n - 1] = -1;

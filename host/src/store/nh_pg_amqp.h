@@ -105,7 +105,7 @@ const char *nh_pga_owner(const PGresult *r, int row);
  * operations too; cb (may be NULL) gets the result once the batch has committed, with tab
  * &nh_pga_optab. */
 int nh_pga_run(nh_pg_db_t *db, nh_pgaop_t op, nh_pg_args_t *args, PGresult **res, nh_error_t *err);
-int nh_pga_batch_add(nh_pg_db_t *db, nh_pgaop_t op, nh_pg_args_t *args, nh_pg_op_cb cb, void *data,
+int nh_pga_batch_add(nh_pg_db_t *db, nh_pgaop_t op, nh_pg_args_t *args, nh_pg_result_cb cb, void *data,
                      nh_error_t *err);
 
 #endif

@@ -33,8 +33,7 @@ typedef struct item {
   const nh_pg_optab_t *tab;   /* ITEM_PREPARE, ITEM_OP: the operation, tab's op */
   int op;
   int seq;                  /* ITEM_OP: the operation's number in its batch, from 1 */
-  nh_pg_result_cb store_cb;   /* nh_pg_batch_add's (the store's operations, typed) */
-  nh_pg_op_cb cb;             /* nh_pg_batch_add_op's */
+  nh_pg_result_cb cb;
   void *data;
   PGresult *res;            /* kept until the pipeline is over */
 } item_t;
@@ -181,15 +180,8 @@ static int send_plain(nh_pg_db_t *db, item_kind_t kind, const char *sql, nh_erro
   return NH_OK;
 }
 
-/* Where a batch's result goes: one of the two callback kinds (or none), and its data. */
-typedef struct sink {
-  nh_pg_result_cb store_cb;
-  nh_pg_op_cb cb;
-  void *data;
-} sink_t;
-
-static int send_op(nh_pg_db_t *db, const nh_pg_optab_t *tab, int op, const nh_pg_args_t *args, const sink_t *to,
-                   nh_error_t *err)
+static int send_op(nh_pg_db_t *db, const nh_pg_optab_t *tab, int op, const nh_pg_args_t *args, nh_pg_result_cb cb,
+                   void *data, nh_error_t *err)
 {
   char doing[96];
   int known = op >= 0 && op < tab->count;
@@ -221,11 +213,8 @@ static int send_op(nh_pg_db_t *db, const nh_pg_optab_t *tab, int op, const nh_pg
   }
   item_t *it = push(db, ITEM_OP, tab, op);
   it->seq = ++db->nops;
-  if (to) {
-    it->store_cb = to->store_cb;
-    it->cb = to->cb;
-    it->data = to->data;
-  }
+  it->cb = cb;
+  it->data = data;
   db->stats.statements++;
   return NH_OK;
 }
@@ -444,7 +433,7 @@ int nh_pg_db_run_op(nh_pg_db_t *db, const nh_pg_optab_t *tab, int op, nh_pg_args
     nh_pg_args_release(args);
     return rc;
   }
-  rc = send_op(db, tab, op, args, NULL, err);
+  rc = send_op(db, tab, op, args, NULL, NULL, err);
   nh_pg_args_release(args);   /* libpq has copied them, or they will not be sent */
   if (rc == NH_OK) rc = send_sync(db, err);
   if (rc) {
@@ -488,12 +477,12 @@ int nh_pg_batch_begin(nh_pg_db_t *db, nh_error_t *err)
   return NH_OK;
 }
 
-static int batch_add(nh_pg_db_t *db, const nh_pg_optab_t *tab, int op, nh_pg_args_t *args, const sink_t *to,
-                     nh_error_t *err)
+int nh_pg_batch_add_op(nh_pg_db_t *db, const nh_pg_optab_t *tab, int op, nh_pg_args_t *args, nh_pg_result_cb cb,
+                       void *data, nh_error_t *err)
 {
   int rc = db->phase != ADDING || !db->batch
                ? nh_error_set(err, NH_ESTATE, "store: no batch is open on this connection (a bug of nimbus-host)")
-               : send_op(db, tab, op, args, to, err);
+               : send_op(db, tab, op, args, cb, data, err);
   nh_pg_args_release(args);   /* libpq has copied them, or they will not be sent */
   return rc;
 }
@@ -501,15 +490,7 @@ static int batch_add(nh_pg_db_t *db, const nh_pg_optab_t *tab, int op, nh_pg_arg
 int nh_pg_batch_add(nh_pg_db_t *db, nh_pgop_t op, nh_pg_args_t *args, nh_pg_result_cb cb, void *data,
                     nh_error_t *err)
 {
-  const sink_t to = { .store_cb = cb, .data = data };
-  return batch_add(db, &nh_pg_store_optab, (int)op, args, &to, err);
-}
-
-int nh_pg_batch_add_op(nh_pg_db_t *db, const nh_pg_optab_t *tab, int op, nh_pg_args_t *args, nh_pg_op_cb cb,
-                       void *data, nh_error_t *err)
-{
-  const sink_t to = { .cb = cb, .data = data };
-  return batch_add(db, tab, op, args, &to, err);
+  return nh_pg_batch_add_op(db, &nh_pg_store_optab, (int)op, args, cb, data, err);
 }
 
 int nh_pg_batch_send_commit(nh_pg_db_t *db, nh_error_t *err)
@@ -542,8 +523,7 @@ int nh_pg_batch_poll(nh_pg_db_t *db, int *rc, nh_error_t *err)
     for (int i = 0; i < db->nitems; i++) {
       item_t *it = &db->items[i];
       if (it->kind != ITEM_OP) continue;
-      if (it->store_cb) it->store_cb(it->data, (nh_pgop_t)it->op, it->res);
-      else if (it->cb) it->cb(it->data, it->tab, it->op, it->res);
+      if (it->cb) it->cb(it->data, it->tab, it->op, it->res);
     }
   }
   drop_items(db);

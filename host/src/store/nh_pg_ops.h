@@ -228,15 +228,16 @@ int nh_pg_db_run_op(nh_pg_db_t *db, const nh_pg_optab_t *tab, int op, nh_pg_args
 /* A batch: operations sent as they are added, in pipeline mode inside BEGIN ... COMMIT,
  * and their results read back in order when it commits. Nothing waits for the server
  * between begin and commit, so the whole batch is one round trip. */
-typedef void (*nh_pg_result_cb)(void *data, nh_pgop_t op, const PGresult *res);
+/* A result, with the operation it answers: `op` of table `tab` (nh_pg_store_optab's are
+ * nh_pgop_t). */
+typedef void (*nh_pg_result_cb)(void *data, const nh_pg_optab_t *tab, int op, const PGresult *res);
 int nh_pg_batch_begin(nh_pg_db_t *db, nh_error_t *err);
 /* Sends one operation (args may go once this returns). cb (may be NULL) gets its result
  * once the batch has committed. */
 int nh_pg_batch_add(nh_pg_db_t *db, nh_pgop_t op, nh_pg_args_t *args, nh_pg_result_cb cb, void *data,
                     nh_error_t *err);
-/* The same for operation `op` of any table; cb is told which. */
-typedef void (*nh_pg_op_cb)(void *data, const nh_pg_optab_t *tab, int op, const PGresult *res);
-int nh_pg_batch_add_op(nh_pg_db_t *db, const nh_pg_optab_t *tab, int op, nh_pg_args_t *args, nh_pg_op_cb cb,
+/* The same for operation `op` of any table. */
+int nh_pg_batch_add_op(nh_pg_db_t *db, const nh_pg_optab_t *tab, int op, nh_pg_args_t *args, nh_pg_result_cb cb,
                        void *data, nh_error_t *err);
 /* Commits and waits. NH_OK: committed, and every callback has run, in the order the
  * operations were added. Otherwise nothing of the batch is committed (except when the

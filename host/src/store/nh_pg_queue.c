@@ -346,7 +346,7 @@ int nh_pgq_run(nh_pg_db_t *db, nh_pgqop_t op, nh_pg_args_t *args, PGresult **res
   return nh_pg_db_run_op(db, &nh_pgq_optab, (int)op, args, res, err);
 }
 
-int nh_pgq_batch_add(nh_pg_db_t *db, nh_pgqop_t op, nh_pg_args_t *args, nh_pg_op_cb cb, void *data,
+int nh_pgq_batch_add(nh_pg_db_t *db, nh_pgqop_t op, nh_pg_args_t *args, nh_pg_result_cb cb, void *data,
                      nh_error_t *err)
 {
   return nh_pg_batch_add_op(db, &nh_pgq_optab, (int)op, args, cb, data, err);

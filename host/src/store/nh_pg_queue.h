@@ -123,7 +123,7 @@ int nh_pgq_visible(const PGresult *r, int row, int64_t now);
  * operation blocking, or added to a batch that may hold the store's operations too; cb
  * (may be NULL) gets the result once the batch has committed, with tab &nh_pgq_optab. */
 int nh_pgq_run(nh_pg_db_t *db, nh_pgqop_t op, nh_pg_args_t *args, PGresult **res, nh_error_t *err);
-int nh_pgq_batch_add(nh_pg_db_t *db, nh_pgqop_t op, nh_pg_args_t *args, nh_pg_op_cb cb, void *data,
+int nh_pgq_batch_add(nh_pg_db_t *db, nh_pgqop_t op, nh_pg_args_t *args, nh_pg_result_cb cb, void *data,
                      nh_error_t *err);
 
 #endif
