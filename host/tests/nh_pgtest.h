@@ -3,14 +3,7 @@
  * and dropped after it, URLs to the cluster, connections closed after the test, and
  * one-value queries.
  *
- *   int main(int argc, char **argv)
- *   {
- *     int rc = nh_pgtest_setup(NH_PGTEST_HOOKS, argv[0], 0, "skipped");
- *     if (rc) return rc;
- *     rc = nh_test_run_all(argc, argv);
- *     nh_pgtest_teardown();
- *     return rc;
- *   }
+ *   NH_PGTEST_MAIN()     (or a main of its own around nh_pgtest_setup and nh_pgtest_teardown)
  *
  * NH_PG_URL names a database the tests may create tables in (the ctest fixture "postgres":
  * scripts/postgres.sh), NH_PG_ADMIN_URL a superuser. A helper that cannot do its part fails
@@ -95,6 +88,17 @@ NH_TEST_UNUSED static void nh_pgtest_fail_test(const char *file, int line, const
 
 /* The hooks of the suite that includes this (after nh_test.h), for nh_pgtest_setup. */
 #define NH_PGTEST_HOOKS (&(const nh_pgtest_hooks_t){ nh_pgtest_fail_test, nh_test_on_cleanup })
+
+/* The main of a suite that needs the cluster and its superuser (skipped, 77, without them). */
+#define NH_PGTEST_MAIN()                                                                          \
+  int main(int argc, char **argv)                                                                 \
+  {                                                                                               \
+    int rc = nh_pgtest_setup(NH_PGTEST_HOOKS, argv[0], NH_PGTEST_NEED_ADMIN_URL, "skipped");      \
+    if (rc) return rc;                                                                            \
+    rc = nh_test_run_all(argc, argv);                                                             \
+    nh_pgtest_teardown();                                                                         \
+    return rc;                                                                                    \
+  }
 #endif
 
 #endif

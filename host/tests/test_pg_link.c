@@ -183,6 +183,16 @@ static void on_result(void *data, const nh_pg_optab_t *tab, int op, const PGresu
 
 static void submit_job(fx_t *fx, int id, job_kind_t kind);
 
+/* A connection of the test's own with the inbox table locked (ACCESS EXCLUSIVE) in an open
+ * transaction: a batch of the link (inbox_add first) waits for it until its ROLLBACK. */
+static PGconn *hold_inbox(fx_t *fx)
+{
+  PGconn *holder = nh_pgtest_connect(fx->url);
+  nh_pgtest_q1(holder, "BEGIN");
+  nh_pgtest_q1(holder, "LOCK TABLE inbox IN ACCESS EXCLUSIVE MODE");
+  return holder;
+}
+
 /* A socket's keepalive settings, as the kernel holds them: "keepalive=1 idle=10 interval=5
  * count=3 user_timeout=25000" (user_timeout where the system has it). */
 static void tcp_opts(int fd, char *buf, size_t len)
@@ -546,10 +556,7 @@ TEST(backend_terminated_while_a_batch_waits_for_a_lock_is_reported_as_it_happene
   fx_open(fx, (nh_pg_link_opts_t){ 0 });
   submit_job(fx, 0, JOB_OK);   /* prepares the operations: the next batch waits in its statement */
   RUN_UNTIL(fx, job_done, &fx->jobs[0], "the first batch");
-  PGconn *holder = nh_pgtest_connect(fx->url);
-  nh_pgtest_q1(holder, "BEGIN");
-  nh_pgtest_q1(holder, "LOCK TABLE inbox IN ACCESS EXCLUSIVE MODE");
-  nh_pgtest_q1(holder, "SELECT 1");
+  PGconn *holder = hold_inbox(fx);
   submit_job(fx, 1, JOB_OK);
   RUN_UNTIL(fx, waits_for_lock, NULL, "the batch to wait for the lock");
   int pid = fx->backend;
@@ -606,10 +613,7 @@ TEST(batch_deadline_drops_the_connection_and_says_unknown)
   submit_job(fx, 0, JOB_OK);
   RUN_UNTIL(fx, job_done, &fx->jobs[0], "the first batch");
   int pid = fx->backend;
-  PGconn *holder = nh_pgtest_connect(fx->url);
-  nh_pgtest_q1(holder, "BEGIN");
-  nh_pgtest_q1(holder, "LOCK TABLE inbox IN ACCESS EXCLUSIVE MODE");
-  nh_pgtest_q1(holder, "SELECT 1");
+  PGconn *holder = hold_inbox(fx);
   submit_job(fx, 1, JOB_OK);
   RUN_UNTIL(fx, job_done, &fx->jobs[1], "the batch's deadline");
   /* its COMMIT was sent, and no answer says the server stopped before it */
@@ -843,10 +847,7 @@ TEST(close_with_a_batch_in_flight_reports_it_first_and_leaves_no_handle)
   submit_job(fx, 0, JOB_OK);
   RUN_UNTIL(fx, job_done, &fx->jobs[0], "the first batch");
   int pid = fx->backend;
-  PGconn *holder = nh_pgtest_connect(fx->url);
-  nh_pgtest_q1(holder, "BEGIN");
-  nh_pgtest_q1(holder, "LOCK TABLE inbox IN ACCESS EXCLUSIVE MODE");
-  nh_pgtest_q1(holder, "SELECT 1");
+  PGconn *holder = hold_inbox(fx);
   submit_job(fx, 1, JOB_OK);
   submit_job(fx, 2, JOB_OK);
   RUN_UNTIL(fx, waits_for_lock, NULL, "the batch to wait for the lock");
@@ -977,9 +978,7 @@ TEST(a_batch_dropped_at_its_deadline_is_ended_by_the_server_while_its_lock_is_st
   fx_open(fx, (nh_pg_link_opts_t){ .batch_timeout_ms = 500 });
   submit_job(fx, 0, JOB_OK);   /* prepares the operations: the next batch waits in its statement */
   RUN_UNTIL(fx, job_done, &fx->jobs[0], "the first batch");
-  PGconn *holder = nh_pgtest_connect(fx->url);
-  nh_pgtest_q1(holder, "BEGIN");
-  nh_pgtest_q1(holder, "LOCK TABLE inbox IN ACCESS EXCLUSIVE MODE");
+  PGconn *holder = hold_inbox(fx);
   submit_job(fx, 1, JOB_OK);
   RUN_UNTIL(fx, waits_for_lock, NULL, "the batch to wait for the lock");
   int pid = fx->backend;
@@ -1050,11 +1049,4 @@ TEST(a_transaction_left_idle_on_the_links_settings_is_ended_by_the_server)
 
 /* ---------------------------------------------------------------- main */
 
-int main(int argc, char **argv)
-{
-  int rc = nh_pgtest_setup(NH_PGTEST_HOOKS, argv[0], NH_PGTEST_NEED_ADMIN_URL, "skipped");
-  if (rc) return rc;
-  rc = nh_test_run_all(argc, argv);
-  nh_pgtest_teardown();
-  return rc;
-}
+NH_PGTEST_MAIN()

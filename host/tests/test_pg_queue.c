@@ -905,11 +905,4 @@ TEST(queue_and_store_operations_commit_in_one_batch_or_not_at_all)
 
 /* ---------------------------------------------------------------- main */
 
-int main(int argc, char **argv)
-{
-  int rc = nh_pgtest_setup(NH_PGTEST_HOOKS, argv[0], NH_PGTEST_NEED_ADMIN_URL, "skipped");
-  if (rc) return rc;
-  rc = nh_test_run_all(argc, argv);
-  nh_pgtest_teardown();
-  return rc;
-}
+NH_PGTEST_MAIN()
