@@ -146,6 +146,15 @@ static const nh_pg_opdef_t ops[NH_PGOP_COUNT] = {
     " DO UPDATE SET cutoff = excluded.cutoff, started_at = excluded.started_at, owner = excluded.owner,"
     " queued = excluded.queued", 5 },
   [NH_PGOP_BULK_DONE] = { "nh_bulk_done", "DELETE FROM bulk_runs WHERE key = $1", 1 },
+  [NH_PGOP_PARKED_WINDOW] = { "nh_parked_window",
+    "SELECT park_seq, message_id, event_id, event_type, message_type, correlation_id, originating_message_id,"
+    " parent_message_id, from_, retry_count, enqueued_at, body, error_text, error_type, reply_to, traceparent,"
+    " tracestate FROM parked WHERE endpoint = $1 AND session_id = $2 AND park_seq > $3 ORDER BY park_seq"
+    " LIMIT $4", 4 },
+  [NH_PGOP_PARKED_COUNT_EVENT] = { "nh_parked_count_event",
+    "SELECT count(*) FROM parked WHERE endpoint = $1 AND event_id = $2", 2 },
+  [NH_PGOP_OPPENDING_GET] = { "nh_oppending_get",
+    "SELECT expected_status FROM operator_pending WHERE message_id = $1", 1 },
 };
 
 const nh_pg_optab_t nh_pg_store_optab = { "store", 3, ops, NH_PGOP_COUNT };   /* "nh_" */
@@ -787,4 +796,23 @@ int nh_pg_affected(const PGresult *r)
 {
   const char *n = PQcmdTuples((PGresult *)r);
   return n && *n ? atoi(n) : 0;
+}
+
+nh_pgop_t nh_pgargs_parked_window(nh_pg_args_t *a, const char *endpoint, const char *session, int64_t after,
+                                  int limit)
+{
+  two(a, NH_PGOP_PARKED_WINDOW, endpoint, session);
+  I64(after);
+  I64(limit);
+  return NH_PGOP_PARKED_WINDOW;
+}
+
+nh_pgop_t nh_pgargs_parked_count_event(nh_pg_args_t *a, const char *endpoint, const char *event_id)
+{
+  return two(a, NH_PGOP_PARKED_COUNT_EVENT, endpoint, event_id);
+}
+
+nh_pgop_t nh_pgargs_oppending_get(nh_pg_args_t *a, const char *message_id)
+{
+  return one(a, NH_PGOP_OPPENDING_GET, message_id);
 }

@@ -62,6 +62,10 @@ typedef enum nh_pgop {
   NH_PGOP_BULK_GET,
   NH_PGOP_BULK_PUT,
   NH_PGOP_BULK_DONE,
+  /* reads only the unit of work makes (nh_uow_pg.c): no sqlite twin of their own */
+  NH_PGOP_PARKED_WINDOW,       /* a session's parked rows after a park_seq, in order, up to a limit */
+  NH_PGOP_PARKED_COUNT_EVENT,  /* how many rows of an event are parked (what PARKED_DEL_EVENT would remove) */
+  NH_PGOP_OPPENDING_GET,       /* an operator request's expected status, not removed (OPPENDING_TAKE is the write) */
   NH_PGOP_COUNT
 } nh_pgop_t;
 
@@ -177,6 +181,10 @@ nh_pgop_t nh_pgargs_hosts_serving(nh_pg_args_t *a, const char *endpoint, int64_t
 nh_pgop_t nh_pgargs_bulk_get(nh_pg_args_t *a, const char *key);
 nh_pgop_t nh_pgargs_bulk_put(nh_pg_args_t *a, const char *key, const nh_bulk_run_t *run);
 nh_pgop_t nh_pgargs_bulk_done(nh_pg_args_t *a, const char *key);
+nh_pgop_t nh_pgargs_parked_window(nh_pg_args_t *a, const char *endpoint, const char *session, int64_t after,
+                                  int limit);
+nh_pgop_t nh_pgargs_parked_count_event(nh_pg_args_t *a, const char *endpoint, const char *event_id);
+nh_pgop_t nh_pgargs_oppending_get(nh_pg_args_t *a, const char *message_id);
 
 /* 1 if s holds len bytes of well-formed UTF-8 (what PostgreSQL's text accepts, less the
  * NUL a C string cannot hold anyway). */
@@ -196,7 +204,7 @@ const char *nh_pg_col_text(const PGresult *r, int row, int col);
 void nh_pgrow_audit(const PGresult *r, int row, nh_audit_t *a);
 /* SESSION_GET (col 0) and the session lists (col 1, after session_id). */
 void nh_pgrow_session(const PGresult *r, int row, int col, nh_session_state_t *st);
-/* PARKED_HEAD: the message (owned, nh_msg_clear) of `endpoint`/`session` and its park_seq. */
+/* PARKED_HEAD and PARKED_WINDOW: the message (owned, nh_msg_clear) of `endpoint`/`session` and its park_seq. */
 void nh_pgrow_parked(const PGresult *r, int row, const char *endpoint, const char *session, nh_msg_t *m,
                      int64_t *park_seq);
 /* HISTORY_LIST: the row's strings point into r. */

@@ -1,24 +1,11 @@
 /* The unit of work of nh_uow.h over the sqlite store: direct reads, or (NH_UOW_COLD) a
- * miss on the first read of each key in a pump, to run the pump's restart path. */
-#include "nh_uow.h"
-#include "core/nh_strset.h"
+ * miss on the first read of each key in a pump, to run the pump's restart path. Over
+ * PostgreSQL every call goes to nh_uow_pg.c. */
+#include "nh_uow_int.h"
 #include "core/nh_util.h"
 
 #include <stdlib.h>
 #include <string.h>
-
-struct nh_uow {
-  nh_store_t *store;
-  unsigned mode;         /* nh_uow_mode_t flags */
-  nh_strset_t known;    /* COLD: keys missed in an earlier pass of this pump: read from the store */
-  nh_strset_t fresh;    /* COLD: keys missed in this pass: missed again until the next, so a void
-                           pass sees one answer per key */
-  int missed;           /* this pass read a key not in `known` */
-  int pass;             /* passes of this pump so far */
-  char *key;            /* scratch for building keys */
-  size_t key_cap;
-  nh_uow_stats_t stats;
-};
 
 nh_uow_t *nh_uow_new(nh_store_t *s, unsigned mode)
 {
@@ -32,9 +19,20 @@ nh_uow_t *nh_uow_new(nh_store_t *s, unsigned mode)
   return u;
 }
 
+nh_uow_t *nh_uow_new_pg(struct nh_pg_link *link)
+{
+  nh_uow_t *u = nh_xcalloc(1, sizeof *u);
+  u->pg = nh_uowpg_new(u, link);
+  return u;
+}
+
 void nh_uow_free(nh_uow_t *u)
 {
   if (!u) return;
+  if (u->pg) {
+    nh_uowpg_free(u->pg);   /* frees u too, now or when its batch is over */
+    return;
+  }
   if (u->mode & NH_UOW_COLD) {
     nh_strset_free(&u->known);
     nh_strset_free(&u->fresh);
@@ -51,6 +49,7 @@ void nh_uow_pass_begin(nh_uow_t *u)
   u->missed = 0;
   u->pass++;
   u->stats.passes++;
+  if (u->pg) nh_uowpg_pass_begin(u->pg);
   if ((u->mode & NH_UOW_COLD) && u->fresh.count) {
     for (size_t i = 0; i < u->fresh.cap; i++)
       if (u->fresh.keys[i]) nh_strset_add(&u->known, u->fresh.keys[i]);
@@ -65,6 +64,7 @@ void nh_uow_end(nh_uow_t *u)
 {
   u->missed = 0;
   u->pass = 0;
+  if (u->pg) nh_uowpg_end(u->pg);
   if (u->mode & NH_UOW_COLD) {
     nh_strset_free(&u->known);
     nh_strset_init(&u->known, 64);
@@ -75,11 +75,8 @@ void nh_uow_end(nh_uow_t *u)
 
 void nh_uow_stats(const nh_uow_t *u, nh_uow_stats_t *out) { *out = u->stats; }
 
-/* 1: answer from the store; 0: a miss (recorded, the pass is void). The key is the read's
- * kind and its arguments, joined by a unit separator. */
-static int have(nh_uow_t *u, char kind, const char *a, const char *b, const char *c)
+const char *nh_uow_key(nh_uow_t *u, char kind, const char *a, const char *b, const char *c)
 {
-  if (!(u->mode & NH_UOW_COLD) || u->pass > NH_UOW_MAX_PASSES) return 1;
   const char *parts[3] = { a, b, c };
   size_t need = 2;
   for (int i = 0; i < 3; i++) need += (parts[i] ? strlen(parts[i]) : 0) + 1;
@@ -96,14 +93,25 @@ static int have(nh_uow_t *u, char kind, const char *a, const char *b, const char
     *p++ = '\x1f';
   }
   *p = '\0';
-  if (nh_strset_has(&u->known, u->key)) return 1;
-  if (nh_strset_add(&u->fresh, u->key)) u->stats.misses++;
+  return u->key;
+}
+
+/* 1: answer from the store; 0: a miss (recorded, the pass is void). */
+static int have(nh_uow_t *u, char kind, const char *a, const char *b, const char *c)
+{
+  if (!(u->mode & NH_UOW_COLD) || u->pass > NH_UOW_MAX_PASSES) return 1;
+  const char *key = nh_uow_key(u, kind, a, b, c);
+  if (nh_strset_has(&u->known, key)) return 1;
+  if (nh_strset_add(&u->fresh, key)) u->stats.misses++;
   u->missed = 1;
   return 0;
 }
 
+/* ---------------------------------------------------------------- reads */
+
 int nh_uow_session_get(nh_uow_t *u, const char *endpoint, const char *session, nh_session_state_t *st)
 {
+  if (u->pg) return nh_uowpg_session_get(u->pg, endpoint, session, st);
   if (have(u, 's', endpoint, session, NULL)) return nh_store_session_get(u->store, endpoint, session, st);
   memset(st, 0, sizeof *st);
   st->next_park_seq = 1;
@@ -112,6 +120,7 @@ int nh_uow_session_get(nh_uow_t *u, const char *endpoint, const char *session, n
 
 int nh_uow_audit_get(nh_uow_t *u, const char *endpoint, const char *event_id, nh_audit_t *out)
 {
+  if (u->pg) return nh_uowpg_audit_get(u->pg, endpoint, event_id, out);
   if (have(u, 'a', endpoint, event_id, NULL)) return nh_store_audit_get(u->store, endpoint, event_id, out);
   memset(out, 0, sizeof *out);
   return 0;
@@ -119,22 +128,26 @@ int nh_uow_audit_get(nh_uow_t *u, const char *endpoint, const char *event_id, nh
 
 int nh_uow_inbox_has(nh_uow_t *u, const char *endpoint, const char *message_id)
 {
+  if (u->pg) return nh_uowpg_inbox_has(u->pg, endpoint, message_id);
   return have(u, 'i', endpoint, message_id, NULL) ? nh_store_inbox_has(u->store, endpoint, message_id) : 0;
 }
 
 int nh_uow_parked_any(nh_uow_t *u, const char *endpoint, const char *session)
 {
+  if (u->pg) return nh_uowpg_parked_any(u->pg, endpoint, session);
   return have(u, 'p', endpoint, session, NULL) ? nh_store_parked_any(u->store, endpoint, session) : 0;
 }
 
 int nh_uow_parked_head(nh_uow_t *u, const char *endpoint, const char *session, nh_msg_t *out, int64_t *park_seq)
 {
+  if (u->pg) return nh_uowpg_parked_head(u->pg, endpoint, session, out, park_seq);
   if (have(u, 'h', endpoint, session, NULL)) return nh_store_parked_head(u->store, endpoint, session, out, park_seq);
   return 0;
 }
 
 int nh_uow_processed_has(nh_uow_t *u, const char *endpoint, const char *message_id, const char *event_id)
 {
+  if (u->pg) return nh_uowpg_processed_has(u->pg, endpoint, message_id, event_id);
   if (have(u, 'd', endpoint, message_id, event_id))
     return nh_store_processed_has(u->store, endpoint, message_id, event_id);
   return 0;
@@ -142,6 +155,7 @@ int nh_uow_processed_has(nh_uow_t *u, const char *endpoint, const char *message_
 
 int nh_uow_oppending_take(nh_uow_t *u, const char *message_id, char **expected_status)
 {
+  if (u->pg) return nh_uowpg_oppending_take(u->pg, message_id, expected_status);
   if (have(u, 'o', message_id, NULL, NULL)) return nh_store_oppending_take(u->store, message_id, expected_status);
   *expected_status = NULL;
   return 0;
@@ -151,13 +165,19 @@ int nh_uow_oppending_take(nh_uow_t *u, const char *message_id, char **expected_s
 
 int nh_uow_session_put(nh_uow_t *u, const char *endpoint, const char *session, const nh_session_state_t *st)
 {
+  if (u->pg) return nh_uowpg_session_put(u->pg, endpoint, session, st);
   return nh_store_session_put(u->store, endpoint, session, st);
 }
 
-int nh_uow_audit_put(nh_uow_t *u, const nh_audit_t *a) { return nh_store_audit_put(u->store, a); }
+int nh_uow_audit_put(nh_uow_t *u, const nh_audit_t *a)
+{
+  if (u->pg) return nh_uowpg_audit_put(u->pg, a);
+  return nh_store_audit_put(u->store, a);
+}
 
 int nh_uow_audit_retext_deferred(nh_uow_t *u, const char *endpoint, const char *session, const char *text)
 {
+  if (u->pg) return nh_uowpg_audit_retext_deferred(u->pg, endpoint, session, text);
   return nh_store_audit_retext_deferred(u->store, endpoint, session, text);
 }
 
@@ -165,22 +185,81 @@ int nh_uow_history_add(nh_uow_t *u, const char *endpoint, const char *event_id, 
                        const char *message_type, const char *status, const char *detail,
                        const nh_history_extra_t *x)
 {
+  if (u->pg) return nh_uowpg_history_add(u->pg, endpoint, event_id, message_id, message_type, status, detail, x);
   return nh_store_history_add_ex(u->store, endpoint, event_id, message_id, message_type, status, detail, x);
 }
 
-int nh_uow_park(nh_uow_t *u, const nh_msg_t *m, int64_t park_seq) { return nh_store_park(u->store, m, park_seq); }
+int nh_uow_park(nh_uow_t *u, const nh_msg_t *m, int64_t park_seq)
+{
+  if (u->pg) return nh_uowpg_park(u->pg, m, park_seq);
+  return nh_store_park(u->store, m, park_seq);
+}
 
 int nh_uow_parked_delete(nh_uow_t *u, const char *endpoint, const char *session, int64_t park_seq)
 {
+  if (u->pg) return nh_uowpg_parked_delete(u->pg, endpoint, session, park_seq);
   return nh_store_parked_delete(u->store, endpoint, session, park_seq);
 }
 
 int nh_uow_parked_delete_event(nh_uow_t *u, const char *endpoint, const char *event_id)
 {
+  if (u->pg) return nh_uowpg_parked_delete_event(u->pg, endpoint, event_id);
   return nh_store_parked_delete_event(u->store, endpoint, event_id);
 }
 
 int nh_uow_inbox_add(nh_uow_t *u, const char *endpoint, const char *message_id)
 {
+  if (u->pg) return nh_uowpg_inbox_add(u->pg, endpoint, message_id);
   return nh_store_inbox_add(u->store, endpoint, message_id);
 }
+
+/* ---------------------------------------------------------------- the pass's transaction */
+
+int nh_uow_begin(nh_uow_t *u)
+{
+  if (u->pg) {
+    nh_uowpg_rollback(u->pg);
+    return NH_OK;
+  }
+  return nh_store_begin(u->store);
+}
+
+void nh_uow_rollback(nh_uow_t *u)
+{
+  if (u->pg) nh_uowpg_rollback(u->pg);
+  else nh_store_rollback(u->store);
+}
+
+int nh_uow_savepoint(nh_uow_t *u)
+{
+  if (!u->pg) return nh_store_savepoint(u->store);
+  nh_uowpg_savepoint(u->pg);
+  return NH_OK;
+}
+
+int nh_uow_savepoint_end(nh_uow_t *u)
+{
+  if (!u->pg) return nh_store_savepoint_end(u->store);
+  nh_uowpg_savepoint_end(u->pg);
+  return NH_OK;
+}
+
+void nh_uow_savepoint_rollback(nh_uow_t *u)
+{
+  if (u->pg) nh_uowpg_savepoint_rollback(u->pg);
+  else nh_store_savepoint_rollback(u->store);
+}
+
+int nh_uow_fill(nh_uow_t *u, nh_uow_fill_cb cb, void *data, nh_error_t *err)
+{
+  if (!u->pg) return nh_error_set(err, NH_ESTATE, "unit of work: a sqlite store reads at once, it has nothing to fill");
+  return nh_uowpg_fill(u->pg, cb, data, err);
+}
+
+int nh_uow_commit(nh_uow_t *u, nh_uow_commit_cb cb, void *data, nh_error_t *err)
+{
+  if (!u->pg) return nh_error_set(err, NH_ESTATE, "unit of work: a sqlite store commits with nh_store_commit");
+  return nh_uowpg_commit(u->pg, cb, data, err);
+}
+
+int nh_uow_busy(const nh_uow_t *u) { return u->pg && nh_uowpg_busy(u->pg); }

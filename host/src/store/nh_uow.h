@@ -18,9 +18,11 @@
 #ifndef NH_UOW_H
 #define NH_UOW_H
 
+#include "core/nh_error.h"
 #include "nh_store.h"
 
 typedef struct nh_uow nh_uow_t;
+struct nh_pg_link;
 
 /* Flags; the two debugging ones (never set in production) make sqlite behave as a server does. */
 typedef enum {
@@ -36,6 +38,13 @@ typedef enum {
 #define NH_UOW_MAX_PASSES 16
 
 nh_uow_t *nh_uow_new(nh_store_t *s, unsigned mode);   /* nh_uow_mode_t flags */
+/* A unit of work over a PostgreSQL store's link (nh_uow_pg.c, docs/store-backends.md "The
+ * PostgreSQL unit of work"): reads answer from a cache that nh_uow_fill fills, a key
+ * not in it is a miss; a pass's writes are kept in a list (its reads see them) and sent
+ * with its COMMIT by nh_uow_commit, one batch each. The link must outlive the unit. */
+nh_uow_t *nh_uow_new_pg(struct nh_pg_link *link);
+/* On PostgreSQL with a fill or a commit still out on the link, the unit is freed once
+ * that is over (its callback is not called). */
 void nh_uow_free(nh_uow_t *u);
 unsigned nh_uow_mode(const nh_uow_t *u);
 
@@ -50,8 +59,39 @@ typedef struct nh_uow_stats {
   uint64_t passes;      /* passes run */
   uint64_t restarts;    /* of them, void (a miss) */
   uint64_t misses;      /* keys recorded */
+  uint64_t fills;       /* PostgreSQL: read batches sent (each one round trip) */
+  uint64_t filled;      /* ... keys they read */
+  uint64_t commits;     /* PostgreSQL: commit batches sent */
+  uint64_t writes;      /* ... writes they carried */
 } nh_uow_stats_t;
 void nh_uow_stats(const nh_uow_t *u, nh_uow_stats_t *out);
+
+/* ---- the pass's transaction. On sqlite these are the store's (nh_store_begin, ...). On
+ * PostgreSQL they act on the write list: a savepoint marks it, its rollback drops what
+ * came after (and what the pass's reads saw of it), begin and rollback empty it. */
+int nh_uow_begin(nh_uow_t *u);
+void nh_uow_rollback(nh_uow_t *u);
+int nh_uow_savepoint(nh_uow_t *u);
+int nh_uow_savepoint_end(nh_uow_t *u);
+void nh_uow_savepoint_rollback(nh_uow_t *u);
+
+/* ---- PostgreSQL only (NH_ESTATE on sqlite, which reads and commits at once) */
+
+/* After a void pass: reads every key the pump missed so far, as one batch on the link.
+ * cb runs from the loop once it is over: ok 1, the next pass finds those keys; ok 0
+ * (err says why: the connection went, a statement failed), they are still missing. */
+typedef void (*nh_uow_fill_cb)(void *data, int ok, const nh_error_t *err);
+int nh_uow_fill(nh_uow_t *u, nh_uow_fill_cb cb, void *data, nh_error_t *err);
+
+/* Ends a pass that missed nothing: its writes and COMMIT as one batch on the link. cb
+ * runs from the loop once it is over, with the link's outcome: COMMITTED, NOT_COMMITTED
+ * (nothing of it happened) or UNKNOWN (the connection went after COMMIT was sent). */
+typedef enum nh_uow_outcome { NH_UOW_COMMITTED, NH_UOW_NOT_COMMITTED, NH_UOW_UNKNOWN } nh_uow_outcome_t;
+typedef void (*nh_uow_commit_cb)(void *data, nh_uow_outcome_t outcome, const nh_error_t *err);
+int nh_uow_commit(nh_uow_t *u, nh_uow_commit_cb cb, void *data, nh_error_t *err);
+
+/* 1 while a fill or a commit is out on the link: no pass may start. */
+int nh_uow_busy(const nh_uow_t *u);
 
 /* The reads, each as its nh_store_* twin (nh_store.h); on a miss, the empty answer. */
 int nh_uow_session_get(nh_uow_t *u, const char *endpoint, const char *session, nh_session_state_t *st);
