@@ -681,6 +681,52 @@ TEST(parked_fifo_head_delete_count)
   nh_store_close(s);
 }
 
+/* What the unit of work's cache reads (store/nh_uow_pg.c): a session's parked rows in
+ * windows after a park_seq, an event's parked rows counted, an operator request read
+ * without being taken. */
+TEST(parked_windows_event_counts_and_requests_read_in_place)
+{
+  nh_store_t *s = open_store("nimbus.db");
+  const char *events[5] = { "p1", "p2", "p2", "p3", "p4" };   /* p2 parked twice */
+  for (int i = 0; i < 5; i++) {
+    nh_msg_t m = make_msg("Ep", "s1", events[i], "{}");
+    ASSERT_EQ_INT(nh_store_park(s, &m, (i + 1) * 10), NH_OK);
+  }
+  nh_msg_t other = make_msg("Ep", "s2", "p2", "{}");
+  ASSERT_EQ_INT(nh_store_park(s, &other, 1), NH_OK);
+
+  nh_msg_t rows[3];
+  int64_t seqs[3];
+  ASSERT_EQ_INT(nh_store_parked_window(s, "Ep", "s1", 0, 3, rows, seqs), 3);
+  ASSERT_EQ_INT(seqs[0], 10);
+  ASSERT_EQ_INT(seqs[2], 30);
+  ASSERT_EQ_STR(rows[1].event_id, "p2");
+  ASSERT_EQ_STR(rows[1].session_id, "s1");
+  for (int i = 0; i < 3; i++) nh_msg_clear(&rows[i]);
+  ASSERT_EQ_INT(nh_store_parked_window(s, "Ep", "s1", 30, 3, rows, seqs), 2);   /* after 30: 40, 50 */
+  ASSERT_EQ_INT(seqs[0], 40);
+  ASSERT_EQ_STR(rows[1].event_id, "p4");
+  for (int i = 0; i < 2; i++) nh_msg_clear(&rows[i]);
+  ASSERT_EQ_INT(nh_store_parked_window(s, "Ep", "s1", 50, 3, rows, seqs), 0);
+
+  ASSERT_EQ_INT(nh_store_parked_count_event(s, "Ep", "p2"), 3);   /* both sessions */
+  ASSERT_EQ_INT(nh_store_parked_count_event(s, "Ep", "p9"), 0);
+  ASSERT_EQ_INT(nh_store_parked_count_event(s, "Other", "p2"), 0);
+
+  ASSERT_EQ_INT(nh_store_oppending_add(s, "req-1", "Ep", "p1", "skip", NH_ST_FAILED), NH_OK);
+  char *expected = NULL;
+  ASSERT_EQ_INT(nh_store_oppending_get(s, "req-1", &expected), 1);
+  ASSERT_EQ_STR(expected, NH_ST_FAILED);
+  free(expected);
+  ASSERT_EQ_INT(nh_store_oppending_get(s, "req-1", &expected), 1);   /* still there */
+  free(expected);
+  ASSERT_EQ_INT(nh_store_oppending_take(s, "req-1", &expected), 1);
+  free(expected);
+  ASSERT_EQ_INT(nh_store_oppending_get(s, "req-1", &expected), 0);
+  ASSERT_NULL(expected);
+  nh_store_close(s);
+}
+
 /* A body is bytes: one with a NUL in it comes back whole from the parked FIFO and from
  * the audit row (its payload_len), with a trailing NUL. */
 TEST(body_with_a_nul_byte_comes_back_whole_from_parked_and_audit)

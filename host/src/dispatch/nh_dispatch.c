@@ -84,9 +84,9 @@ static nh_job_t *job_new(nh_dispatch_t *d, nh_endpoint_t *ep, nh_job_src_t src)
 static void accept_job(nh_dispatch_t *d, nh_job_t *job)
 {
   size_t mark = nh_story_mark(&d->story);
-  int r = nh_store_savepoint(d->store) ? NH_EFAIL : nh_dispatch_route(d, job);
-  if (r >= 0 && nh_store_savepoint_end(d->store)) r = NH_EFAIL;
-  else if (r < 0) nh_store_savepoint_rollback(d->store);
+  int r = nh_uow_savepoint(d->uow) ? NH_EFAIL : nh_dispatch_route(d, job);
+  if (r >= 0 && nh_uow_savepoint_end(d->uow)) r = NH_EFAIL;
+  else if (r < 0) nh_uow_savepoint_rollback(d->uow);
   if (r < 0) nh_story_rollback(&d->story, mark);
   if (r < 0) {
     if (r != NH_ESTATE) {
@@ -137,14 +137,10 @@ struct due_ctx {
   int failed;
 };
 
-/* A session with a due retry or parked messages to replay. */
-static int on_due_session(void *data, const char *endpoint, const char *session, const nh_session_state_t *st)
+/* The due session's job (its lock taken), from its state. */
+static int due_job(struct due_ctx *c, const char *session, const nh_session_state_t *st)
 {
-  struct due_ctx *c = data;
   nh_dispatch_t *d = c->d;
-  (void)endpoint;   /* always c->ep->name: the query is per endpoint */
-  assert(strcmp(endpoint, c->ep->name) == 0);
-  if (c->failed || d->tr->vt->lock_session(d->tr, c->ep->name, session, c->now) != 1) return 0;
   nh_job_t *job;
   if (st->blocked_by) {
     nh_audit_t a;
@@ -211,6 +207,34 @@ static int on_due_session(void *data, const char *endpoint, const char *session,
   return 0;
 }
 
+/* A session with a due retry or parked messages to replay. */
+static int on_due_session(void *data, const char *endpoint, const char *session, const nh_session_state_t *scanned)
+{
+  struct due_ctx *c = data;
+  nh_dispatch_t *d = c->d;
+  (void)endpoint;   /* always c->ep->name: the query is per endpoint */
+  assert(strcmp(endpoint, c->ep->name) == 0);
+  if (c->failed || d->tr->vt->lock_session(d->tr, c->ep->name, session, c->now) != 1) return 0;
+  /* The scan's row may predate this pass: its jobs applied before the scan, and a unit of
+   * work that keeps its writes until the commit (store/nh_uow.h) or a scan read before the
+   * pass (PostgreSQL) shows the row as it was. The session's state now is the unit's. */
+  nh_session_state_t now_st;
+  const nh_session_state_t *st = scanned;
+  if (nh_uow_can_miss(d->uow)) {
+    if (nh_uow_session_get(d->uow, c->ep->name, session, &now_st)) c->failed = 1;
+    int due = !c->failed && !nh_uow_missed(d->uow) &&
+              (now_st.blocked_by ? now_st.retry_due && now_st.retry_due <= c->now : now_st.draining);
+    if (!due) {
+      nh_session_state_clear(&now_st);
+      d->tr->vt->unlock_session(d->tr, c->ep->name, session);
+      return 0;
+    }
+    st = &now_st;
+  }
+  int rc = due_job(c, session, st);
+  if (st == &now_st) nh_session_state_clear(&now_st);
+  return rc;
+}
 /* Due retries and parked replays (work the store holds for blocked and draining sessions). */
 static int fetch_due(nh_dispatch_t *d, nh_endpoint_t *ep, int64_t now, int *fetched)
 {
@@ -318,9 +342,9 @@ static void apply_done(nh_dispatch_t *d, nh_queue_t *applied, nh_queue_t *retry)
     nh_job_t *job = nh_queue_data(nh_queue_head(&d->done), nh_job_t, done_node);
     nh_queue_remove(&job->done_node);
     size_t mark = nh_story_mark(&d->story);
-    int rc = nh_store_savepoint(d->store) ? NH_EFAIL : nh_dispatch_apply(d, job);
-    if (rc == NH_OK && nh_store_savepoint_end(d->store)) rc = NH_EFAIL;
-    else if (rc != NH_OK) nh_store_savepoint_rollback(d->store);
+    int rc = nh_uow_savepoint(d->uow) ? NH_EFAIL : nh_dispatch_apply(d, job);
+    if (rc == NH_OK && nh_uow_savepoint_end(d->uow)) rc = NH_EFAIL;
+    else if (rc != NH_OK) nh_uow_savepoint_rollback(d->uow);
     if (rc != NH_OK) nh_story_rollback(&d->story, mark);
     if (rc == NH_OK || rc == NH_ESTATE || ++job->apply_failures >= NH_APPLY_ATTEMPTS || d->force_stop) {
       if (rc != NH_OK && rc != NH_ESTATE)
@@ -376,12 +400,12 @@ static void requeue_front(nh_dispatch_t *d, nh_queue_t *jobs)
  * story and the transport's settlements go with the rollback. */
 static int begin_and_apply(nh_dispatch_t *d, nh_queue_t *applied, nh_queue_t *retry)
 {
-  if (nh_store_begin(d->store)) return NH_EFAIL;
+  if (nh_uow_begin(d->uow)) return NH_EFAIL;
   if (apply_fast(d, applied) == NH_OK) return NH_OK;
-  nh_store_rollback(d->store);
+  nh_uow_rollback(d->uow);
   nh_story_rollback(&d->story, 0);
   requeue_front(d, applied);
-  if (nh_store_begin(d->store)) return NH_EFAIL;
+  if (nh_uow_begin(d->uow)) return NH_EFAIL;
   apply_done(d, applied, retry);
   return NH_OK;
 }
@@ -411,7 +435,7 @@ static void requeue_done(nh_dispatch_t *d, nh_queue_t *jobs)
  * sessions. Only a unit that can miss needs it. */
 static void pass_mark(nh_dispatch_t *d, int restore)
 {
-  if (!(nh_uow_mode(d->uow) & NH_UOW_COLD)) return;
+  if (!nh_uow_can_miss(d->uow)) return;
   for (nh_endpoint_t *ep = d->endpoints; ep; ep = ep->next) {
     if (restore) {
       free(ep->due_cursor);
@@ -468,12 +492,12 @@ static void pump(nh_dispatch_t *d)
     ok = 1;
     if (!d->stopping && fetch(d, now, &d->pump_fetched)) ok = 0;
     if (ok && nh_uow_missed(d->uow)) {
-      nh_store_rollback(d->store);
+      nh_uow_rollback(d->uow);
       pass_again(d, &d->pump_applied, &d->pump_retry);
       return;
     }
-    if (ok && nh_store_commit(d->store)) ok = 0;
-    if (!ok) nh_store_rollback(d->store);
+    if (ok && (nh_uow_flush(d->uow) || nh_store_commit(d->store))) ok = 0;
+    if (!ok) nh_uow_rollback(d->uow);
   }
   nh_uow_end(d->uow);
   d->pumping = 0;
@@ -552,10 +576,11 @@ nh_dispatch_t *nh_dispatch_init(uv_loop_t *loop, nh_store_t *store, nh_transport
   d->loop = loop;
   d->store = store;
   d->ckpt = nh_checkpointer_start(loop, store);
-  /* debugging switches: every pump runs its restart path, or gets its commit's result on a
-   * later loop turn (store/nh_uow.h) */
+  /* debugging switches: every pump runs its restart path, gets its commit's result on a
+   * later loop turn, or reads and writes through PostgreSQL's cache (store/nh_uow.h) */
   d->uow = nh_uow_new(store, (env_flag("NIMBUS_STORE_COLD_READS") ? NH_UOW_COLD : 0) |
-                                 (env_flag("NIMBUS_STORE_LATE_COMMIT") ? NH_UOW_LATE_COMMIT : 0));
+                                 (env_flag("NIMBUS_STORE_LATE_COMMIT") ? NH_UOW_LATE_COMMIT : 0) |
+                                 (env_flag("NIMBUS_STORE_CACHED") ? NH_UOW_CACHED : 0));
   nh_queue_init(&d->pump_applied);
   nh_queue_init(&d->pump_retry);
   uv_timer_init(loop, &d->commit_timer);
@@ -685,7 +710,7 @@ static void maybe_stopped(nh_dispatch_t *d)
   nh_log_info("dispatch", "%llu messages fetched in %llu transactions (%.1f per transaction)",
               (unsigned long long)d->pumped, (unsigned long long)d->pumps,
               d->pumps ? (double)d->pumped / (double)d->pumps : 0.0);
-  if (nh_uow_mode(d->uow) & NH_UOW_COLD) {
+  if (nh_uow_can_miss(d->uow)) {
     nh_uow_stats_t us;
     nh_uow_stats(d->uow, &us);
     nh_log_info("dispatch", "unit of work: %llu passes, %llu of them run again after %llu store reads it did not have",

@@ -77,6 +77,12 @@ static const char *const stmt_sql[NH_SQL_COUNT] = {
     " parent_message_id, from_, retry_count, enqueued_at, body, error_text, error_type, reply_to, traceparent,"
     " tracestate FROM parked"
     " WHERE endpoint = ?1 AND session_id = ?2 ORDER BY park_seq LIMIT 1",
+  [NH_SQL_PARKED_WINDOW] =
+    "SELECT park_seq, message_id, event_id, event_type, message_type, correlation_id, originating_message_id,"
+    " parent_message_id, from_, retry_count, enqueued_at, body, error_text, error_type, reply_to, traceparent,"
+    " tracestate FROM parked"
+    " WHERE endpoint = ?1 AND session_id = ?2 AND park_seq > ?3 ORDER BY park_seq LIMIT ?4",
+  [NH_SQL_PARKED_COUNT_EVENT] = "SELECT count(*) FROM parked WHERE endpoint = ?1 AND event_id = ?2",
   [NH_SQL_PARKED_DEL] = "DELETE FROM parked WHERE endpoint = ?1 AND session_id = ?2 AND park_seq = ?3",
   [NH_SQL_PARKED_DEL_EVENT] = "DELETE FROM parked WHERE endpoint = ?1 AND event_id = ?2",
   [NH_SQL_PARKED_COUNT] = "SELECT count(*) FROM parked WHERE endpoint = ?1 AND session_id = ?2",

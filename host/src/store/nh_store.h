@@ -279,6 +279,12 @@ int nh_store_parked_delete_event(nh_store_t *s, const char *endpoint, const char
 int nh_store_parked_count(nh_store_t *s, const char *endpoint, const char *session);
 /* 1 if the session has anything parked (reads one index entry, not the whole queue). */
 int nh_store_parked_any(nh_store_t *s, const char *endpoint, const char *session);
+/* The session's parked rows after park_seq `after`, in order: up to limit into out[]
+ * (owned, nh_msg_clear) and park_seqs[]; returns how many, or NH_EFAIL. */
+int nh_store_parked_window(nh_store_t *s, const char *endpoint, const char *session, int64_t after, int limit,
+                           nh_msg_t *out, int64_t *park_seqs);
+/* How many rows of the event are parked (what nh_store_parked_delete_event would remove). */
+int nh_store_parked_count_event(nh_store_t *s, const char *endpoint, const char *event_id);
 
 /* inbox: (endpoint, message_id) pairs already handled successfully */
 int nh_store_inbox_has(nh_store_t *s, const char *endpoint, const char *message_id);
@@ -300,6 +306,8 @@ int nh_store_oppending_add(nh_store_t *s, const char *message_id, const char *en
 int nh_store_oppending_has(nh_store_t *s, const char *endpoint, const char *event_id);
 /* Removes the request; 1 and *expected_status (caller frees) if it was there, 0 if not. */
 int nh_store_oppending_take(nh_store_t *s, const char *message_id, char **expected_status);
+/* The request's expected status, the request left in place: 1 found, 0 none, NH_EFAIL. */
+int nh_store_oppending_get(nh_store_t *s, const char *message_id, char **expected_status);
 
 /* operator action log; actor: who did it ("cli (alice)", "admin API (token ops-1)"); NULL:
  * the operating-system user */

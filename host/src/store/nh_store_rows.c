@@ -419,36 +419,73 @@ int nh_store_park(nh_store_t *s, const nh_msg_t *m, int64_t park_seq)
   return done(s, st, "park");
 }
 
+/* A row of PARKED_HEAD or PARKED_WINDOW. */
+static void parked_row(sqlite3_stmt *st, const char *endpoint, const char *session, nh_msg_t *m, int64_t *park_seq)
+{
+  memset(m, 0, sizeof *m);
+  *park_seq = sqlite3_column_int64(st, 0);
+  m->endpoint = nh_xstrdup(endpoint);
+  m->session_id = nh_xstrdup(session);
+  m->message_id = nh_sqlite_col_strdup(st, 1);
+  m->event_id = nh_sqlite_col_strdup(st, 2);
+  m->event_type = nh_sqlite_col_strdup(st, 3);
+  m->type = nh_msg_type_parse((const char *)sqlite3_column_text(st, 4));
+  m->correlation_id = nh_sqlite_col_strdup(st, 5);
+  m->originating_message_id = nh_sqlite_col_strdup(st, 6);
+  m->parent_message_id = nh_sqlite_col_strdup(st, 7);
+  m->from = nh_sqlite_col_strdup(st, 8);
+  m->retry_count = sqlite3_column_int(st, 9);
+  m->enqueued_at = sqlite3_column_int64(st, 10);
+  m->body = nh_sqlite_col_body(st, 11, &m->body_len);
+  m->error_text = nh_sqlite_col_strdup(st, 12);
+  m->error_type = nh_sqlite_col_strdup(st, 13);
+  m->reply_to = nh_sqlite_col_strdup(st, 14);
+  m->traceparent = nh_sqlite_col_strdup(st, 15);
+  m->tracestate = nh_sqlite_col_strdup(st, 16);
+}
+
 int nh_store_parked_head(nh_store_t *s, const char *endpoint, const char *session, nh_msg_t *m, int64_t *park_seq)
 {
   sqlite3_stmt *st = stmt(s, NH_SQL_PARKED_HEAD);
   T(st, 1, endpoint); T(st, 2, session);
   int found = 0;
   if (sstep(s, st) == SQLITE_ROW) {
-    memset(m, 0, sizeof *m);
-    *park_seq = sqlite3_column_int64(st, 0);
-    m->endpoint = nh_xstrdup(endpoint);
-    m->session_id = nh_xstrdup(session);
-    m->message_id = nh_sqlite_col_strdup(st, 1);
-    m->event_id = nh_sqlite_col_strdup(st, 2);
-    m->event_type = nh_sqlite_col_strdup(st, 3);
-    m->type = nh_msg_type_parse((const char *)sqlite3_column_text(st, 4));
-    m->correlation_id = nh_sqlite_col_strdup(st, 5);
-    m->originating_message_id = nh_sqlite_col_strdup(st, 6);
-    m->parent_message_id = nh_sqlite_col_strdup(st, 7);
-    m->from = nh_sqlite_col_strdup(st, 8);
-    m->retry_count = sqlite3_column_int(st, 9);
-    m->enqueued_at = sqlite3_column_int64(st, 10);
-    m->body = nh_sqlite_col_body(st, 11, &m->body_len);
-    m->error_text = nh_sqlite_col_strdup(st, 12);
-    m->error_type = nh_sqlite_col_strdup(st, 13);
-    m->reply_to = nh_sqlite_col_strdup(st, 14);
-    m->traceparent = nh_sqlite_col_strdup(st, 15);
-    m->tracestate = nh_sqlite_col_strdup(st, 16);
+    parked_row(st, endpoint, session, m, park_seq);
     found = 1;
   }
   finish(st);
   return found;
+}
+
+int nh_store_parked_window(nh_store_t *s, const char *endpoint, const char *session, int64_t after, int limit,
+                           nh_msg_t *out, int64_t *park_seqs)
+{
+  sqlite3_stmt *st = stmt(s, NH_SQL_PARKED_WINDOW);
+  T(st, 1, endpoint); T(st, 2, session);
+  sqlite3_bind_int64(st, 3, after);
+  sqlite3_bind_int(st, 4, limit);
+  int n = 0, rc;
+  while (n < limit && (rc = sstep(s, st)) == SQLITE_ROW) {
+    parked_row(st, endpoint, session, &out[n], &park_seqs[n]);
+    n++;
+  }
+  finish(st);
+  if (n < limit && rc != SQLITE_DONE) {
+    for (int i = 0; i < n; i++) nh_msg_clear(&out[i]);
+    nh_log_error("store", "parked window: %s", sqlite3_errmsg(s->db));
+    return NH_EFAIL;
+  }
+  return n;
+}
+
+int nh_store_parked_count_event(nh_store_t *s, const char *endpoint, const char *event_id)
+{
+  sqlite3_stmt *st = stmt(s, NH_SQL_PARKED_COUNT_EVENT);
+  T(st, 1, endpoint); T(st, 2, event_id);
+  int rc = sstep(s, st);
+  int n = rc == SQLITE_ROW ? sqlite3_column_int(st, 0) : NH_EFAIL;
+  finish(st);
+  return n;
 }
 
 int nh_store_parked_delete(nh_store_t *s, const char *endpoint, const char *session, int64_t park_seq)
@@ -531,16 +568,22 @@ int nh_store_oppending_has(nh_store_t *s, const char *endpoint, const char *even
   return exists2(s, NH_SQL_OPPENDING_HAS, endpoint, event_id, NULL);
 }
 
-int nh_store_oppending_take(nh_store_t *s, const char *message_id, char **expected_status)
+int nh_store_oppending_get(nh_store_t *s, const char *message_id, char **expected_status)
 {
   *expected_status = NULL;
   sqlite3_stmt *st = stmt(s, NH_SQL_OPPENDING_GET);
   T(st, 1, message_id);
-  int found = sstep(s, st) == SQLITE_ROW;
-  if (found) *expected_status = nh_sqlite_col_strdup(st, 0);
+  int rc = sstep(s, st);
+  if (rc == SQLITE_ROW) *expected_status = nh_sqlite_col_strdup(st, 0);
   finish(st);
-  if (!found) return 0;
-  st = stmt(s, NH_SQL_OPPENDING_DONE);
+  return rc == SQLITE_ROW ? 1 : rc == SQLITE_DONE ? 0 : NH_EFAIL;
+}
+
+int nh_store_oppending_take(nh_store_t *s, const char *message_id, char **expected_status)
+{
+  int found = nh_store_oppending_get(s, message_id, expected_status);
+  if (found != 1) return 0;   /* an error is in the store's failed state, as it was */
+  sqlite3_stmt *st = stmt(s, NH_SQL_OPPENDING_DONE);
   T(st, 1, message_id);
   return done(s, st, "operator pending done") ? NH_EFAIL : 1;
 }

@@ -12,7 +12,10 @@ nh_uow_t *nh_uow_new(nh_store_t *s, unsigned mode)
   nh_uow_t *u = nh_xcalloc(1, sizeof *u);
   u->store = s;
   u->mode = mode;
-  if (mode & NH_UOW_COLD) {
+  if (mode & NH_UOW_CACHED) {
+    u->mode &= ~(unsigned)NH_UOW_COLD;   /* the cache misses on its own */
+    u->pg = nh_uowpg_new_local(u, s);
+  } else if (mode & NH_UOW_COLD) {
     nh_strset_init(&u->known, 64);
     nh_strset_init(&u->fresh, 64);
   }
@@ -215,50 +218,54 @@ int nh_uow_inbox_add(nh_uow_t *u, const char *endpoint, const char *message_id)
 
 /* ---------------------------------------------------------------- the pass's transaction */
 
+/* With NH_UOW_CACHED both run: the write list, and the sqlite transaction the transport
+ * writes in meanwhile. */
 int nh_uow_begin(nh_uow_t *u)
 {
-  if (u->pg) {
-    nh_uowpg_rollback(u->pg);
-    return NH_OK;
-  }
-  return nh_store_begin(u->store);
+  if (u->pg) nh_uowpg_rollback(u->pg);
+  return u->store ? nh_store_begin(u->store) : NH_OK;
 }
 
 void nh_uow_rollback(nh_uow_t *u)
 {
   if (u->pg) nh_uowpg_rollback(u->pg);
-  else nh_store_rollback(u->store);
+  if (u->store) nh_store_rollback(u->store);
 }
 
 int nh_uow_savepoint(nh_uow_t *u)
 {
-  if (!u->pg) return nh_store_savepoint(u->store);
-  nh_uowpg_savepoint(u->pg);
-  return NH_OK;
+  if (u->pg) nh_uowpg_savepoint(u->pg);
+  return u->store ? nh_store_savepoint(u->store) : NH_OK;
 }
 
 int nh_uow_savepoint_end(nh_uow_t *u)
 {
-  if (!u->pg) return nh_store_savepoint_end(u->store);
-  nh_uowpg_savepoint_end(u->pg);
-  return NH_OK;
+  /* sqlite rolls back to the savepoint when a statement failed since: the list follows */
+  int rc = u->store ? nh_store_savepoint_end(u->store) : NH_OK;
+  if (u->pg && rc) nh_uowpg_savepoint_rollback(u->pg);
+  else if (u->pg) nh_uowpg_savepoint_end(u->pg);
+  return rc;
 }
 
 void nh_uow_savepoint_rollback(nh_uow_t *u)
 {
   if (u->pg) nh_uowpg_savepoint_rollback(u->pg);
-  else nh_store_savepoint_rollback(u->store);
+  if (u->store) nh_store_savepoint_rollback(u->store);
 }
+
+int nh_uow_flush(nh_uow_t *u) { return u->pg && u->store ? nh_uowpg_flush(u->pg) : NH_OK; }
+
+int nh_uow_can_miss(const nh_uow_t *u) { return u->pg || (u->mode & NH_UOW_COLD); }
 
 int nh_uow_fill(nh_uow_t *u, nh_uow_fill_cb cb, void *data, nh_error_t *err)
 {
-  if (!u->pg) return nh_error_set(err, NH_ESTATE, "unit of work: a sqlite store reads at once, it has nothing to fill");
+  if (!u->pg || u->store) return nh_error_set(err, NH_ESTATE, "unit of work: a sqlite store reads at once, it has nothing to fill");
   return nh_uowpg_fill(u->pg, cb, data, err);
 }
 
 int nh_uow_commit(nh_uow_t *u, nh_uow_commit_cb cb, void *data, nh_error_t *err)
 {
-  if (!u->pg) return nh_error_set(err, NH_ESTATE, "unit of work: a sqlite store commits with nh_store_commit");
+  if (!u->pg || u->store) return nh_error_set(err, NH_ESTATE, "unit of work: a sqlite store commits with nh_store_commit");
   return nh_uowpg_commit(u->pg, cb, data, err);
 }
 

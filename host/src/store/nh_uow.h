@@ -31,6 +31,11 @@ typedef enum {
   NH_UOW_LATE_COMMIT = 2,    /* NIMBUS_STORE_LATE_COMMIT: the dispatcher gets its commit's result on a later
                                 loop turn (the commit itself happened), so what follows a commit runs with the
                                 loop having moved on meanwhile: handlers ending, timers, operator calls */
+  NH_UOW_CACHED = 4,         /* NIMBUS_STORE_CACHED: PostgreSQL's cache and write list over sqlite (nh_uow_pg.c):
+                                reads answer from a cache a pass fills only by missing (read before the next
+                                pass), writes are kept and go to the store just before its commit
+                                (nh_uow_flush). The state machine meets the PostgreSQL unit's semantics (its own
+                                writes seen through overlays, windows of parked rows) under every suite */
 } nh_uow_mode_t;
 
 /* After this many void passes of one pump, reads go to the store (a backend that cannot
@@ -89,6 +94,13 @@ int nh_uow_fill(nh_uow_t *u, nh_uow_fill_cb cb, void *data, nh_error_t *err);
 typedef enum nh_uow_outcome { NH_UOW_COMMITTED, NH_UOW_NOT_COMMITTED, NH_UOW_UNKNOWN } nh_uow_outcome_t;
 typedef void (*nh_uow_commit_cb)(void *data, nh_uow_outcome_t outcome, const nh_error_t *err);
 int nh_uow_commit(nh_uow_t *u, nh_uow_commit_cb cb, void *data, nh_error_t *err);
+
+/* Before the store's commit: sends a kept write list to the store (NH_UOW_CACHED); NH_OK
+ * at once otherwise. NH_EFAIL: the transaction must be rolled back. */
+int nh_uow_flush(nh_uow_t *u);
+
+/* 1 if a read can miss (COLD, CACHED, PostgreSQL): the pump must be able to run its pass again. */
+int nh_uow_can_miss(const nh_uow_t *u);
 
 /* 1 while a fill or a commit is out on the link: no pass may start. */
 int nh_uow_busy(const nh_uow_t *u);

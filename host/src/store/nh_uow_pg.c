@@ -29,6 +29,7 @@
 #include "nh_pg_ops.h"
 #include "nh_uow_int.h"
 
+#include "core/nh_log.h"
 #include "core/nh_util.h"
 
 #include <stdlib.h>
@@ -104,6 +105,7 @@ typedef struct write {
 struct nh_uowpg {
   nh_uow_t *u;
   nh_pg_link_t *link;
+  nh_store_t *local;     /* NH_UOW_CACHED: the sqlite store that fills and flushes instead of a link */
   entry_t **buckets;
   size_t nbuckets;       /* a power of two */
   size_t nentries;
@@ -506,7 +508,22 @@ void nh_uowpg_free(nh_uowpg_t *p)
 
 int nh_uowpg_busy(const nh_uowpg_t *p) { return p->busy; }
 
-void nh_uowpg_pass_begin(nh_uowpg_t *p) { nh_uowpg_rollback(p); }
+nh_uowpg_t *nh_uowpg_new_local(nh_uow_t *u, nh_store_t *store)
+{
+  nh_uowpg_t *p = nh_uowpg_new(u, NULL);
+  p->local = store;
+  return p;
+}
+
+static int fill_local(nh_uowpg_t *p);
+
+void nh_uowpg_pass_begin(nh_uowpg_t *p)
+{
+  nh_uowpg_rollback(p);
+  /* on sqlite, what the last pass missed is read now, before the pass's transaction */
+  if (p->local && p->wanted && fill_local(p))
+    nh_log_error("store", "unit of work: reading what the last pass missed failed; the pass runs without it");
+}
 
 void nh_uowpg_rollback(nh_uowpg_t *p)
 {
@@ -915,4 +932,99 @@ int nh_uowpg_commit(nh_uowpg_t *p, nh_uow_commit_cb cb, void *data, nh_error_t *
   p->u->stats.commits++;
   p->u->stats.writes += p->nwrites;
   return NH_OK;
+}
+
+/* ---------------------------------------------------------------- NH_UOW_CACHED: the same over sqlite */
+
+/* One wanted entry read from the sqlite store, as on_read does from a result. */
+static int read_local(nh_uowpg_t *p, entry_t *e)
+{
+  nh_store_t *s = p->local;
+  int rc = NH_OK;
+  switch (e->kind) {
+  case K_SESSION:
+    nh_session_state_clear(&e->st);
+    rc = nh_store_session_get(s, e->k1, e->k2, &e->st);
+    break;
+  case K_AUDIT:
+    nh_audit_clear(&e->audit);
+    rc = nh_store_audit_get(s, e->k1, e->k2, &e->audit);
+    e->found = rc == 1;
+    break;
+  case K_INBOX:
+    rc = e->found = nh_store_inbox_has(s, e->k1, e->k2);
+    break;
+  case K_DONE:
+    rc = e->found = nh_store_processed_has(s, e->k1, e->k2, e->k3);
+    break;
+  case K_OPREQ:
+    free(e->text);
+    rc = nh_store_oppending_get(s, e->k1, &e->text);
+    e->found = rc == 1;
+    break;
+  case K_COUNT:
+    rc = nh_store_parked_count_event(s, e->k1, e->k2);
+    e->count = rc > 0 ? rc : 0;
+    break;
+  case K_WINDOW:
+    e->rows = nh_xcalloc(WINDOW_ROWS, sizeof *e->rows);
+    e->seqs = nh_xcalloc(WINDOW_ROWS, sizeof *e->seqs);
+    rc = nh_store_parked_window(s, e->k1, e->k2, e->after, WINDOW_ROWS, e->rows, e->seqs);
+    e->nrows = rc > 0 ? rc : 0;
+    e->more = e->nrows == WINDOW_ROWS;
+    break;
+  }
+  if (rc < 0 || nh_store_failed(s)) return NH_EFAIL;
+  e->have = 1;
+  return NH_OK;
+}
+
+static int fill_local(nh_uowpg_t *p)
+{
+  p->u->stats.fills++;
+  p->u->stats.filled += p->nwanted;
+  entry_t *e = p->wanted;
+  while (e) {
+    if (read_local(p, e)) return NH_EFAIL;   /* this one and the rest stay wanted */
+    entry_t *next = e->want_next;
+    e->wanted = 0;
+    e->want_next = NULL;
+    p->wanted = e = next;
+    p->nwanted--;
+  }
+  return NH_OK;
+}
+
+/* One write on the sqlite store, as write_args builds it for PostgreSQL. */
+static int write_local(nh_store_t *s, const write_t *w)
+{
+  switch (w->kind) {
+  case W_SESSION: return nh_store_session_put(s, w->s[0], w->s[1], &w->st);
+  case W_AUDIT: return nh_store_audit_put(s, &w->audit);
+  case W_RETEXT: return nh_store_audit_retext_deferred(s, w->s[0], w->s[1], w->s[2]);
+  case W_HISTORY: {
+    nh_history_extra_t x = { w->s[6], w->s[7], w->s[8], w->s[9] };
+    return nh_store_history_add_ex(s, w->s[0], w->s[1], w->s[2], w->s[3], w->s[4], w->s[5], w->has_x ? &x : NULL);
+  }
+  case W_PARK: return nh_store_park(s, &w->m, w->n);
+  case W_PARKED_DEL: return nh_store_parked_delete(s, w->s[0], w->s[1], w->n);
+  case W_PARKED_DEL_EVENT: return nh_store_parked_delete_event(s, w->s[0], w->s[1]) < 0 ? NH_EFAIL : NH_OK;
+  case W_INBOX: return nh_store_inbox_add(s, w->s[0], w->s[1]);
+  default: {
+    char *expected = NULL;
+    int rc = nh_store_oppending_take(s, w->s[0], &expected);
+    free(expected);
+    return rc < 0 ? NH_EFAIL : NH_OK;
+  }
+  }
+}
+
+int nh_uowpg_flush(nh_uowpg_t *p)
+{
+  if (!p->local) return NH_OK;
+  p->u->stats.commits++;
+  p->u->stats.writes += p->nwrites;
+  for (size_t i = 0; i < p->nwrites; i++)
+    if (write_local(p->local, &p->writes[i])) return NH_EFAIL;
+  return nh_store_failed(p->local) ? NH_EFAIL : NH_OK;
 }
