@@ -252,6 +252,19 @@ static void seed_both(fx_t *fx)
   ASSERT_EQ_INT(nh_pgs_inbox_add(fx->db, "Ep", "m0"), NH_OK);
   ASSERT_EQ_INT(nh_store_oppending_add(fx->lite, "req-1", "Ep", "e1", "resubmit", NH_ST_FAILED), NH_OK);
   ASSERT_EQ_INT(nh_pgs_oppending_add(fx->db, "req-1", "Ep", "e1", "resubmit", NH_ST_FAILED), NH_OK);
+  /* due work: two retries due, one not yet, five draining sessions */
+  const char *due[] = { "r1", "r2", "r3", "d1", "d2", "d3", "d4", "d5" };
+  for (int i = 0; i < 8; i++) {
+    nh_session_state_t ds = { .exists = 1, .next_park_seq = 1 };
+    if (due[i][0] == 'r') {
+      ds.blocked_by = "eR";
+      ds.retry_due = i == 2 ? INT64_MAX / 2 : 1000 + i;
+    } else {
+      ds.draining = 1;
+    }
+    ASSERT_EQ_INT(nh_store_session_put(fx->lite, "Ep", due[i], &ds), NH_OK);
+    ASSERT_EQ_INT(nh_pgs_session_put(fx->db, "Ep", due[i], &ds), NH_OK);
+  }
   ASSERT_EQ_INT(nh_store_commit(fx->lite), NH_OK);
 }
 
@@ -298,9 +311,29 @@ static int say_head(nh_uow_t *u, said_t *s, const char *session, int delete)
   return 1;
 }
 
+static int say_due_one(void *data, const char *endpoint, const char *session, const nh_session_state_t *st)
+{
+  say(data, " %s/%s/%s/%d", endpoint, session, st->blocked_by ? st->blocked_by : "-", st->draining);
+  return 0;
+}
+
+/* The due scan, round and round: retries first, then draining sessions from the cursor. */
+static void say_due(nh_uow_t *u, said_t *s)
+{
+  char *cursor = NULL;
+  const int limits[] = { 10, 3, 3, 1, 4, 6 };
+  for (int i = 0; i < 6; i++) {
+    say(s, "due %d:", limits[i]);
+    int n = nh_uow_sessions_due(u, "Ep", nh_time_now_ms(), limits[i], &cursor, say_due_one, s);
+    say(s, " = %d, cursor %s\n", n, cursor ? cursor : "-");
+  }
+  free(cursor);
+}
+
 /* What the state machine does, in one pass, to a blocked session and around it. */
 static void the_pass(nh_uow_t *u, said_t *s)
 {
+  say_due(u, s);
   say_session(u, s, "s1");
   say_session(u, s, "s2");
   nh_audit_t first;
@@ -427,6 +460,10 @@ TEST(a_pass_reads_and_writes_on_postgresql_as_on_sqlite)
   ASSERT_EQ_STR(pg.text, lite.text);
   /* the answers are the store's, not the empty ones of a miss */
   ASSERT_CONTAINS(lite.text, "session s1: exists 1 blocked e1 draining 0 retry 0 next 21\n");
+  ASSERT_CONTAINS(lite.text, "due 3: Ep/r1/eR/0 Ep/r2/eR/0 Ep/d1/-/1 = 3, cursor d1\n");
+  ASSERT_CONTAINS(lite.text, "due 10: Ep/r1/eR/0 Ep/r2/eR/0 Ep/d1/-/1 Ep/d2/-/1 Ep/d3/-/1 Ep/d4/-/1 Ep/d5/-/1 = 7, "
+                             "cursor -\n");
+  ASSERT_CONTAINS(lite.text, "due 6: Ep/r1/eR/0 Ep/r2/eR/0 Ep/d5/-/1 Ep/d1/-/1 Ep/d2/-/1 Ep/d3/-/1 = 6, cursor d3\n");
   ASSERT_CONTAINS(lite.text, "request req-1 1 Failed\nrequest req-1 again 0 -\n");
   ASSERT_CONTAINS(lite.text, "removed e5: 2\nremoved e5 again: 0\n");
   ASSERT_CONTAINS(lite.text, "head s1: 18 e19 m19-18 body 12 same\n");

@@ -221,9 +221,10 @@ static int on_due_session(void *data, const char *endpoint, const char *session,
   nh_session_state_t now_st;
   const nh_session_state_t *st = scanned;
   if (nh_uow_can_miss(d->uow)) {
+    /* a state not read yet comes back free, so not due: this pass is void anyway, and
+     * the sessions after it are still looked at, so their reads are made in this pass */
     if (nh_uow_session_get(d->uow, c->ep->name, session, &now_st)) c->failed = 1;
-    int due = !c->failed && !nh_uow_missed(d->uow) &&
-              (now_st.blocked_by ? now_st.retry_due && now_st.retry_due <= c->now : now_st.draining);
+    int due = !c->failed && (now_st.blocked_by ? now_st.retry_due && now_st.retry_due <= c->now : now_st.draining);
     if (!due) {
       nh_session_state_clear(&now_st);
       d->tr->vt->unlock_session(d->tr, c->ep->name, session);
@@ -242,7 +243,7 @@ static int fetch_due(nh_dispatch_t *d, nh_endpoint_t *ep, int64_t now, int *fetc
   if (cap <= 0) return NH_OK;
   struct due_ctx c = { d, ep, now, 0, 0 };
   /* in-flight sessions may still look due; ask for enough rows to see past them */
-  if (nh_store_sessions_due(d->store, ep->name, now, cap + ep->in_flight, &ep->due_cursor, on_due_session, &c) < 0 ||
+  if (nh_uow_sessions_due(d->uow, ep->name, now, cap + ep->in_flight, &ep->due_cursor, on_due_session, &c) < 0 ||
       c.failed)
     return NH_EFAIL;
   *fetched += c.taken;

@@ -164,6 +164,13 @@ int nh_uow_oppending_take(nh_uow_t *u, const char *message_id, char **expected_s
   return 0;
 }
 
+int nh_uow_sessions_due(nh_uow_t *u, const char *endpoint, int64_t now, int limit, char **cursor, nh_session_cb cb,
+                        void *data)
+{
+  if (u->pg) return nh_uowpg_sessions_due(u->pg, endpoint, limit, cursor, cb, data);
+  return nh_store_sessions_due(u->store, endpoint, now, limit, cursor, cb, data);
+}
+
 /* ---------------------------------------------------------------- writes */
 
 int nh_uow_session_put(nh_uow_t *u, const char *endpoint, const char *session, const nh_session_state_t *st)

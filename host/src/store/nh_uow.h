@@ -112,6 +112,13 @@ int nh_uow_inbox_has(nh_uow_t *u, const char *endpoint, const char *message_id);
 int nh_uow_parked_any(nh_uow_t *u, const char *endpoint, const char *session);
 int nh_uow_parked_head(nh_uow_t *u, const char *endpoint, const char *session, nh_msg_t *out, int64_t *park_seq);
 int nh_uow_processed_has(nh_uow_t *u, const char *endpoint, const char *message_id, const char *event_id);
+/* The due scan (nh_store_sessions_due): due retries, then draining sessions from *cursor
+ * on. Over a cache (PostgreSQL, NH_UOW_CACHED) the scan is a read like the others, made
+ * when it is filled (its `now` then), so it may predate the pass: take each session's
+ * state from nh_uow_session_get, not from the scan. A miss gives no session and leaves
+ * *cursor as it was. */
+int nh_uow_sessions_due(nh_uow_t *u, const char *endpoint, int64_t now, int limit, char **cursor, nh_session_cb cb,
+                        void *data);
 /* Reads and removes the request (a miss removes nothing). */
 int nh_uow_oppending_take(nh_uow_t *u, const char *message_id, char **expected_status);
 

@@ -45,6 +45,8 @@ int nh_uowpg_parked_any(nh_uowpg_t *p, const char *endpoint, const char *session
 int nh_uowpg_parked_head(nh_uowpg_t *p, const char *endpoint, const char *session, nh_msg_t *out, int64_t *park_seq);
 int nh_uowpg_processed_has(nh_uowpg_t *p, const char *endpoint, const char *message_id, const char *event_id);
 int nh_uowpg_oppending_take(nh_uowpg_t *p, const char *message_id, char **expected_status);
+int nh_uowpg_sessions_due(nh_uowpg_t *p, const char *endpoint, int limit, char **cursor, nh_session_cb cb,
+                          void *data);
 
 int nh_uowpg_session_put(nh_uowpg_t *p, const char *endpoint, const char *session, const nh_session_state_t *st);
 int nh_uowpg_audit_put(nh_uowpg_t *p, const nh_audit_t *a);

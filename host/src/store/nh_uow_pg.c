@@ -17,7 +17,7 @@
  *     from the start, on emptied overlays.
  *   - Two reads depend on writes in a way an overlay cannot compute from one row, and are
  *     keyed so that a fill can answer them. A session's parked rows are read in windows
- *     ("up to 16 rows after park_seq N"): once a pass has deleted every row of a window,
+ *     ("up to WINDOW_ROWS rows after park_seq N"): once a pass has deleted every row of a window,
  *     the head is the first row of the window after it, its own key. How many rows of an
  *     event are parked (what PARKED_DEL_EVENT removes) is read as a count, to which the
  *     pass's parks of that event add and its deletes of them subtract.
@@ -35,7 +35,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define WINDOW_ROWS 16   /* parked rows per window read */
+/* Parked rows per window read. A session replays one parked row per pump, and the pass that
+ * records a replay deletes its row and asks whether any is left: two rows answer both
+ * without another read, and a backlog costs no more per replay than one row does
+ * (test_dispatch's parking_and_replay_cost_do_not_grow_with_the_backlog, run cached). */
+#define WINDOW_ROWS 2
 
 /* What an entry caches. */
 enum {
@@ -48,7 +52,15 @@ enum {
   K_WINDOW = 'w',    /* (endpoint, session, after): parked rows after park_seq `after` */
   K_PARKS = 'p',     /* (endpoint, session): no read, only the pass's parks and deletes */
   K_GONE = 'g',      /* (endpoint, event): no read; the pass removed the event's parked rows */
+  K_DUE = 'u',       /* (endpoint, cursor, limit in `after`): the due scan (nh_store_sessions_due) */
 };
+
+/* A list of sessions and their states, as a scan read them. */
+typedef struct due_list {
+  char **ids;
+  nh_session_state_t *sts;
+  int n, cap;
+} due_list_t;
 
 typedef struct entry entry_t;
 struct entry {
@@ -73,6 +85,10 @@ struct entry {
   int64_t *seqs;
   int nrows;
   int more;              /* K_WINDOW: it was full, rows may follow */
+  due_list_t due;        /* K_DUE: the sessions the scan gives, in order */
+  char *due_cursor;      /* K_DUE: the cursor after it (NULL: start over) */
+  due_list_t part[3];    /* K_DUE on PostgreSQL: its three reads' rows, merged by due_merge */
+  int nparts;
 
   /* overlay, the pass's writes */
   int ov_found;          /* K_AUDIT: a row (0: K_OPREQ taken) */
@@ -138,6 +154,30 @@ static void entry_clear_overlay(entry_t *e)
   e->ngone = 0;
 }
 
+static void due_list_add(due_list_t *l, const char *id, const nh_session_state_t *st)
+{
+  if (l->n == l->cap) {
+    l->cap = l->cap ? l->cap * 2 : 8;
+    l->ids = nh_xrealloc(l->ids, sizeof *l->ids * (size_t)l->cap);
+    l->sts = nh_xrealloc(l->sts, sizeof *l->sts * (size_t)l->cap);
+  }
+  l->ids[l->n] = nh_xstrdup(id);
+  l->sts[l->n] = *st;
+  l->sts[l->n].blocked_by = nh_xstrdup(st->blocked_by);
+  l->n++;
+}
+
+static void due_list_free(due_list_t *l)
+{
+  for (int i = 0; i < l->n; i++) {
+    free(l->ids[i]);
+    nh_session_state_clear(&l->sts[i]);
+  }
+  free(l->ids);
+  free(l->sts);
+  memset(l, 0, sizeof *l);
+}
+
 static void entry_free(entry_t *e)
 {
   entry_clear_overlay(e);
@@ -147,6 +187,9 @@ static void entry_free(entry_t *e)
   for (int i = 0; i < e->nrows; i++) nh_msg_clear(&e->rows[i]);
   free(e->rows);
   free(e->seqs);
+  due_list_free(&e->due);
+  for (int i = 0; i < 3; i++) due_list_free(&e->part[i]);
+  free(e->due_cursor);
   free(e->parks);
   free(e->park_seqs);
   free(e->gone);
@@ -175,8 +218,9 @@ static void grow_buckets(nh_uowpg_t *p)
 static entry_t *entry_at(nh_uowpg_t *p, char kind, const char *a, const char *b, const char *c, int64_t after)
 {
   char num[24] = "";
-  if (kind == K_WINDOW) snprintf(num, sizeof num, "%lld", (long long)after);
-  const char *key = kind == K_WINDOW ? nh_uow_key(p->u, kind, a, b, num) : nh_uow_key(p->u, kind, a, b, c);
+  int numbered = kind == K_WINDOW || kind == K_DUE;   /* `after` is part of the key */
+  if (numbered) snprintf(num, sizeof num, "%lld", (long long)after);
+  const char *key = numbered ? nh_uow_key(p->u, kind, a, b, num) : nh_uow_key(p->u, kind, a, b, c);
   if (!p->nbuckets) grow_buckets(p);
   size_t i = nh_strset_hash(key) & (p->nbuckets - 1);
   for (entry_t *e = p->buckets[i]; e; e = e->chain)
@@ -186,7 +230,7 @@ static entry_t *entry_at(nh_uowpg_t *p, char kind, const char *a, const char *b,
   e->kind = kind;
   e->k1 = nh_xstrdup(a);
   e->k2 = nh_xstrdup(b);
-  e->k3 = kind == K_WINDOW ? NULL : nh_xstrdup(c);
+  e->k3 = numbered ? NULL : nh_xstrdup(c);
   e->after = after;
   e->next = p->all;
   p->all = e;
@@ -680,6 +724,20 @@ int nh_uowpg_parked_any(nh_uowpg_t *p, const char *endpoint, const char *session
   return head_of(p, endpoint, session, &row, &seq) == 1;
 }
 
+int nh_uowpg_sessions_due(nh_uowpg_t *p, const char *endpoint, int limit, char **cursor, nh_session_cb cb,
+                          void *data)
+{
+  entry_t *e = entry_at(p, K_DUE, endpoint, *cursor ? *cursor : "", NULL, limit);
+  if (!e->have) {
+    want(p, e);
+    return 0;
+  }
+  free(*cursor);
+  *cursor = e->due_cursor ? nh_xstrdup(e->due_cursor) : NULL;
+  for (int i = 0; i < e->due.n; i++) cb(data, endpoint, e->due.ids[i], &e->due.sts[i]);
+  return e->due.n;
+}
+
 /* ---------------------------------------------------------------- writes */
 
 int nh_uowpg_session_put(nh_uowpg_t *p, const char *endpoint, const char *session, const nh_session_state_t *st)
@@ -769,6 +827,39 @@ int nh_uowpg_inbox_add(nh_uowpg_t *p, const char *endpoint, const char *message_
 
 /* ---------------------------------------------------------------- fill: one batch of reads */
 
+/* The three reads of a due scan into what nh_store_sessions_due gives: due retries first,
+ * then draining sessions after the cursor, and from the start again once they run out
+ * (when the scan did not begin at the start), the cursor left at the last one given. */
+static void due_merge(entry_t *e)
+{
+  int limit = (int)e->after;
+  int from_start = !e->k2 || !*e->k2;
+  char *cursor = from_start ? NULL : nh_xstrdup(e->k2);
+  int n = 0;
+  for (int i = 0; i < e->part[0].n && n < limit; i++, n++) due_list_add(&e->due, e->part[0].ids[i], &e->part[0].sts[i]);
+  if (n < limit) {
+    int m = 0;
+    for (int i = 0; i < e->part[1].n && n + m < limit; i++, m++)
+      due_list_add(&e->due, e->part[1].ids[i], &e->part[1].sts[i]);
+    if (m > 0) {
+      free(cursor);
+      cursor = nh_xstrdup(e->due.ids[e->due.n - 1]);
+    }
+    if (n + m < limit && cursor) {   /* reached the end: start over */
+      free(cursor);
+      cursor = NULL;
+      if (!from_start) {
+        int k = 0;
+        for (int i = 0; i < e->part[2].n && n + m + k < limit; i++, k++)
+          due_list_add(&e->due, e->part[2].ids[i], &e->part[2].sts[i]);
+        if (k > 0) cursor = nh_xstrdup(e->due.ids[e->due.n - 1]);
+      }
+    }
+  }
+  e->due_cursor = cursor;
+  for (int i = 0; i < 3; i++) due_list_free(&e->part[i]);
+}
+
 static void on_read(void *data, const nh_pg_optab_t *tab, int op, const PGresult *r)
 {
   (void)tab;
@@ -800,6 +891,18 @@ static void on_read(void *data, const nh_pg_optab_t *tab, int op, const PGresult
   case K_COUNT:
     e->count = n > 0 ? nh_pg_col_i64(r, 0, 0) : 0;
     break;
+  case K_DUE: {
+    due_list_t *l = &e->part[e->nparts++];
+    for (int i = 0; i < n; i++) {
+      nh_session_state_t st = { 0 };
+      nh_pgrow_session(r, i, 1, &st);
+      due_list_add(l, nh_pg_col_text(r, i, 0), &st);
+      nh_session_state_clear(&st);
+    }
+    if (e->nparts < (e->k2 && *e->k2 ? 3 : 2)) return;   /* not the last of its reads */
+    due_merge(e);
+    break;
+  }
   case K_WINDOW:
     e->rows = nh_xcalloc((size_t)(n ? n : 1), sizeof *e->rows);
     e->seqs = nh_xcalloc((size_t)(n ? n : 1), sizeof *e->seqs);
@@ -829,6 +932,18 @@ static int build_fill(void *data, nh_pg_db_t *db, nh_error_t *err)
   nh_uowpg_t *p = data;
   for (entry_t *e = p->wanted; e; e = e->want_next) {
     nh_pg_args_t a;
+    if (e->kind == K_DUE) {   /* the scan's reads, merged once the last is in (due_merge) */
+      int limit = (int)e->after;
+      due_list_free(&e->due);
+      free(e->due_cursor);
+      e->due_cursor = NULL;
+      e->nparts = 0;
+      if (nh_pg_batch_add(db, nh_pgargs_sessions_retry_due(&a, e->k1, nh_time_now_ms(), limit), &a, on_read, e, err) ||
+          nh_pg_batch_add(db, nh_pgargs_sessions_draining(&a, e->k1, e->k2, limit), &a, on_read, e, err) ||
+          (*e->k2 && nh_pg_batch_add(db, nh_pgargs_sessions_draining(&a, e->k1, "", limit), &a, on_read, e, err)))
+        return err->code;
+      continue;
+    }
     nh_pgop_t op = read_args(&a, e);
     if (nh_pg_batch_add(db, op, &a, on_read, e, err)) return err->code;
   }
@@ -936,6 +1051,13 @@ int nh_uowpg_commit(nh_uowpg_t *p, nh_uow_commit_cb cb, void *data, nh_error_t *
 
 /* ---------------------------------------------------------------- NH_UOW_CACHED: the same over sqlite */
 
+static int due_collect(void *data, const char *endpoint, const char *session, const nh_session_state_t *st)
+{
+  (void)endpoint;
+  due_list_add(data, session, st);
+  return 0;
+}
+
 /* One wanted entry read from the sqlite store, as on_read does from a result. */
 static int read_local(nh_uowpg_t *p, entry_t *e)
 {
@@ -966,6 +1088,13 @@ static int read_local(nh_uowpg_t *p, entry_t *e)
     rc = nh_store_parked_count_event(s, e->k1, e->k2);
     e->count = rc > 0 ? rc : 0;
     break;
+  case K_DUE: {
+    due_list_free(&e->due);
+    free(e->due_cursor);
+    e->due_cursor = *e->k2 ? nh_xstrdup(e->k2) : NULL;
+    rc = nh_store_sessions_due(s, e->k1, nh_time_now_ms(), (int)e->after, &e->due_cursor, due_collect, &e->due);
+    break;
+  }
   case K_WINDOW:
     e->rows = nh_xcalloc(WINDOW_ROWS, sizeof *e->rows);
     e->seqs = nh_xcalloc(WINDOW_ROWS, sizeof *e->seqs);
