@@ -451,9 +451,60 @@ static void pass_mark(nh_dispatch_t *d, int restore)
   }
 }
 
+static void pump_committed(nh_dispatch_t *d, int ok);
+
+/* What a void pass missed has been read (ok), or could not be: the pump runs again, now
+ * or after a second. */
+static void filled(nh_dispatch_t *d, int ok)
+{
+  d->filling = 0;
+  if (ok) {
+    nh_dispatch_kick(d);
+    return;
+  }
+  d->store_failing = 1;
+  if (d->stopping) maybe_stopped(d);
+  uv_timer_start(&d->timer, timer_cb, 1000, 0);
+}
+
+/* NIMBUS_STORE_LATE_COMMIT: the store's result (a commit's or a fill's) arrives on a
+ * later loop turn, as it will from a database server (store/nh_uow.h). */
+static void late_result_cb(uv_timer_t *h)
+{
+  nh_dispatch_t *d = h->data;
+  if (d->late_fill) {
+    d->late_fill = 0;
+    filled(d, d->commit_ok);
+  } else {
+    pump_committed(d, d->commit_ok);
+  }
+}
+
+/* Tells the result now, or (NIMBUS_STORE_LATE_COMMIT) on a later loop turn. */
+static void store_result(nh_dispatch_t *d, int fill, int ok)
+{
+  if (!(nh_uow_mode(d->uow) & NH_UOW_LATE_COMMIT)) {
+    if (fill) filled(d, ok);
+    else pump_committed(d, ok);
+    return;
+  }
+  d->late_fill = fill;
+  d->commit_ok = ok;
+  uv_timer_start(&d->commit_timer, late_result_cb, 0, 0);
+}
+
+static void on_uow_filled(void *data, int ok, const nh_error_t *err)
+{
+  nh_dispatch_t *d = data;
+  if (!ok) nh_log_error("dispatch", "store: reading what the pump needs failed: %s; retrying in 1 s",
+                        err ? err->msg : "unknown error");
+  store_result(d, 1, ok);
+}
+
 /* A void pass: nothing of it happened (its transaction is rolled back). Every job goes
- * back where it was, and the pump runs again on the next loop turn, when the unit of
- * work has what the pass missed. */
+ * back where it was, and the pump runs again once the unit of work has what the pass
+ * missed: on the next loop turn (NH_UOW_COLD reads it then), or once a fill has read it
+ * (a cache: PostgreSQL, NH_UOW_CACHED). */
 static void pass_again(nh_dispatch_t *d, nh_queue_t *applied, nh_queue_t *retry)
 {
   nh_story_rollback(&d->story, 0);
@@ -463,17 +514,29 @@ static void pass_again(nh_dispatch_t *d, nh_queue_t *applied, nh_queue_t *retry)
   discard_fresh(d);
   pass_mark(d, 1);
   d->pumping = 0;
-  nh_dispatch_kick(d);
+  if (!nh_uow_batched(d->uow)) {
+    nh_dispatch_kick(d);
+    return;
+  }
+  d->filling = 1;
+  nh_error_t err = { 0 };
+  if (nh_uow_fill(d->uow, on_uow_filled, d, &err)) on_uow_filled(d, 0, &err);
 }
 
-static void pump_committed(nh_dispatch_t *d, int ok);
-
-/* NIMBUS_STORE_LATE_COMMIT: the commit's result arrives on a later loop turn, as it will
- * from a database server (store/nh_uow.h). */
-static void late_commit_cb(uv_timer_t *h)
+/* A unit whose commit is a batch of its own (store/nh_uow.h): its result resumes the pump. */
+static void on_uow_committed(void *data, nh_uow_outcome_t outcome, const nh_error_t *err)
 {
-  nh_dispatch_t *d = h->data;
-  pump_committed(d, d->commit_ok);
+  nh_dispatch_t *d = data;
+  int ok = outcome == NH_UOW_COMMITTED;
+  /* UNKNOWN is told as a failure: the pump's jobs stay queued and are applied again. Once a
+   * server store runs hosts, a commit that did happen must not be applied twice: its jobs
+   * will have to be dropped unsettled and their messages left to redelivery (docs/store-backends.md). */
+  if (!ok)
+    nh_log_error("dispatch", "store: the pump's transaction %s: %s",
+                 outcome == NH_UOW_UNKNOWN ? "may not have committed" : "did not commit",
+                 err ? err->msg : "unknown error");
+  nh_uow_end(d->uow);
+  store_result(d, 0, ok);
 }
 
 /* One pump: a pass that applies the finished jobs and fetches new work in one store
@@ -481,7 +544,7 @@ static void late_commit_cb(uv_timer_t *h)
  * another: while its commit is out, `committing` holds the next one back. */
 static void pump(nh_dispatch_t *d)
 {
-  if (d->pumping || d->committing) return;
+  if (d->pumping || d->committing || d->filling) return;
   d->pumping = 1;
   int64_t now = nh_time_now_ms();
   int ok = 0;
@@ -497,18 +560,20 @@ static void pump(nh_dispatch_t *d)
       pass_again(d, &d->pump_applied, &d->pump_retry);
       return;
     }
-    if (ok && (nh_uow_flush(d->uow) || nh_store_commit(d->store))) ok = 0;
+    if (ok && nh_uow_batched(d->uow)) {
+      d->pumping = 0;
+      d->committing = 1;
+      nh_error_t err = { 0 };
+      if (nh_uow_commit(d->uow, on_uow_committed, d, &err)) on_uow_committed(d, NH_UOW_NOT_COMMITTED, &err);
+      return;
+    }
+    if (ok && nh_store_commit(d->store)) ok = 0;
     if (!ok) nh_uow_rollback(d->uow);
   }
   nh_uow_end(d->uow);
   d->pumping = 0;
   d->committing = 1;
-  if (nh_uow_mode(d->uow) & NH_UOW_LATE_COMMIT) {
-    d->commit_ok = ok;
-    uv_timer_start(&d->commit_timer, late_commit_cb, 0, 0);
-    return;
-  }
-  pump_committed(d, ok);
+  store_result(d, 0, ok);
 }
 
 /* The pump's transaction committed (ok) or did not: settle what it recorded (tell, start
@@ -682,7 +747,8 @@ int nh_dispatch_start(nh_dispatch_t *d, nh_error_t *err)
 
 static void maybe_stopped(nh_dispatch_t *d)
 {
-  if (!d->stopping || d->running > 0 || d->committing || !nh_queue_empty(&d->done) || !d->on_stopped) return;
+  if (!d->stopping || d->running > 0 || d->committing || d->filling || !nh_queue_empty(&d->done) || !d->on_stopped)
+    return;
   void (*cb)(void *) = d->on_stopped;
   d->on_stopped = NULL;
   uv_timer_stop(&d->drain_timer);

@@ -114,7 +114,9 @@ struct nh_dispatch {
   uint64_t pumps, pumped;        /* transactions with work, messages fetched in them */
   int pumping, stopping, started, closing, force_stop;
   int committing;                /* a pump's commit is out: the next pump waits for its result */
+  int filling;                   /* a void pass's misses are being read (a unit with a cache): the pump waits */
   int commit_ok;                 /* NH_UOW_LATE_COMMIT: the result, told on commit_timer */
+  int late_fill;                 /* ... and it is a fill's, not a commit's */
   uv_timer_t commit_timer;
   nh_queue_t pump_applied;       /* the pump's jobs whose outcome its transaction records */
   nh_queue_t pump_retry;         /* its jobs whose outcome could not be written, to apply again */

@@ -226,7 +226,7 @@ int nh_uow_inbox_add(nh_uow_t *u, const char *endpoint, const char *message_id)
 /* ---------------------------------------------------------------- the pass's transaction */
 
 /* With NH_UOW_CACHED both run: the write list, and the sqlite transaction the transport
- * writes in meanwhile. */
+ * writes in meanwhile (nh_uow_commit sends the list into it before it commits). */
 int nh_uow_begin(nh_uow_t *u)
 {
   if (u->pg) nh_uowpg_rollback(u->pg);
@@ -260,19 +260,19 @@ void nh_uow_savepoint_rollback(nh_uow_t *u)
   if (u->store) nh_store_savepoint_rollback(u->store);
 }
 
-int nh_uow_flush(nh_uow_t *u) { return u->pg && u->store ? nh_uowpg_flush(u->pg) : NH_OK; }
+int nh_uow_batched(const nh_uow_t *u) { return u->pg != NULL; }
 
 int nh_uow_can_miss(const nh_uow_t *u) { return u->pg || (u->mode & NH_UOW_COLD); }
 
 int nh_uow_fill(nh_uow_t *u, nh_uow_fill_cb cb, void *data, nh_error_t *err)
 {
-  if (!u->pg || u->store) return nh_error_set(err, NH_ESTATE, "unit of work: a sqlite store reads at once, it has nothing to fill");
+  if (!u->pg) return nh_error_set(err, NH_ESTATE, "unit of work: a sqlite store reads at once, it has nothing to fill");
   return nh_uowpg_fill(u->pg, cb, data, err);
 }
 
 int nh_uow_commit(nh_uow_t *u, nh_uow_commit_cb cb, void *data, nh_error_t *err)
 {
-  if (!u->pg || u->store) return nh_error_set(err, NH_ESTATE, "unit of work: a sqlite store commits with nh_store_commit");
+  if (!u->pg) return nh_error_set(err, NH_ESTATE, "unit of work: a sqlite store commits with nh_store_commit");
   return nh_uowpg_commit(u->pg, cb, data, err);
 }
 

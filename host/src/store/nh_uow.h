@@ -80,9 +80,11 @@ int nh_uow_savepoint(nh_uow_t *u);
 int nh_uow_savepoint_end(nh_uow_t *u);
 void nh_uow_savepoint_rollback(nh_uow_t *u);
 
-/* ---- PostgreSQL only (NH_ESTATE on sqlite, which reads and commits at once) */
+/* ---- a unit with a cache only (nh_uow_batched; NH_ESTATE otherwise). On PostgreSQL each
+ * is a batch on the link and its callback runs from the loop; with NH_UOW_CACHED the
+ * sqlite store does it at once and the callback runs inside the call. */
 
-/* After a void pass: reads every key the pump missed so far, as one batch on the link.
+/* After a void pass (its writes rolled back): reads every key the pump missed so far, as one batch on the link.
  * cb runs from the loop once it is over: ok 1, the next pass finds those keys; ok 0
  * (err says why: the connection went, a statement failed), they are still missing. */
 typedef void (*nh_uow_fill_cb)(void *data, int ok, const nh_error_t *err);
@@ -95,9 +97,10 @@ typedef enum nh_uow_outcome { NH_UOW_COMMITTED, NH_UOW_NOT_COMMITTED, NH_UOW_UNK
 typedef void (*nh_uow_commit_cb)(void *data, nh_uow_outcome_t outcome, const nh_error_t *err);
 int nh_uow_commit(nh_uow_t *u, nh_uow_commit_cb cb, void *data, nh_error_t *err);
 
-/* Before the store's commit: sends a kept write list to the store (NH_UOW_CACHED); NH_OK
- * at once otherwise. NH_EFAIL: the transaction must be rolled back. */
-int nh_uow_flush(nh_uow_t *u);
+/* 1 if the unit reads through a cache and commits its own write list (PostgreSQL,
+ * NH_UOW_CACHED): a void pass is followed by nh_uow_fill, a pass that missed nothing ends
+ * with nh_uow_commit. Otherwise the store's own commit ends it (nh_store_commit). */
+int nh_uow_batched(const nh_uow_t *u);
 
 /* 1 if a read can miss (COLD, CACHED, PostgreSQL): the pump must be able to run its pass again. */
 int nh_uow_can_miss(const nh_uow_t *u);

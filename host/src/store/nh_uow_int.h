@@ -29,10 +29,9 @@ const char *nh_uow_key(nh_uow_t *u, char kind, const char *a, const char *b, con
 
 /* ---- PostgreSQL (nh_uow_pg.c): each as its nh_uow_* twin */
 nh_uowpg_t *nh_uowpg_new(nh_uow_t *u, struct nh_pg_link *link);
-/* NH_UOW_CACHED: the cache and the write list over the sqlite store: what a pass missed is
- * read at the next nh_uowpg_pass_begin, the writes go to the store at nh_uowpg_flush. */
+/* NH_UOW_CACHED: the cache and the write list over the sqlite store: a fill reads it at
+ * once, a commit sends the list into the store's open transaction and commits it. */
 nh_uowpg_t *nh_uowpg_new_local(nh_uow_t *u, nh_store_t *store);
-int nh_uowpg_flush(nh_uowpg_t *p);
 /* Frees at once, or (a batch of it still out on the link) once that batch is over. */
 void nh_uowpg_free(nh_uowpg_t *p);
 void nh_uowpg_pass_begin(nh_uowpg_t *p);

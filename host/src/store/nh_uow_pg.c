@@ -560,14 +560,9 @@ nh_uowpg_t *nh_uowpg_new_local(nh_uow_t *u, nh_store_t *store)
 }
 
 static int fill_local(nh_uowpg_t *p);
+static int commit_local(nh_uowpg_t *p, nh_error_t *err);
 
-void nh_uowpg_pass_begin(nh_uowpg_t *p)
-{
-  nh_uowpg_rollback(p);
-  /* on sqlite, what the last pass missed is read now, before the pass's transaction */
-  if (p->local && p->wanted && fill_local(p))
-    nh_log_error("store", "unit of work: reading what the last pass missed failed; the pass runs without it");
-}
+void nh_uowpg_pass_begin(nh_uowpg_t *p) { nh_uowpg_rollback(p); }
 
 void nh_uowpg_rollback(nh_uowpg_t *p)
 {
@@ -975,6 +970,12 @@ int nh_uowpg_fill(nh_uowpg_t *p, nh_uow_fill_cb cb, void *data, nh_error_t *err)
 {
   if (p->busy) return nh_error_set(err, NH_ESTATE, "unit of work: a batch is already out");
   if (!p->wanted) return nh_error_set(err, NH_ESTATE, "unit of work: no key was missed, nothing to fill");
+  if (p->local) {
+    int ok = fill_local(p) == NH_OK;
+    if (!ok) nh_error_set(err, NH_EFAIL, "unit of work: reading from the store failed: %s", nh_store_errmsg(p->local));
+    cb(data, ok, ok ? NULL : err);
+    return NH_OK;
+  }
   p->fill_cb = cb;
   p->cb_data = data;
   if (nh_pg_link_submit(p->link, build_fill, fill_done, p, err)) return err->code;
@@ -1036,6 +1037,12 @@ int nh_uowpg_commit(nh_uowpg_t *p, nh_uow_commit_cb cb, void *data, nh_error_t *
   if (p->busy) return nh_error_set(err, NH_ESTATE, "unit of work: a batch is already out");
   if (p->u->missed)
     return nh_error_set(err, NH_ESTATE, "unit of work: the pass missed a key and is void; it cannot commit");
+  if (p->local) {
+    nh_error_t e = { 0 };
+    int rc = commit_local(p, &e);
+    cb(data, rc ? NH_UOW_NOT_COMMITTED : NH_UOW_COMMITTED, rc ? &e : NULL);
+    return NH_OK;
+  }
   p->commit_cb = cb;
   p->cb_data = data;
   p->sent = p->nwrites;
@@ -1148,12 +1155,20 @@ static int write_local(nh_store_t *s, const write_t *w)
   }
 }
 
-int nh_uowpg_flush(nh_uowpg_t *p)
+/* The write list into the store's open transaction (after the transport's statements of
+ * the pass), then its commit; on a failure, the rollback. The list is spent either way. */
+static int commit_local(nh_uowpg_t *p, nh_error_t *err)
 {
-  if (!p->local) return NH_OK;
   p->u->stats.commits++;
   p->u->stats.writes += p->nwrites;
-  for (size_t i = 0; i < p->nwrites; i++)
-    if (write_local(p->local, &p->writes[i])) return NH_EFAIL;
-  return nh_store_failed(p->local) ? NH_EFAIL : NH_OK;
+  int rc = NH_OK;
+  for (size_t i = 0; i < p->nwrites && rc == NH_OK; i++) rc = write_local(p->local, &p->writes[i]);
+  if (rc == NH_OK && nh_store_failed(p->local)) rc = NH_EFAIL;
+  if (rc == NH_OK && nh_store_commit(p->local)) rc = NH_EFAIL;
+  if (rc) {
+    nh_error_set(err, NH_EFAIL, "unit of work: writing the pass failed: %s", nh_store_errmsg(p->local));
+    nh_store_rollback(p->local);
+  }
+  nh_uowpg_rollback(p);
+  return rc;
 }
