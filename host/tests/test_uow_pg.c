@@ -22,6 +22,7 @@
 #include "store/nh_pg.h"
 #include "store/nh_pg_link.h"
 #include "store/nh_pg_ops.h"
+#include "store/nh_pg_queue.h"
 #include "store/nh_store.h"
 #include "store/nh_uow.h"
 
@@ -604,6 +605,69 @@ TEST(a_unit_freed_with_its_commit_out_waits_for_it_and_calls_nothing)
   ASSERT_EQ_INT((int)ls.batches, 1);
   ASSERT_FALSE(fx->done);
   ASSERT_EQ_STR(nh_pgtest_q1(nh_pg_db_conn(fx->db), "SELECT count(*) FROM inbox"), "1");
+}
+
+/* A transport's statements join the pump's batches: a queue row read through the cache,
+ * and a queue row's delete sent with the store's writes in one commit, all or nothing. */
+TEST(another_tables_reads_and_writes_join_the_pumps_batches)
+{
+  fx_t *fx = fx_new();
+  nh_error_t err = { 0 };
+  if (nh_pg_queue_migrate(nh_pg_db_conn(fx->db), &err)) FAIL("queue migrate: %s", err.msg);
+  PGconn *c = nh_pg_db_conn(fx->db);
+  nh_msg_t m = parked_msg("s1", "e1", "m1");
+  nh_pg_args_t a;
+  nh_pgqop_t qop = nh_pgqargs_insert(&a, &m, "Ep", "e1");
+  PGresult *r = NULL;
+  if (nh_pg_db_run_op(fx->db, &nh_pgq_optab, qop, &a, &r, &err)) FAIL("insert: %s", err.msg);
+  PQclear(r);
+  int64_t seq = atoll(nh_pgtest_q1(c, "SELECT seq FROM queue"));
+
+  nh_uow_t *u = nh_uow_new_pg(fx->link);
+  const PGresult *got = NULL;
+  for (int pass = 0; pass < 2; pass++) {
+    nh_uow_pass_begin(u);
+    ASSERT_EQ_INT(nh_uow_begin(u), NH_OK);
+    qop = nh_pgqargs_row(&a, seq, "Ep", "s1");
+    int have = nh_uow_op_read(u, "queue-row:1", &nh_pgq_optab, qop, &a, &got);
+    ASSERT_EQ_INT(have, pass);   /* a miss, then the row */
+    if (!have) {
+      ASSERT_TRUE(nh_uow_missed(u));
+      nh_uow_rollback(u);
+      fill(fx, u);
+    }
+  }
+  ASSERT_EQ_INT(PQntuples(got), 1);
+
+  /* the delete and a store write go in one batch; a failing store write takes the delete
+   * with it */
+  ASSERT_EQ_INT(nh_uow_op(u, &nh_pgq_optab, nh_pgqargs_delete(&a, seq), &a, &err), NH_OK);
+  nh_audit_t bad = { .endpoint = "Ep", .event_id = "e1", .status = NH_ST_COMPLETED };   /* no session: refused */
+  ASSERT_EQ_INT(nh_uow_audit_put(u, &bad), NH_OK);
+  ASSERT_EQ_INT(commit(fx, u), NH_UOW_NOT_COMMITTED);
+  ASSERT_EQ_STR(nh_pgtest_q1(c, "SELECT count(*) FROM queue"), "1");
+  nh_uow_end(u);
+
+  nh_uow_pass_begin(u);
+  ASSERT_EQ_INT(nh_uow_begin(u), NH_OK);
+  ASSERT_EQ_INT(nh_uow_op(u, &nh_pgq_optab, nh_pgqargs_delete(&a, seq), &a, &err), NH_OK);
+  ASSERT_EQ_INT(nh_uow_inbox_add(u, "Ep", "m1"), NH_OK);
+  nh_pg_link_stats_t before, after;
+  nh_pg_link_stats(fx->link, &before);
+  ASSERT_EQ_INT(commit(fx, u), NH_UOW_COMMITTED);
+  nh_pg_link_stats(fx->link, &after);
+  ASSERT_EQ_INT((int)(after.batches - before.batches), 1);
+  ASSERT_EQ_STR(nh_pgtest_q1(c, "SELECT count(*) FROM queue"), "0");
+  ASSERT_EQ_STR(nh_pgtest_q1(c, "SELECT count(*) FROM inbox"), "1");
+  nh_uow_end(u);
+  nh_uow_free(u);
+
+  /* a unit without a link has neither */
+  nh_uow_t *lite = nh_uow_new(fx->lite, NH_UOW_CACHED);
+  ASSERT_EQ_INT(nh_uow_op(lite, &nh_pgq_optab, nh_pgqargs_delete(&a, seq), &a, &err), NH_ESTATE);
+  qop = nh_pgqargs_row(&a, seq, "Ep", "s1");
+  ASSERT_EQ_INT(nh_uow_op_read(lite, "queue-row:1", &nh_pgq_optab, qop, &a, &got), NH_ESTATE);
+  nh_uow_free(lite);
 }
 
 NH_PGTEST_MAIN()

@@ -3,6 +3,7 @@
  * PostgreSQL every call goes to nh_uow_pg.c. */
 #include "nh_uow_int.h"
 #include "core/nh_util.h"
+#include "nh_pg_ops.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -274,6 +275,26 @@ int nh_uow_commit(nh_uow_t *u, nh_uow_commit_cb cb, void *data, nh_error_t *err)
 {
   if (!u->pg) return nh_error_set(err, NH_ESTATE, "unit of work: a sqlite store commits with nh_store_commit");
   return nh_uowpg_commit(u->pg, cb, data, err);
+}
+
+int nh_uow_op(nh_uow_t *u, const struct nh_pg_optab *tab, int op, struct nh_pg_args *args, nh_error_t *err)
+{
+  if (!u->pg) {
+    nh_pg_args_release(args);
+    return nh_error_set(err, NH_ESTATE, "unit of work: another table's operation needs a PostgreSQL store");
+  }
+  return nh_uowpg_op(u->pg, tab, op, args, err);
+}
+
+int nh_uow_op_read(nh_uow_t *u, const char *key, const struct nh_pg_optab *tab, int op, struct nh_pg_args *args,
+                   const struct pg_result **out)
+{
+  *out = NULL;
+  if (!u->pg || u->store) {   /* no link to read it with */
+    nh_pg_args_release(args);
+    return NH_ESTATE;
+  }
+  return nh_uowpg_op_read(u->pg, key, tab, op, args, out);
 }
 
 int nh_uow_busy(const nh_uow_t *u) { return u->pg && nh_uowpg_busy(u->pg); }

@@ -105,6 +105,21 @@ int nh_uow_batched(const nh_uow_t *u);
 /* 1 if a read can miss (COLD, CACHED, PostgreSQL): the pump must be able to run its pass again. */
 int nh_uow_can_miss(const nh_uow_t *u);
 
+/* ---- another table's operations (the embedded queue's, the AMQP transport's: nh_pg_optab_t
+ * of nh_pg_ops.h), PostgreSQL only (NH_ESTATE otherwise): a transport's statements join
+ * the pump's batches. args are copied, and released (as nh_pg_batch_add does). */
+struct nh_pg_optab;
+struct nh_pg_args;
+struct pg_result;
+/* A write, in the commit batch after the writes recorded before it. The pass's reads know
+ * nothing of it: a table's writer keeps its own view of what it wrote. */
+int nh_uow_op(nh_uow_t *u, const struct nh_pg_optab *tab, int op, struct nh_pg_args *args, nh_error_t *err);
+/* A read, keyed by the caller (a key names one question: "q:lock:<endpoint>:<session>", say).
+ * 1 with its result in *out (the unit's, valid until nh_uow_end), or 0: a miss (the pass is
+ * void; the next fill reads it, with these arguments); NH_ESTATE on a unit without a link. */
+int nh_uow_op_read(nh_uow_t *u, const char *key, const struct nh_pg_optab *tab, int op, struct nh_pg_args *args,
+                   const struct pg_result **out);
+
 /* 1 while a fill or a commit is out on the link: no pass may start. */
 int nh_uow_busy(const nh_uow_t *u);
 

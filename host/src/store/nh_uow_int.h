@@ -58,6 +58,10 @@ int nh_uowpg_parked_delete(nh_uowpg_t *p, const char *endpoint, const char *sess
 int nh_uowpg_parked_delete_event(nh_uowpg_t *p, const char *endpoint, const char *event_id);
 int nh_uowpg_inbox_add(nh_uowpg_t *p, const char *endpoint, const char *message_id);
 
+int nh_uowpg_op(nh_uowpg_t *p, const struct nh_pg_optab *tab, int op, struct nh_pg_args *args, nh_error_t *err);
+int nh_uowpg_op_read(nh_uowpg_t *p, const char *key, const struct nh_pg_optab *tab, int op, struct nh_pg_args *args,
+                     const struct pg_result **out);
+
 void nh_uowpg_savepoint(nh_uowpg_t *p);
 void nh_uowpg_savepoint_end(nh_uowpg_t *p);
 void nh_uowpg_savepoint_rollback(nh_uowpg_t *p);

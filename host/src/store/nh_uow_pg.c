@@ -53,7 +53,18 @@ enum {
   K_PARKS = 'p',     /* (endpoint, session): no read, only the pass's parks and deletes */
   K_GONE = 'g',      /* (endpoint, event): no read; the pass removed the event's parked rows */
   K_DUE = 'u',       /* (endpoint, cursor, limit in `after`): the due scan (nh_store_sessions_due) */
+  K_OP = 'x',        /* (the caller's key): a read of another table's operation (nh_uow_op_read) */
 };
+
+/* An operation of any table with copies of its parameters (nh_uow_op, nh_uow_op_read). */
+typedef struct op_copy {
+  const nh_pg_optab_t *tab;
+  int op;
+  int n;
+  char *values[NH_PG_MAX_ARGS];
+  int lengths[NH_PG_MAX_ARGS];
+  int formats[NH_PG_MAX_ARGS];
+} op_copy_t;
 
 /* A list of sessions and their states, as a scan read them. */
 typedef struct due_list {
@@ -89,6 +100,8 @@ struct entry {
   char *due_cursor;      /* K_DUE: the cursor after it (NULL: start over) */
   due_list_t part[3];    /* K_DUE on PostgreSQL: its three reads' rows, merged by due_merge */
   int nparts;
+  op_copy_t *op;         /* K_OP: the read to make */
+  PGresult *res;         /* K_OP: its result, kept for the pump */
 
   /* overlay, the pass's writes */
   int ov_found;          /* K_AUDIT: a row (0: K_OPREQ taken) */
@@ -104,7 +117,7 @@ struct entry {
 };
 
 typedef enum {
-  W_SESSION, W_AUDIT, W_RETEXT, W_HISTORY, W_PARK, W_PARKED_DEL, W_PARKED_DEL_EVENT, W_INBOX, W_OPTAKE
+  W_SESSION, W_AUDIT, W_RETEXT, W_HISTORY, W_PARK, W_PARKED_DEL, W_PARKED_DEL_EVENT, W_INBOX, W_OPTAKE, W_OP
 } wkind_t;
 
 /* A write, with copies of everything it sends. */
@@ -116,6 +129,7 @@ typedef struct write {
   nh_session_state_t st;
   nh_audit_t audit;
   nh_msg_t m;
+  op_copy_t *op;         /* W_OP */
 } write_t;
 
 struct nh_uowpg {
@@ -154,6 +168,47 @@ static void entry_clear_overlay(entry_t *e)
   e->ngone = 0;
 }
 
+/* Copies of a's parameters (it is released: its cleaned copies freed, as a send does). */
+static op_copy_t *op_copy(const nh_pg_optab_t *tab, int op, nh_pg_args_t *a)
+{
+  op_copy_t *c = nh_xcalloc(1, sizeof *c);
+  c->tab = tab;
+  c->op = op;
+  c->n = a->n;
+  for (int i = 0; i < a->n; i++) {
+    c->formats[i] = a->formats[i];
+    if (!a->values[i]) continue;
+    size_t len = a->formats[i] ? (size_t)a->lengths[i] : strlen(a->values[i]);
+    c->values[i] = nh_xmalloc(len + 1);
+    memcpy(c->values[i], a->values[i], len);
+    c->values[i][len] = '\0';
+    c->lengths[i] = (int)len;
+  }
+  nh_pg_args_release(a);
+  return c;
+}
+
+static void op_free(op_copy_t *c)
+{
+  if (!c) return;
+  for (int i = 0; i < c->n; i++) free(c->values[i]);
+  free(c);
+}
+
+/* Adds the copied operation to a batch. */
+static int op_send(nh_pg_db_t *db, const op_copy_t *c, nh_pg_result_cb cb, void *data, nh_error_t *err)
+{
+  nh_pg_args_t a;
+  nh_pg_args_reset(&a);
+  a.n = c->n;
+  for (int i = 0; i < c->n; i++) {
+    a.values[i] = c->values[i];
+    a.lengths[i] = c->lengths[i];
+    a.formats[i] = c->formats[i];
+  }
+  return nh_pg_batch_add_op(db, c->tab, c->op, &a, cb, data, err);
+}
+
 static void due_list_add(due_list_t *l, const char *id, const nh_session_state_t *st)
 {
   if (l->n == l->cap) {
@@ -190,6 +245,8 @@ static void entry_free(entry_t *e)
   due_list_free(&e->due);
   for (int i = 0; i < 3; i++) due_list_free(&e->part[i]);
   free(e->due_cursor);
+  op_free(e->op);
+  if (e->res) PQclear(e->res);
   free(e->parks);
   free(e->park_seqs);
   free(e->gone);
@@ -479,6 +536,8 @@ static void apply(nh_uowpg_t *p, const write_t *w)
     e->ov_found = 0;
     break;
   }
+  case W_OP:   /* another table's: the cache knows nothing of it */
+    break;
   }
 }
 
@@ -490,6 +549,7 @@ static void write_clear(write_t *w)
   nh_session_state_clear(&w->st);
   nh_audit_clear(&w->audit);
   nh_msg_clear(&w->m);
+  op_free(w->op);
   memset(w, 0, sizeof *w);
 }
 
@@ -820,6 +880,33 @@ int nh_uowpg_inbox_add(nh_uowpg_t *p, const char *endpoint, const char *message_
   return record(p, w);
 }
 
+int nh_uowpg_op(nh_uowpg_t *p, const nh_pg_optab_t *tab, int op, nh_pg_args_t *args, nh_error_t *err)
+{
+  if (p->local) {
+    nh_pg_args_release(args);
+    return nh_error_set(err, NH_ESTATE, "unit of work: another table's operation needs a PostgreSQL store");
+  }
+  write_t *w = write_new(p, W_OP);
+  w->op = op_copy(tab, op, args);
+  return record(p, w);
+}
+
+int nh_uowpg_op_read(nh_uowpg_t *p, const char *key, const nh_pg_optab_t *tab, int op, nh_pg_args_t *args,
+                     const PGresult **out)
+{
+  *out = NULL;
+  entry_t *e = entry_at(p, K_OP, key, NULL, NULL, 0);
+  if (e->have) {
+    nh_pg_args_release(args);
+    *out = e->res;
+    return 1;
+  }
+  if (!e->op) e->op = op_copy(tab, op, args);
+  else nh_pg_args_release(args);
+  want(p, e);
+  return 0;
+}
+
 /* ---------------------------------------------------------------- fill: one batch of reads */
 
 /* The three reads of a due scan into what nh_store_sessions_due gives: due retries first,
@@ -898,6 +985,10 @@ static void on_read(void *data, const nh_pg_optab_t *tab, int op, const PGresult
     due_merge(e);
     break;
   }
+  case K_OP:
+    if (e->res) PQclear(e->res);
+    e->res = PQcopyResult(r, PG_COPYRES_ATTRS | PG_COPYRES_TUPLES);
+    break;
   case K_WINDOW:
     e->rows = nh_xcalloc((size_t)(n ? n : 1), sizeof *e->rows);
     e->seqs = nh_xcalloc((size_t)(n ? n : 1), sizeof *e->seqs);
@@ -937,6 +1028,10 @@ static int build_fill(void *data, nh_pg_db_t *db, nh_error_t *err)
           nh_pg_batch_add(db, nh_pgargs_sessions_draining(&a, e->k1, e->k2, limit), &a, on_read, e, err) ||
           (*e->k2 && nh_pg_batch_add(db, nh_pgargs_sessions_draining(&a, e->k1, "", limit), &a, on_read, e, err)))
         return err->code;
+      continue;
+    }
+    if (e->kind == K_OP) {
+      if (op_send(db, e->op, on_read, e, err)) return err->code;
       continue;
     }
     nh_pgop_t op = read_args(&a, e);
@@ -1009,6 +1104,10 @@ static int build_commit(void *data, nh_pg_db_t *db, nh_error_t *err)
 {
   nh_uowpg_t *p = data;
   for (size_t i = 0; i < p->sent; i++) {
+    if (p->writes[i].kind == W_OP) {
+      if (op_send(db, p->writes[i].op, NULL, NULL, err)) return err->code;
+      continue;
+    }
     nh_pg_args_t a;
     nh_pgop_t op = write_args(&a, &p->writes[i]);
     if (nh_pg_batch_add(db, op, &a, NULL, NULL, err)) return err->code;
