@@ -236,6 +236,7 @@ static int on_due_session(void *data, const char *endpoint, const char *session,
   if (st == &now_st) nh_session_state_clear(&now_st);
   return rc;
 }
+
 /* Due retries and parked replays (work the store holds for blocked and draining sessions). */
 static int fetch_due(nh_dispatch_t *d, nh_endpoint_t *ep, int64_t now, int *fetched)
 {

@@ -22,7 +22,8 @@ static void due_merge(entry_t *e)
   int from_start = !e->k2 || !*e->k2;
   char *cursor = from_start ? NULL : nh_xstrdup(e->k2);
   int n = 0;
-  for (int i = 0; i < e->part[0].n && n < limit; i++, n++) nh_uowc_due_list_add(&e->due, e->part[0].ids[i], &e->part[0].sts[i]);
+  for (int i = 0; i < e->part[0].n && n < limit; i++, n++)
+    nh_uowc_due_list_add(&e->due, e->part[0].ids[i], &e->part[0].sts[i]);
   if (n < limit) {
     int m = 0;
     for (int i = 0; i < e->part[1].n && n + m < limit; i++, m++)

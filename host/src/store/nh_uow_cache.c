@@ -273,7 +273,8 @@ static void apply_retext(nh_uowpg_t *p, const write_t *w)
   for (entry_t *e = p->all; e; e = e->next) {
     if (e->kind != K_AUDIT) continue;
     const nh_audit_t *a = nh_uowc_audit_seen(e);
-    if (!a || !nh_uowc_streq(a->endpoint, w->s[0]) || !nh_uowc_streq(a->session_id, w->s[1]) || !nh_uowc_streq(a->status, NH_ST_DEFERRED))
+    if (!a || !nh_uowc_streq(a->endpoint, w->s[0]) || !nh_uowc_streq(a->session_id, w->s[1]) ||
+        !nh_uowc_streq(a->status, NH_ST_DEFERRED))
       continue;
     if (!e->ov) {
       nh_uowc_audit_copy(&e->ov_audit, a);
