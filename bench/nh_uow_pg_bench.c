@@ -1,7 +1,8 @@
 /* nh-uow-pg-bench: what a pump's store work costs through the unit of work
  * (host/src/store/nh_uow.h), on sqlite and on PostgreSQL, before a host runs on PostgreSQL
  * (docs/store-backends.md). The happy path of an event, in pumps of --batch events: read
- * the session's state, then record the outcome (audit row, history row, the session freed).
+ * the session's state, then record the outcome (audit row, history row; a session with a
+ * row is freed, one without is left alone, as the state machine does).
  * On sqlite the pump reads and writes at once inside one transaction; on PostgreSQL the
  * first pass misses every session, one batch reads them, the second pass writes, and one
  * more batch commits: two round trips per pump, the loop free meanwhile. A transport's own
@@ -88,14 +89,16 @@ static void event(nh_uow_t *u, int i, int sessions)
   snprintf(id, sizeof id, "e%d", i);
   nh_session_state_t st;
   if (nh_uow_session_get(u, "Bench", session, &st)) die("session get", "failed");
+  int had_row = st.exists;
   nh_session_state_clear(&st);
   nh_audit_t a = { .endpoint = "Bench", .event_id = id, .session_id = session, .event_type = "Thing",
                    .status = NH_ST_COMPLETED, .message_id = id, .payload = "{\"n\":1}", .payload_len = 7,
                    .queue_time_ms = -1, .processing_time_ms = 1 };
   nh_session_state_t free_st = { .next_park_seq = 1 };
+  /* a free session with no row is left alone, as the state machine leaves it (nh_outcome.c) */
   if (nh_uow_audit_put(u, &a) ||
       nh_uow_history_add(u, "Bench", id, id, "EventRequest", NH_ST_COMPLETED, "handled", NULL) ||
-      nh_uow_session_put(u, "Bench", session, &free_st))
+      (had_row && nh_uow_session_put(u, "Bench", session, &free_st)))
     die("write", "failed");
 }
 

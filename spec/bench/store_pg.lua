@@ -4,8 +4,7 @@
 -- Starts the project's PostgreSQL cluster (scripts/postgres.sh, under BUILD_DIR/postgres),
 -- makes a fresh database, and runs BUILD_DIR/bench/nh-uow-pg-bench on it and on a fresh
 -- sqlite file, alternating, BENCH_PG_ROUNDS times (default 3) per batch size: per event the
--- session's state read, the audit row, the history row and the session freed, in pumps of
--- B events. Prints each store's median rate, the round trips per pump on PostgreSQL and the
+-- session's state read, the audit row and the history row, in pumps of B events. Prints each store's median rate, the round trips per pump on PostgreSQL and the
 -- ratio. BENCH_PG_N events (default 20000) over 1,000 sessions.
 local B = dofile((arg[0]:match("^(.*)/[^/]*$") or ".") .. "/benchlib.lua")
 local build = assert(arg[1], "usage: store_pg.lua BUILD_DIR")
