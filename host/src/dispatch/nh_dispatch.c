@@ -333,6 +333,39 @@ static void discard_fresh(nh_dispatch_t *d)
 
 static void maybe_stopped(nh_dispatch_t *d);
 
+/* A job's message handed back unsettled: a broker transport keeps the delivery, the
+ * embedded one just frees the session; a retry or a replay frees its session (unlock: 0
+ * when the session's lock was lost, so not ours to free). */
+static void give_back(nh_dispatch_t *d, nh_job_t *job, int unlock)
+{
+  if (job->src == NH_JOB_QUEUE) d->tr->vt->settle(d->tr, &job->msg, NH_SETTLE_RELEASE, 0, NULL);
+  else if (unlock) d->tr->vt->unlock_session(d->tr, job->ep->name, job->msg.session_id);
+}
+
+/* After a commit in doubt (store/nh_uow.h, UNKNOWN): the jobs it recorded, or did not, are
+ * given back unsettled, and the sessions of the jobs it fetched are freed. Applying them
+ * again could record an outcome twice; the store decides instead: a message whose outcome
+ * was recorded is recognised when it comes again (its history row), one whose was not
+ * runs again, a parked replay or a retry is due again or done. */
+static void give_back_in_doubt(nh_dispatch_t *d)
+{
+  nh_queue_t *lists[2] = { &d->pump_applied, &d->pump_retry };
+  for (int i = 0; i < 2; i++)
+    while (!nh_queue_empty(lists[i])) {
+      nh_job_t *job = nh_queue_data(nh_queue_head(lists[i]), nh_job_t, done_node);
+      nh_queue_remove(&job->done_node);
+      give_back(d, job, 1);
+      job->ep->in_flight--;
+      nh_job_free(job);
+    }
+  nh_queue_t *q;
+  nh_queue_foreach(q, &d->fresh) {
+    nh_job_t *job = nh_queue_data(q, nh_job_t, fresh_node);
+    d->tr->vt->unlock_session(d->tr, job->ep->name, job->msg.session_id);
+  }
+  discard_fresh(d);
+}
+
 #define NH_APPLY_ATTEMPTS 3
 
 /* Writes each finished job's effects in its own savepoint. Returns the jobs to keep
@@ -353,12 +386,9 @@ static void apply_done(nh_dispatch_t *d, nh_queue_t *applied, nh_queue_t *retry)
         nh_log_error("dispatch", "%s: giving up recording the outcome of %s (session %s) after %d attempts; the "
                      "message will be delivered again", job->ep->name, job->msg.event_id, job->msg.session_id,
                      job->apply_failures);
-      if (rc != NH_OK) {
-        /* Nothing of it was recorded: hand the message back unsettled (a broker
-         * transport keeps the delivery; the embedded one just frees the session). */
-        if (job->src == NH_JOB_QUEUE) d->tr->vt->settle(d->tr, &job->msg, NH_SETTLE_RELEASE, 0, NULL);
-        else if (rc != NH_ESTATE) d->tr->vt->unlock_session(d->tr, job->ep->name, job->msg.session_id);
-      }
+      /* Nothing of it was recorded: hand the message back unsettled (a lost lock is not ours
+       * to free) */
+      if (rc != NH_OK) give_back(d, job, rc != NH_ESTATE);
       nh_queue_insert_tail(applied, &job->done_node);
     } else {
       nh_queue_insert_tail(retry, &job->done_node);
@@ -529,9 +559,7 @@ static void on_uow_committed(void *data, nh_uow_outcome_t outcome, const nh_erro
 {
   nh_dispatch_t *d = data;
   int ok = outcome == NH_UOW_COMMITTED;
-  /* UNKNOWN is told as a failure: the pump's jobs stay queued and are applied again. Once a
-   * server store runs hosts, a commit that did happen must not be applied twice: its jobs
-   * will have to be dropped unsettled and their messages left to redelivery (docs/store-backends.md). */
+  d->commit_in_doubt = outcome == NH_UOW_UNKNOWN;   /* pump_committed gives its jobs back */
   if (!ok)
     nh_log_error("dispatch", "store: the pump's transaction %s: %s",
                  outcome == NH_UOW_UNKNOWN ? "may not have committed" : "did not commit",
@@ -582,7 +610,9 @@ static void pump(nh_dispatch_t *d)
 static void pump_committed(nh_dispatch_t *d, int ok)
 {
   int fetched = d->pump_fetched;
-  d->store_failing = !ok;
+  int in_doubt = !ok && d->commit_in_doubt;
+  d->commit_in_doubt = 0;
+  d->store_failing = !ok && !in_doubt;
   if (ok) nh_dispatch_tell(d);   /* what this transaction recorded, now that it is recorded */
   else nh_story_rollback(&d->story, 0);
   if (!nh_queue_empty(&d->requests)) nh_dispatch_deliver_replies(d, ok);
@@ -595,6 +625,8 @@ static void pump_committed(nh_dispatch_t *d, int ok)
     requeue_done(d, &d->pump_retry);
     start_fresh(d);
     if (d->nretiring) nh_dispatch_close_retired(d, 0);
+  } else if (in_doubt) {
+    give_back_in_doubt(d);
   } else {
     /* Nothing of this batch happened (a full disk, say): every finished job stays queued
      * and is applied again; fetched messages are fetched again later. */
@@ -605,6 +637,7 @@ static void pump_committed(nh_dispatch_t *d, int ok)
     if (d->force_stop) free_jobs(&d->done);
   }
   d->committing = 0;
+  if (in_doubt) ok = 1;   /* nothing says the store is failing: pump on as after a commit */
 
   if (d->stopping) {
     maybe_stopped(d);
@@ -647,7 +680,8 @@ nh_dispatch_t *nh_dispatch_init(uv_loop_t *loop, nh_store_t *store, nh_transport
    * later loop turn, or reads and writes through PostgreSQL's cache (store/nh_uow.h) */
   d->uow = nh_uow_new(store, (env_flag("NIMBUS_STORE_COLD_READS") ? NH_UOW_COLD : 0) |
                                  (env_flag("NIMBUS_STORE_LATE_COMMIT") ? NH_UOW_LATE_COMMIT : 0) |
-                                 (env_flag("NIMBUS_STORE_CACHED") ? NH_UOW_CACHED : 0));
+                                 (env_flag("NIMBUS_STORE_CACHED") ? NH_UOW_CACHED : 0) |
+                                 (env_flag("NIMBUS_STORE_IN_DOUBT") ? NH_UOW_IN_DOUBT : 0));
   nh_queue_init(&d->pump_applied);
   nh_queue_init(&d->pump_retry);
   uv_timer_init(loop, &d->commit_timer);

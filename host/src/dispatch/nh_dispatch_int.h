@@ -117,6 +117,7 @@ struct nh_dispatch {
   int filling;                   /* a void pass's misses are being read (a unit with a cache): the pump waits */
   int commit_ok;                 /* NH_UOW_LATE_COMMIT: the result, told on commit_timer */
   int late_fill;                 /* ... and it is a fill's, not a commit's */
+  int commit_in_doubt;           /* the commit's outcome is UNKNOWN: its jobs are given back, not applied again */
   uv_timer_t commit_timer;
   nh_queue_t pump_applied;       /* the pump's jobs whose outcome its transaction records */
   nh_queue_t pump_retry;         /* its jobs whose outcome could not be written, to apply again */

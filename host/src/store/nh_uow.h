@@ -34,8 +34,11 @@ typedef enum {
   NH_UOW_CACHED = 4,         /* NIMBUS_STORE_CACHED: PostgreSQL's cache and write list over sqlite (nh_uow_pg.c):
                                 reads answer from a cache a pass fills only by missing (read before the next
                                 pass), writes are kept and go to the store just before its commit
-                                (nh_uow_flush). The state machine meets the PostgreSQL unit's semantics (its own
-                                writes seen through overlays, windows of parked rows) under every suite */
+                                (nh_uow_commit). The state machine meets the PostgreSQL unit's semantics (its
+                                own writes seen through overlays, windows of parked rows) under every suite */
+  NH_UOW_IN_DOUBT = 8,       /* NIMBUS_STORE_IN_DOUBT, with CACHED: every other commit is told UNKNOWN after it
+                                committed, as a server's is when the connection goes before the COMMIT's
+                                answer: the dispatcher must not record or run anything of it again */
 } nh_uow_mode_t;
 
 /* After this many void passes of one pump, reads go to the store (a backend that cannot

@@ -9,7 +9,7 @@
 #include <string.h>
 
 static int fill_local(nh_uowpg_t *p);
-static int commit_local(nh_uowpg_t *p, nh_error_t *err);
+static nh_uow_outcome_t commit_local(nh_uowpg_t *p, nh_error_t *err);
 
 /* ---------------------------------------------------------------- fill: one batch of reads */
 
@@ -243,8 +243,8 @@ int nh_uowpg_commit(nh_uowpg_t *p, nh_uow_commit_cb cb, void *data, nh_error_t *
     return nh_error_set(err, NH_ESTATE, "unit of work: the pass missed a key and is void; it cannot commit");
   if (p->local) {
     nh_error_t e = { 0 };
-    int rc = commit_local(p, &e);
-    cb(data, rc ? NH_UOW_NOT_COMMITTED : NH_UOW_COMMITTED, rc ? &e : NULL);
+    nh_uow_outcome_t o = commit_local(p, &e);
+    cb(data, o, o == NH_UOW_COMMITTED ? NULL : &e);
     return NH_OK;
   }
   p->commit_cb = cb;
@@ -360,20 +360,27 @@ static int write_local(nh_store_t *s, const write_t *w)
 }
 
 /* The write list into the store's open transaction (after the transport's statements of
- * the pass), then its commit; on a failure, the rollback. The list is spent either way. */
-static int commit_local(nh_uowpg_t *p, nh_error_t *err)
+ * the pass), then its commit; on a failure, the rollback. The list is spent either way.
+ * NH_UOW_IN_DOUBT: every other commit is told UNKNOWN after it committed, as a server's is
+ * when the connection goes before its answer. (One told UNKNOWN that did not commit is a
+ * failed commit whose jobs are given back: the same path, and one a rerun may repeat.) */
+static nh_uow_outcome_t commit_local(nh_uowpg_t *p, nh_error_t *err)
 {
-  p->u->stats.commits++;
+  uint64_t n = ++p->u->stats.commits;
   p->u->stats.writes += p->nwrites;
   int rc = NH_OK;
   for (size_t i = 0; i < p->nwrites && rc == NH_OK; i++) rc = write_local(p->local, &p->writes[i]);
   if (rc == NH_OK && nh_store_failed(p->local)) rc = NH_EFAIL;
   if (rc == NH_OK && nh_store_commit(p->local)) rc = NH_EFAIL;
+  nh_uowpg_rollback(p);
   if (rc) {
     nh_error_set(err, NH_EFAIL, "unit of work: writing the pass failed: %s", nh_store_errmsg(p->local));
     nh_store_rollback(p->local);
+    return NH_UOW_NOT_COMMITTED;
   }
-  nh_uowpg_rollback(p);
-  return rc;
+  if ((p->u->mode & NH_UOW_IN_DOUBT) && n % 2 == 1) {
+    nh_error_set(err, NH_EFAIL, "unit of work: committed, told in doubt (NIMBUS_STORE_IN_DOUBT)");
+    return NH_UOW_UNKNOWN;
+  }
+  return NH_UOW_COMMITTED;
 }
-
