@@ -25,6 +25,11 @@ char *nh_sqlite_col_strdup(sqlite3_stmt *st, int col);   /* NULL for SQL NULL */
 char *nh_sqlite_col_body(sqlite3_stmt *st, int col, size_t *len);
 int64_t nh_sqlite_col_i64(sqlite3_stmt *st, int col);
 
+/* Gives sqlite a small-block allocator (sizes up to 1 KB recycled by size class, per
+ * thread; larger blocks from malloc). Call before any other sqlite call; NH_OK, or
+ * NH_EFAIL when sqlite was initialised already (it keeps its own allocator then). */
+int nh_sqlite_use_pool(void);
+
 /* Runs one reset-and-step of a write statement; returns 0 or NH_EFAIL (logged). */
 int nh_sqlite_step_done(sqlite3 *db, sqlite3_stmt *st, const char *what);
 

@@ -2,6 +2,20 @@
 #ifndef NH_UTIL_H
 #define NH_UTIL_H
 
+/* NH_ASAN: built with AddressSanitizer (gcc says so with __SANITIZE_ADDRESS__, clang
+ * with __has_feature). The host's own block pools step aside then, so the sanitizer sees
+ * every allocation. */
+#if defined(__SANITIZE_ADDRESS__)
+#define NH_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define NH_ASAN 1
+#endif
+#endif
+#ifndef NH_ASAN
+#define NH_ASAN 0
+#endif
+
 #include <stddef.h>
 #include <stdint.h>
 

@@ -32,6 +32,19 @@ struct nh_task {
 
 #define NH_VM_SPARE_THREADS 64
 
+/* Small blocks of one VM, recycled by size class (nh_vm.c, vm_alloc): most of what a
+ * handler run allocates (strings, tables, closures) is freed by the next collection and
+ * asked for again at once, at the same few sizes. */
+#define NH_VM_POOL_MAX 1024                         /* larger blocks go to malloc */
+#define NH_VM_POOL_CLASSES (NH_VM_POOL_MAX / 16)    /* 16, 32, ... 1024 bytes */
+
+typedef struct nh_vm_pool {
+  void *free[NH_VM_POOL_CLASSES];   /* freed blocks of each class, linked through their first word */
+  char *bump;                       /* the unused end of the newest slab */
+  size_t bump_left;
+  void *slabs;                      /* every slab, linked through its first word */
+} nh_vm_pool_t;
+
 struct nh_vm {
   uv_loop_t *loop;
   lua_State *L;
@@ -52,6 +65,7 @@ struct nh_vm {
   int64_t deadline_ms;       /* drain deadline of a retiring generation */
   int in_task;               /* > 0 while a task runs: the memory limit applies */
   size_t mem, mem_limit;
+  nh_vm_pool_t pool;
   struct nh_every *everies;  /* periodic tasks (status checkers) */
   /* Threads of tasks that ended cleanly, reset and kept for the next task: a handler run
    * then allocates no coroutine (and the collector frees none). Registry refs. */
