@@ -14,7 +14,12 @@
  * next pass on. It exists so every suite can run the restart path before a server is
  * involved (NIMBUS_STORE_COLD_READS=1, the functional_cold_* tests). Code between a read
  * and the end of a pass therefore must not do anything a rollback cannot undo (log an
- * error about the value read, count a metric): check nh_uow_missed first. */
+ * error about the value read, count a metric): check nh_uow_missed first.
+ *
+ * Over PostgreSQL (nh_uow_new_pg; nh_uow_pg.c, nh_uow_cache.c, nh_uow_batch.c) reads
+ * answer from a per-pump cache, a void pass is followed by nh_uow_fill, and a pass's writes
+ * are a list sent with its COMMIT by nh_uow_commit. NH_UOW_CACHED runs that same unit over
+ * sqlite, so the dispatcher's suites exercise it. */
 #ifndef NH_UOW_H
 #define NH_UOW_H
 
@@ -24,14 +29,14 @@
 typedef struct nh_uow nh_uow_t;
 struct nh_pg_link;
 
-/* Flags; the two debugging ones (never set in production) make sqlite behave as a server does. */
+/* Flags; the debugging ones (never set in production) make sqlite behave as a server does. */
 typedef enum {
   NH_UOW_DIRECT = 0,         /* reads answered at once, commits done at once */
   NH_UOW_COLD = 1,           /* NIMBUS_STORE_COLD_READS: the first read of a key in a pump misses */
   NH_UOW_LATE_COMMIT = 2,    /* NIMBUS_STORE_LATE_COMMIT: the dispatcher gets its commit's result on a later
                                 loop turn (the commit itself happened), so what follows a commit runs with the
                                 loop having moved on meanwhile: handlers ending, timers, operator calls */
-  NH_UOW_CACHED = 4,         /* NIMBUS_STORE_CACHED: PostgreSQL's cache and write list over sqlite (nh_uow_pg.c):
+  NH_UOW_CACHED = 4,         /* NIMBUS_STORE_CACHED: PostgreSQL's cache and write list over sqlite (nh_uow_batch.c):
                                 reads answer from a cache a pass fills only by missing (read before the next
                                 pass), writes are kept and go to the store just before its commit
                                 (nh_uow_commit). The state machine meets the PostgreSQL unit's semantics (its
@@ -41,8 +46,9 @@ typedef enum {
                                 answer: the dispatcher must not record or run anything of it again */
 } nh_uow_mode_t;
 
-/* After this many void passes of one pump, reads go to the store (a backend that cannot
- * do that fails the pump instead): a pump whose new keys never end still ends. */
+/* NH_UOW_COLD: after this many void passes of one pump, reads go to the store, so a pump
+ * whose new keys never end still ends. (A cache needs no cap: each fill reads every key
+ * missed so far, and a pump's keys are finite.) */
 #define NH_UOW_MAX_PASSES 16
 
 nh_uow_t *nh_uow_new(nh_store_t *s, unsigned mode);   /* nh_uow_mode_t flags */
