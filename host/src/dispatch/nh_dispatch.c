@@ -615,7 +615,9 @@ static void pump_committed(nh_dispatch_t *d, int ok)
   d->store_failing = !ok && !in_doubt;
   if (ok) nh_dispatch_tell(d);   /* what this transaction recorded, now that it is recorded */
   else nh_story_rollback(&d->story, 0);
-  if (!nh_queue_empty(&d->requests)) nh_dispatch_deliver_replies(d, ok);
+  /* Replies read in a commit in doubt are delivered: had it not committed, a reply comes
+   * again and finds its request over (dropped); had it, it would never come again. */
+  if (!nh_queue_empty(&d->requests)) nh_dispatch_deliver_replies(d, ok || in_doubt);
   if (ok && fetched > 0) {
     d->pumps++;
     d->pumped += (uint64_t)fetched;
