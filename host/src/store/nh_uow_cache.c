@@ -126,17 +126,37 @@ static void grow_buckets(nh_uowpg_t *p)
 }
 
 /* The entry of a key, made (with nothing read, nothing written) if there is none. */
+/* The key of (kind, a, b, c, after) in the unit's scratch buffer. */
+static const char *key_of(nh_uowpg_t *p, char kind, const char *a, const char *b, const char *c, int64_t after)
+{
+  if (kind != K_WINDOW && kind != K_DUE) return nh_uow_key(p->u, kind, a, b, c);
+  char num[24];   /* `after` is part of the key */
+  snprintf(num, sizeof num, "%lld", (long long)after);
+  return nh_uow_key(p->u, kind, a, b, num);
+}
+
+static entry_t *find(const nh_uowpg_t *p, const char *key)
+{
+  if (!p->nbuckets) return NULL;
+  for (entry_t *e = p->buckets[nh_strset_hash(key) & (p->nbuckets - 1)]; e; e = e->chain)
+    if (strcmp(e->key, key) == 0) return e;
+  return NULL;
+}
+
+entry_t *nh_uowc_entry_find(nh_uowpg_t *p, char kind, const char *a, const char *b, const char *c, int64_t after)
+{
+  return find(p, key_of(p, kind, a, b, c, after));
+}
+
 entry_t *nh_uowc_entry_at(nh_uowpg_t *p, char kind, const char *a, const char *b, const char *c, int64_t after)
 {
-  char num[24] = "";
-  int numbered = kind == K_WINDOW || kind == K_DUE;   /* `after` is part of the key */
-  if (numbered) snprintf(num, sizeof num, "%lld", (long long)after);
-  const char *key = numbered ? nh_uow_key(p->u, kind, a, b, num) : nh_uow_key(p->u, kind, a, b, c);
+  const char *key = key_of(p, kind, a, b, c, after);
+  entry_t *e = find(p, key);
+  if (e) return e;
   if (!p->nbuckets) grow_buckets(p);
   size_t i = nh_strset_hash(key) & (p->nbuckets - 1);
-  for (entry_t *e = p->buckets[i]; e; e = e->chain)
-    if (strcmp(e->key, key) == 0) return e;
-  entry_t *e = nh_xcalloc(1, sizeof *e);
+  int numbered = kind == K_WINDOW || kind == K_DUE;
+  e = nh_xcalloc(1, sizeof *e);
   e->key = nh_xstrdup(key);
   e->kind = kind;
   e->k1 = nh_xstrdup(a);

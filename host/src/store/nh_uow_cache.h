@@ -135,6 +135,8 @@ struct nh_uowpg {
 entry_t *nh_uowc_entry_at(nh_uowpg_t *p, char kind, const char *a, const char *b, const char *c, int64_t after);
 /* A read of an entry the cache does not have: the pass is void, the next fill reads it. */
 void nh_uowc_want(nh_uowpg_t *p, entry_t *e);
+/* The entry of a key, or NULL: nothing made. */
+entry_t *nh_uowc_entry_find(nh_uowpg_t *p, char kind, const char *a, const char *b, const char *c, int64_t after);
 void nh_uowc_entries_free(nh_uowpg_t *p);
 void nh_uowc_entry_free(entry_t *e);
 void nh_uowc_entry_clear_overlay(entry_t *e);

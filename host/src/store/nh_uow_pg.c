@@ -173,13 +173,8 @@ static int row_gone(nh_uowpg_t *p, const entry_t *parks, const nh_msg_t *m, int6
   for (int i = 0; parks && i < parks->ngone; i++)
     if (parks->gone[i] == seq) return 1;
   if (!m->event_id) return 0;
-  char *key = nh_xstrdup(nh_uow_key(p->u, K_GONE, m->endpoint, m->event_id, NULL));
-  int gone = 0;
-  size_t i = nh_strset_hash(key) & (p->nbuckets - 1);
-  for (entry_t *e = p->buckets[i]; e; e = e->chain)
-    if (strcmp(e->key, key) == 0) gone = e->ov;
-  free(key);
-  return gone;
+  const entry_t *gone = nh_uowc_entry_find(p, K_GONE, m->endpoint, m->event_id, NULL, 0);
+  return gone && gone->ov;
 }
 
 /* The session's first parked row now: 1 (row and seq set, not copied), 0 none, -1 a miss. */
