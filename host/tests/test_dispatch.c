@@ -2,19 +2,31 @@
  * store (docs/design.md section 6). Each test writes a small adapter into its temp dir,
  * enqueues messages through transport->vt->send inside a store transaction and runs
  * the uv loop until a condition on the store holds (with a deadline, no fixed sleeps).
- * Handlers append a line to a log file per call, so tests count handler runs. */
+ * Handlers append a line to a log file per call, so tests count handler runs.
+ *
+ * NH_TEST_STORE_PG=1 runs them on a PostgreSQL store instead (a scratch database of the
+ * test cluster per test, nh_pgtest.h): the dispatcher on the link (nh_dispatch_init_pg),
+ * the embedded queue on PostgreSQL (nh_embedded_pg.c); messages are enqueued and the store
+ * looked at through blocking connections of the test's own. ctest's test_dispatch_pg
+ * names the tests that run so (the rest use what is not built on PostgreSQL yet). */
 #include "nh_test.h"
 #include "nh_test_sql.h"
+#include "nh_pgtest.h"
 
 #include "core/nh_log.h"
 #include "core/nh_runtime.h"
 #include "core/nh_util.h"
 #include "dispatch/nh_dispatch.h"
 #include "lua/nh_vm.h"
+#include "store/nh_pg.h"
+#include "store/nh_pg_link.h"
+#include "store/nh_pg_ops.h"
+#include "store/nh_pg_queue.h"
 #include "store/nh_store.h"
 #include "transport/nh_embedded.h"
 
 #include <sqlite3.h>
+#include <stdarg.h>
 #include <uv.h>
 
 #define WAIT_MS 15000
@@ -29,7 +41,20 @@ typedef struct env {
   int stopped;
   int loop_ok;
   char log[PATH_MAX + 64];
+  /* NH_TEST_STORE_PG */
+  int pg;
+  nh_pg_link_t *link;
+  int link_closed;
+  nh_pg_db_t *pgdb;   /* blocking: enqueueing, the store's rows */
+  PGconn *look;       /* blocking: the tests' own SQL */
+  const char *url_for_link;
 } env_t;
+
+static int pg_mode(void)
+{
+  const char *v = getenv("NH_TEST_STORE_PG");
+  return v && *v && strcmp(v, "0") != 0;
+}
 
 /* Every adapter starts with this: `nimbus`, and record(s) appending a line to LOG. */
 static const char *const prelude =
@@ -41,7 +66,16 @@ static const char *const prelude =
   "  f:close()\n"
   "end\n";
 
-static void on_stopped(void *data) { ((env_t *)data)->stopped = 1; }
+/* Also ends the loop turn: on PostgreSQL the stop may complete in a timer's callback (the
+ * link ends a batch in its kick timer), and a UV_RUN_ONCE turn that ran timers first
+ * still blocks in its poll, which nothing else might end once the dispatcher stopped. */
+static void on_stopped(void *data)
+{
+  env_t *e = data;
+  e->stopped = 1;
+  uv_stop(&e->rt.loop);
+}
+static void on_link_closed(void *data) { ((env_t *)data)->link_closed = 1; }
 
 /* Runs the loop until its last handle is closed and its last piece of worker-thread work
  * (a WAL checkpoint) is back, with a deadline so a leaked handle fails the test instead
@@ -66,11 +100,15 @@ static int env_teardown(env_t *e)
     nh_dispatch_close(e->d);
     e->d = NULL;
   }
+  if (e->link) nh_pg_link_close(e->link, on_link_closed, e);   /* after the dispatcher, whose unit uses it */
+  e->link = NULL;
   if (e->loop_ok) loop_finish(&e->rt.loop);
   if (e->tr) e->tr->vt->close(e->tr);
   e->tr = NULL;
   nh_store_close(e->store);
   e->store = NULL;
+  nh_pg_db_free(e->pgdb);
+  e->pgdb = NULL;
   if (e->loop_ok) rc = nh_runtime_close(&e->rt);
   e->loop_ok = 0;
   nh_log_set_level(NH_LOG_INFO);
@@ -83,22 +121,57 @@ static void env_cleanup(void *arg)
   free(arg);
 }
 
-static env_t *env_start(const char *adapter_body)
+/* The PostgreSQL store: a scratch database (dropped after the test: made before the
+ * env's cleanup is registered, so that cleanup runs first), migrated, with the link, the
+ * queue transport and the test's own connections. */
+static void env_pg(env_t *e)
 {
-  env_t *e = calloc(1, sizeof *e);
-  nh_test_on_cleanup(env_cleanup, e);
-  if (!getenv("NH_TEST_VERBOSE")) nh_log_set_level(NH_LOG_ERROR);
-  snprintf(e->log, sizeof e->log, "%s", nh_test_path("calls.log"));
-  size_t n = strlen(prelude) + strlen(e->log) + strlen(adapter_body) + 1;
+  const char *url = nh_pgtest_scratch_url();
+  nh_error_t err = {0};
+  PGconn *c = PQconnectdb(url);
+  int from = 0, to = 0;
+  if (nh_pg_migrate(c, &from, &to, &err)) FAIL("migrate: %s", err.msg);
+  e->pgdb = nh_pg_db_new(c);
+  e->look = nh_pgtest_connect(url);
+  e->pg = 1;
+  e->url_for_link = url;
+}
+
+/* The prelude and body as the test dir's file `name`; its path. */
+static const char *write_adapter(env_t *e, const char *name, const char *body)
+{
+  size_t n = strlen(prelude) + strlen(e->log) + strlen(body) + 1;
   char *src = malloc(n);
   snprintf(src, n, prelude, e->log);
-  strcat(src, adapter_body);
-  const char *adapter = nh_test_path("adapter.lua");
+  strcat(src, body);
+  const char *adapter = nh_test_path(name);
   int wrc = nh_test_write_file(adapter, src);
   free(src);
   if (wrc) FAIL("cannot write %s", adapter);
+  return adapter;
+}
+
+static env_t *env_start(const char *adapter_body)
+{
+  env_t *e = calloc(1, sizeof *e);
+  if (pg_mode()) env_pg(e);
+  nh_test_on_cleanup(env_cleanup, e);
+  if (!getenv("NH_TEST_VERBOSE")) nh_log_set_level(NH_LOG_ERROR);
+  snprintf(e->log, sizeof e->log, "%s", nh_test_path("calls.log"));
+  const char *adapter = write_adapter(e, "adapter.lua", adapter_body);
 
   nh_error_t err = {0};
+  if (e->pg) {
+    ASSERT_EQ_INT(nh_runtime_init(&e->rt), 0);
+    e->loop_ok = 1;
+    if (nh_pg_link_open(&e->rt.loop, e->url_for_link, NULL, &e->link, &err)) FAIL("link: %s", err.msg);
+    e->tr = nh_embedded_pg_init(e->link, PQconnectdb(e->url_for_link), "test-host", &err);
+    if (!e->tr) FAIL("transport: %s", err.msg);
+    e->d = nh_dispatch_init_pg(&e->rt.loop, e->link, e->tr, nh_vm_lua_dir(NULL));
+    if (nh_dispatch_load(e->d, adapter, &err)) FAIL("load adapter: %s", err.msg);
+    if (nh_dispatch_start(e->d, &err)) FAIL("start: %s", err.msg);
+    return e;
+  }
   if (nh_store_open(&e->store, nh_test_path("nimbus.db"), NH_STORE_CREATE, &err)) FAIL("store: %s", err.msg);
   e->tr = nh_embedded_init(nh_store_db(e->store), "test-host", &err);
   if (!e->tr) FAIL("transport: %s", err.msg);
@@ -139,6 +212,58 @@ static void env_stop(env_t *e)
   ASSERT_EQ_INT(rc, 0);
 }
 
+/* Enqueues m for `ep` (NULL: fans it out by type) as a producer beside the host would;
+ * returns the copies queued. */
+static int send_msg(env_t *e, const nh_msg_t *m, const char *ep)
+{
+  nh_error_t err = {0};
+  int copies = 0;
+  if (!e->pg) {
+    if (nh_store_begin(e->store)) FAIL("begin: %s", nh_store_errmsg(e->store));
+    if (e->tr->vt->send(e->tr, m, ep, &copies, &err)) FAIL("send: %s", err.msg);
+    if (nh_store_commit(e->store)) FAIL("commit");
+    return copies;
+  }
+  nh_pg_args_t a;
+  PGresult *r = NULL;
+  int n = 1;
+  if (!ep) {
+    if (nh_pgq_run(e->pgdb, nh_pgqargs_subscribers(&a, m->event_type), &a, &r, &err)) FAIL("subscribers: %s", err.msg);
+    n = PQntuples(r);
+  }
+  for (int i = 0; i < n; i++) {
+    char eid[37];
+    if (!ep) nh_uuid_v7(eid);
+    const char *to = ep ? ep : PQgetvalue(r, i, 0);
+    if (nh_pgq_run(e->pgdb, nh_pgqargs_insert(&a, m, to, ep ? m->event_id : eid), &a, NULL, &err))
+      FAIL("enqueue: %s", err.msg);
+    copies++;
+  }
+  if (r) PQclear(r);
+  return copies;
+}
+
+/* Several sends as one producer's transaction: sqlite's; on PostgreSQL each is its own
+ * (one producer's commits come in seq order, which is all the tests need). */
+static void tx_begin(env_t *e)
+{
+  if (!e->pg && nh_store_begin(e->store)) FAIL("begin: %s", nh_store_errmsg(e->store));
+}
+
+static void tx_commit(env_t *e)
+{
+  if (!e->pg && nh_store_commit(e->store)) FAIL("commit");
+}
+
+static void send_in_tx(env_t *e, const nh_msg_t *m, const char *ep)
+{
+  nh_error_t err = {0};
+  int copies = 0;
+  if (e->pg) copies = send_msg(e, m, ep);
+  else if (e->tr->vt->send(e->tr, m, ep, &copies, &err)) FAIL("send: %s", err.msg);
+  if (copies < 1) FAIL("send to %s: no copy queued", ep);
+}
+
 /* Enqueues one message for `ep` (to_all: fan out by type instead) in a transaction;
  * the body is body_len bytes (it may hold a NUL). */
 static void send_full_n(env_t *e, const char *ep, nh_msg_type_t type, const char *event_type, const char *session,
@@ -161,11 +286,7 @@ static void send_full_n(env_t *e, const char *ep, nh_msg_type_t type, const char
   m.error_text = (char *)error_text;
   m.error_type = (char *)error_type;
   m.enqueued_at = nh_time_now_ms();
-  nh_error_t err = {0};
-  int copies = 0;
-  if (nh_store_begin(e->store)) FAIL("begin: %s", nh_store_errmsg(e->store));
-  if (e->tr->vt->send(e->tr, &m, ep, &copies, &err)) FAIL("send: %s", err.msg);
-  if (nh_store_commit(e->store)) FAIL("commit");
+  int copies = send_msg(e, &m, ep);
   if (copies < 1) FAIL("send %s to %s: no copy queued", event_type, ep ? ep : "(fan-out)");
 }
 
@@ -191,7 +312,7 @@ static const char *status_of(env_t *e, const char *ep, const char *event_id)
   nh_audit_t a;
   memset(&a, 0, sizeof a);
   buf[0] = '\0';
-  if (nh_store_audit_get(e->store, ep, event_id, &a) == 1) {
+  if ((e->pg ? nh_pgs_audit_get(e->pgdb, ep, event_id, &a) : nh_store_audit_get(e->store, ep, event_id, &a)) == 1) {
     snprintf(buf, sizeof buf, "%s", NH_TEST_STR(a.status));
     nh_audit_clear(&a);
   }
@@ -206,14 +327,69 @@ static int is_status(env_t *e, const char *event_id, const char *status)
 static void get_audit(env_t *e, const char *event_id, nh_audit_t *a)
 {
   memset(a, 0, sizeof *a);
-  if (nh_store_audit_get(e->store, "Ep", event_id, a) != 1) FAIL("no audit row for %s", event_id);
+  int got = e->pg ? nh_pgs_audit_get(e->pgdb, "Ep", event_id, a) : nh_store_audit_get(e->store, "Ep", event_id, a);
+  if (got != 1) FAIL("no audit row for %s", event_id);
 }
 
-#define q1i(e, ...) nh_test_q1i(nh_store_db((e)->store), __VA_ARGS__)
-#define q1s(e, ...) nh_test_q1s(nh_store_db((e)->store), __VA_ARGS__)
+/* One value of the tests' own SQL, written in sqlite's words; on PostgreSQL a cast to BLOB
+ * is one to bytea, and a truth value ("t", "f") reads as 1 or 0. */
+static const char *q1v(env_t *e, const char *fmt, va_list ap)
+{
+  char sql[4096];
+  vsnprintf(sql, sizeof sql, fmt, ap);
+  if (!e->pg) return nh_test_q1s(nh_store_db(e->store), "%s", sql);
+  char pg[4200] = "";
+  const char *b = strstr(sql, " AS BLOB)");
+  if (b) snprintf(pg, sizeof pg, "%.*s AS bytea)%s", (int)(b - sql), sql, b + 9);
+  else if (strncmp(sql, "SELECT body FROM", 16) == 0)   /* a bytea body, as the (ASCII) text it holds */
+    snprintf(pg, sizeof pg, "SELECT encode(body, 'escape')%s", sql + 11);
+  const char *v = nh_pgtest_q1(e->look, "%s", b || pg[0] == 'S' ? pg : sql);
+  return strcmp(v, "t") == 0 ? "1" : strcmp(v, "f") == 0 ? "0" : v;
+}
+
+static const char *q1s(env_t *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static const char *q1s(env_t *e, const char *fmt, ...)
+{
+  va_list ap;
+  va_start(ap, fmt);
+  const char *v = q1v(e, fmt, ap);
+  va_end(ap);
+  return v;
+}
+
+static long long q1i(env_t *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static long long q1i(env_t *e, const char *fmt, ...)
+{
+  va_list ap;
+  va_start(ap, fmt);
+  long long n = atoll(q1v(e, fmt, ap));
+  va_end(ap);
+  return n;
+}
+
+/* The tests' own change to the store (sqlite's words, which both speak here). */
+static void exec_sql(env_t *e, const char *sql)
+{
+  if (!e->pg) {
+    if (sqlite3_exec(nh_store_db(e->store), sql, NULL, NULL, NULL) != SQLITE_OK) FAIL("%s failed", sql);
+    return;
+  }
+  PGresult *r = PQexec(e->look, sql);
+  int ok = PQresultStatus(r) == PGRES_COMMAND_OK;
+  if (!ok) FAIL("%s: %s", sql, PQresultErrorMessage(r));
+  PQclear(r);
+}
 
 static int queued(env_t *e) { return (int)q1i(e, "SELECT count(*) FROM queue WHERE endpoint = 'Ep'"); }
-static int parked(env_t *e, const char *session) { return nh_store_parked_count(e->store, "Ep", session); }
+static int parked(env_t *e, const char *session)
+{
+  return e->pg ? nh_pgs_parked_count(e->pgdb, "Ep", session) : nh_store_parked_count(e->store, "Ep", session);
+}
+
+static int session_get(env_t *e, const char *session, nh_session_state_t *st)
+{
+  return e->pg ? nh_pgs_session_get(e->pgdb, "Ep", session, st) : nh_store_session_get(e->store, "Ep", session, st);
+}
 
 /* Lines of the handler log starting with `prefix`. */
 static int calls(env_t *e, const char *prefix)
@@ -235,7 +411,7 @@ static const char *blocked_by(env_t *e, const char *session)
   static char buf[128];
   nh_session_state_t st;
   buf[0] = '\0';
-  if (nh_store_session_get(e->store, "Ep", session, &st)) FAIL("session get");
+  if (session_get(e, session, &st)) FAIL("session get");
   if (st.blocked_by) snprintf(buf, sizeof buf, "%s", st.blocked_by);
   nh_session_state_clear(&st);
   return buf;
@@ -244,7 +420,7 @@ static const char *blocked_by(env_t *e, const char *session)
 static int session_exists(env_t *e, const char *session)
 {
   nh_session_state_t st;
-  if (nh_store_session_get(e->store, "Ep", session, &st)) FAIL("session get");
+  if (session_get(e, session, &st)) FAIL("session get");
   int x = st.exists;
   nh_session_state_clear(&st);
   return x;
@@ -302,27 +478,21 @@ TEST(completed)
   m.event_type = "Thing";
   m.body = "{\"n\":2}";
   m.body_len = strlen(m.body);
-  int copies = 0;
-  nh_error_t err = {0};
-  ASSERT_EQ_INT(nh_store_begin(e->store), NH_OK);
-  ASSERT_EQ_INT(e->tr->vt->send(e->tr, &m, NULL, &copies, &err), NH_OK);
-  ASSERT_EQ_INT(nh_store_commit(e->store), NH_OK);
-  ASSERT_EQ_INT(copies, 1);
+  ASSERT_EQ_INT(send_msg(e, &m, NULL), 1);
   WAIT_FOR(e, q1i(e, "SELECT count(*) FROM audit WHERE message_id = 'fan-mid' AND status = 'Completed'") == 1);
   ASSERT_EQ_INT(calls(e, ""), 2);
   env_stop(e);
 }
 
-TEST(many_sessions_all_complete_in_session_order)
+/* Events {"n": i} for i < count, ids ev<i>, round robin over sessions s0..s<nsessions-1>,
+ * in one transaction. */
+static void send_numbered(env_t *e, int count, int nsessions)
 {
-  env_t *e = env_start(
-            "local ep = nimbus.endpoint('Ep', { concurrency = 4 })\n"
-            "ep:on('Thing', function(event, ctx) record(ctx.session_id .. ':' .. event.n) end)\n");
-  ASSERT_EQ_INT(nh_store_begin(e->store), NH_OK);
-  for (int i = 0; i < 60; i++) {
+  tx_begin(e);
+  for (int i = 0; i < count; i++) {
     char session[16], eid[16], body[32], mid[37];
-    snprintf(session, sizeof session, "s%d", i % 6);
-    snprintf(eid, sizeof eid, "ev%02d", i);
+    snprintf(session, sizeof session, "s%d", i % nsessions);
+    snprintf(eid, sizeof eid, "ev%03d", i);
     snprintf(body, sizeof body, "{\"n\":%d}", i);
     nh_uuid_v4(mid);
     nh_msg_t m;
@@ -333,11 +503,17 @@ TEST(many_sessions_all_complete_in_session_order)
     m.event_type = "Thing";
     m.body = body;
     m.body_len = strlen(body);
-    int copies;
-    nh_error_t err = {0};
-    ASSERT_EQ_INT(e->tr->vt->send(e->tr, &m, "Ep", &copies, &err), NH_OK);
+    send_in_tx(e, &m, "Ep");
   }
-  ASSERT_EQ_INT(nh_store_commit(e->store), NH_OK);
+  tx_commit(e);
+}
+
+TEST(many_sessions_all_complete_in_session_order)
+{
+  env_t *e = env_start(
+            "local ep = nimbus.endpoint('Ep', { concurrency = 4 })\n"
+            "ep:on('Thing', function(event, ctx) record(ctx.session_id .. ':' .. event.n) end)\n");
+  send_numbered(e, 60, 6);
   WAIT_FOR(e, q1i(e, "SELECT count(*) FROM audit WHERE status = 'Completed'") == 60);
   ASSERT_EQ_INT(calls(e, ""), 60);
   /* within each session the handler saw the messages in send order */
@@ -420,7 +596,8 @@ TEST(failure_blocks_and_parks_siblings)
   /* parked in arrival order */
   nh_msg_t head;
   int64_t seq;
-  ASSERT_EQ_INT(nh_store_parked_head(e->store, "Ep", "s1", &head, &seq), 1);
+  ASSERT_EQ_INT(e->pg ? nh_pgs_parked_head(e->pgdb, "Ep", "s1", &head, &seq)
+                     : nh_store_parked_head(e->store, "Ep", "s1", &head, &seq), 1);
   ASSERT_EQ_STR(head.event_id, "ev2");
   nh_msg_clear(&head);
 
@@ -802,7 +979,7 @@ TEST(message_without_event_id_is_dead_lettered)
   env_t *e = env_start( basic_adapter);
   /* the embedded transport always assigns one; simulate a foreign producer */
   send_event(e, "s1", "ev1", "{\"n\":1}");
-  ASSERT_EQ_INT(sqlite3_exec(nh_store_db(e->store), "UPDATE queue SET event_id = NULL", NULL, NULL, NULL), SQLITE_OK);
+  exec_sql(e, "UPDATE queue SET event_id = NULL");
   WAIT_FOR(e, queued(e) == 0);
   ASSERT_EQ_INT(q1i(e, "SELECT count(*) FROM dead_letters WHERE reason LIKE '%%EventId%%'"), 1);
   ASSERT_EQ_INT(calls(e, ""), 0);
@@ -813,8 +990,7 @@ TEST(too_many_deliveries_dead_letters)
 {
   env_t *e = env_start( basic_adapter);
   send_event(e, "s1", "ev1", "{\"n\":1}");
-  ASSERT_EQ_INT(sqlite3_exec(nh_store_db(e->store), "UPDATE queue SET delivery_count = 10", NULL, NULL, NULL),
-                SQLITE_OK);
+  exec_sql(e, "UPDATE queue SET delivery_count = 10");
   WAIT_FOR(e, is_status(e, "ev1", NH_ST_DEADLETTERED));
   ASSERT_EQ_INT(calls(e, ""), 0);
   ASSERT_EQ_INT(q1i(e, "SELECT count(*) FROM dead_letters WHERE event_id = 'ev1'"), 1);
@@ -983,16 +1159,14 @@ TEST(inbox_skips_duplicate_message_ids)
     m.event_type = "Thing";
     m.body = "{}";
     m.body_len = 2;
-    int copies;
-    nh_error_t err = {0};
-    ASSERT_EQ_INT(nh_store_begin(e->store), NH_OK);
-    ASSERT_EQ_INT(e->tr->vt->send(e->tr, &m, "Ep", &copies, &err), NH_OK);
-    ASSERT_EQ_INT(nh_store_commit(e->store), NH_OK);
+    tx_begin(e);
+    send_in_tx(e, &m, "Ep");
+    tx_commit(e);
   }
   WAIT_FOR(e, is_status(e, "ev2", NH_ST_SKIPPED));
   ASSERT_EQ_STR(status_of(e, "Ep", "ev1"), NH_ST_COMPLETED);
   ASSERT_EQ_INT(calls(e, "ev2"), 0);
-  ASSERT_EQ_INT(nh_store_inbox_has(e->store, "Ep", "same-mid"), 1);
+  ASSERT_EQ_INT(e->pg ? nh_pgs_inbox_has(e->pgdb, "Ep", "same-mid") : nh_store_inbox_has(e->store, "Ep", "same-mid"), 1);
   env_stop(e);
 }
 
@@ -1175,7 +1349,7 @@ static long long vm_steps(env_t *e)
  * "<tag>-<session>-<round>". */
 static void send_rounds_of(env_t *e, nh_msg_type_t type, int nsessions, int per, const char *tag, const char *body)
 {
-  if (nh_store_begin(e->store)) FAIL("begin");
+  tx_begin(e);
   for (int r = 0; r < per; r++) {
     for (int i = 0; i < nsessions; i++) {
       char mid[37], eid[64], session[32];
@@ -1192,12 +1366,10 @@ static void send_rounds_of(env_t *e, nh_msg_type_t type, int nsessions, int per,
       m.body = (char *)body;
       m.body_len = body ? strlen(body) : 0;
       m.enqueued_at = nh_time_now_ms();
-      nh_error_t err = {0};
-      int copies = 0;
-      if (e->tr->vt->send(e->tr, &m, "Ep", &copies, &err)) FAIL("send: %s", err.msg);
+      send_in_tx(e, &m, "Ep");
     }
   }
-  if (nh_store_commit(e->store)) FAIL("commit");
+  tx_commit(e);
 }
 
 static void send_rounds(env_t *e, int nsessions, int per, const char *tag, const char *body)
@@ -1275,4 +1447,103 @@ TEST(new_arrivals_move_while_a_large_backlog_replays)
   env_stop(e);
 }
 
-NH_TEST_MAIN()
+/* A second host on the same store and loop: its own connection(s), transport and
+ * dispatcher, owner "test-host-2", running adapter source `body` (after the prelude). */
+typedef struct host2 {
+  nh_store_t *store;
+  nh_pg_link_t *link;
+  nh_transport_t *tr;
+  nh_dispatch_t *d;
+  int stopped, link_closed;
+} host2_t;
+
+static void host2_stopped(void *data)
+{
+  host2_t *h = data;
+  h->stopped = 1;
+}
+
+static void host2_link_closed(void *data) { ((host2_t *)data)->link_closed = 1; }
+
+static void host2_start(env_t *e, host2_t *h, const char *body)
+{
+  const char *adapter = write_adapter(e, "adapter2.lua", body);
+  nh_error_t err = {0};
+  if (e->pg) {
+    if (nh_pg_link_open(&e->rt.loop, e->url_for_link, NULL, &h->link, &err)) FAIL("link: %s", err.msg);
+    h->tr = nh_embedded_pg_init(h->link, PQconnectdb(e->url_for_link), "test-host-2", &err);
+    if (!h->tr) FAIL("transport: %s", err.msg);
+    h->d = nh_dispatch_init_pg(&e->rt.loop, h->link, h->tr, nh_vm_lua_dir(NULL));
+  } else {
+    if (nh_store_open(&h->store, nh_test_path("nimbus.db"), 0, &err)) FAIL("store: %s", err.msg);
+    h->tr = nh_embedded_init(nh_store_db(h->store), "test-host-2", &err);
+    if (!h->tr) FAIL("transport: %s", err.msg);
+    h->d = nh_dispatch_init(&e->rt.loop, h->store, h->tr, nh_vm_lua_dir(NULL));
+  }
+  if (nh_dispatch_load(h->d, adapter, &err)) FAIL("load adapter: %s", err.msg);
+  if (nh_dispatch_start(h->d, &err)) FAIL("start: %s", err.msg);
+}
+
+static void host2_stop(env_t *e, host2_t *h)
+{
+  nh_dispatch_stop(h->d, 2000, host2_stopped, h);
+  WAIT_FOR(e, h->stopped);
+  nh_dispatch_close(h->d);
+  if (h->link) {
+    nh_pg_link_close(h->link, host2_link_closed, h);
+    WAIT_FOR(e, h->link_closed);
+  }
+  h->tr->vt->close(h->tr);
+  nh_store_close(h->store);
+}
+
+/* Two hosts share one store's queue (on PostgreSQL, as hosts on two machines would): every
+ * event is handled once, each session's in order, and both hosts take part. */
+TEST(two_hosts_share_the_queue_each_event_once_in_session_order)
+{
+  const char *handler = "ep:on('Thing', function(event, ctx)\n"
+                        "  for i = 1, 3 do coroutine.yield() end\n"
+                        "  record(HOST .. ':' .. ctx.session_id .. ':' .. event.n)\n"
+                        "end)\n";
+  char a[512], b[512];
+  snprintf(a, sizeof a, "local HOST = 'A'\nlocal ep = nimbus.endpoint('Ep', { concurrency = 2 })\n%s", handler);
+  snprintf(b, sizeof b, "local HOST = 'B'\nlocal ep = nimbus.endpoint('Ep', { concurrency = 2 })\n%s", handler);
+  env_t *e = env_start(a);
+  host2_t h2 = {0};
+  host2_start(e, &h2, b);
+  enum { SESSIONS = 20, PER = 10 };
+  send_numbered(e, SESSIONS * PER, SESSIONS);
+  WAIT_FOR(e, q1i(e, "SELECT count(*) FROM audit WHERE status = 'Completed'") == SESSIONS * PER);
+  host2_stop(e, &h2);
+  ASSERT_EQ_INT(calls(e, ""), SESSIONS * PER);   /* once each */
+  int last[SESSIONS], seen[SESSIONS] = {0}, by_a = 0, by_b = 0;
+  for (int i = 0; i < SESSIONS; i++) last[i] = -1;
+  for (const char *p = nh_test_read_file(e->log); *p;) {
+    char host;
+    int sn, n;
+    if (sscanf(p, "%c:s%d:%d", &host, &sn, &n) != 3 || sn < 0 || sn >= SESSIONS) FAIL("bad log line near %.20s", p);
+    ASSERT_CMP_INT(n, >, last[sn]);   /* in session order, whichever host ran it */
+    last[sn] = n;
+    seen[sn]++;
+    by_a += host == 'A';
+    by_b += host == 'B';
+    const char *nl = strchr(p, '\n');
+    if (!nl) break;
+    p = nl + 1;
+  }
+  for (int i = 0; i < SESSIONS; i++) ASSERT_EQ_INT(seen[i], PER);
+  ASSERT_CMP_INT(by_a, >, 0);
+  ASSERT_CMP_INT(by_b, >, 0);
+  ASSERT_EQ_INT(q1i(e, "SELECT count(*) FROM session_locks"), 0);
+  env_stop(e);
+}
+
+int main(int argc, char **argv)
+{
+  if (!pg_mode()) return nh_test_run_all(argc, argv);
+  int rc = nh_pgtest_setup(NH_PGTEST_HOOKS, argv[0], NH_PGTEST_NEED_ADMIN_URL, "skipped");
+  if (rc) return rc;
+  rc = nh_test_run_all(argc, argv);
+  nh_pgtest_teardown();
+  return rc;
+}

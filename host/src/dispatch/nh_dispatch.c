@@ -181,7 +181,7 @@ static int due_job(struct due_ctx *c, const char *session, const nh_session_stat
     job = job_new(d, c->ep, NH_JOB_PARKED);
     job->kind = NH_RUN_REPLAY;
     int head = nh_uow_parked_head(d->uow, c->ep->name, session, &job->msg, &job->park_seq);
-    if (head < 0 || nh_store_failed(d->store)) {
+    if (head < 0 || (d->store && nh_store_failed(d->store))) {
       c->failed = 1;
       nh_job_free(job);
       d->tr->vt->unlock_session(d->tr, c->ep->name, session);
@@ -408,7 +408,7 @@ static int apply_fast(nh_dispatch_t *d, nh_queue_t *applied)
     nh_job_t *job = nh_queue_data(nh_queue_head(&d->done), nh_job_t, done_node);
     nh_queue_remove(&job->done_node);
     nh_queue_insert_tail(applied, &job->done_node);
-    if (nh_dispatch_apply(d, job) != NH_OK || nh_store_failed(d->store)) return NH_EFAIL;
+    if (nh_dispatch_apply(d, job) != NH_OK || (d->store && nh_store_failed(d->store))) return NH_EFAIL;
   }
   return NH_OK;
 }
@@ -672,18 +672,12 @@ static int env_flag(const char *name)
   return v && *v && strcmp(v, "0") != 0;
 }
 
-nh_dispatch_t *nh_dispatch_init(uv_loop_t *loop, nh_store_t *store, nh_transport_t *transport, const char *lua_dir)
+static nh_dispatch_t *dispatch_new(uv_loop_t *loop, nh_uow_t *uow, nh_transport_t *transport, const char *lua_dir)
 {
   nh_dispatch_t *d = nh_xcalloc(1, sizeof *d);
   d->loop = loop;
-  d->store = store;
-  d->ckpt = nh_checkpointer_start(loop, store);
-  /* debugging switches: every pump runs its restart path, gets its commit's result on a
-   * later loop turn, or reads and writes through PostgreSQL's cache (store/nh_uow.h) */
-  d->uow = nh_uow_new(store, (env_flag("NIMBUS_STORE_COLD_READS") ? NH_UOW_COLD : 0) |
-                                 (env_flag("NIMBUS_STORE_LATE_COMMIT") ? NH_UOW_LATE_COMMIT : 0) |
-                                 (env_flag("NIMBUS_STORE_CACHED") ? NH_UOW_CACHED : 0) |
-                                 (env_flag("NIMBUS_STORE_IN_DOUBT") ? NH_UOW_IN_DOUBT : 0));
+  d->uow = uow;
+  if (transport->vt->attach) transport->vt->attach(transport, uow);
   nh_queue_init(&d->pump_applied);
   nh_queue_init(&d->pump_retry);
   uv_timer_init(loop, &d->commit_timer);
@@ -717,6 +711,30 @@ nh_dispatch_t *nh_dispatch_init(uv_loop_t *loop, nh_store_t *store, nh_transport
   char id[37];
   nh_uuid_v7(id);
   snprintf(d->reply_ep, sizeof d->reply_ep, "_reply.%s", id);
+  return d;
+}
+
+nh_dispatch_t *nh_dispatch_init(uv_loop_t *loop, nh_store_t *store, nh_transport_t *transport, const char *lua_dir)
+{
+  /* debugging switches: every pump runs its restart path, gets its commit's result on a
+   * later loop turn, or reads and writes through PostgreSQL's cache (store/nh_uow.h) */
+  nh_uow_t *uow = nh_uow_new(store, (env_flag("NIMBUS_STORE_COLD_READS") ? NH_UOW_COLD : 0) |
+                                       (env_flag("NIMBUS_STORE_LATE_COMMIT") ? NH_UOW_LATE_COMMIT : 0) |
+                                       (env_flag("NIMBUS_STORE_CACHED") ? NH_UOW_CACHED : 0) |
+                                       (env_flag("NIMBUS_STORE_IN_DOUBT") ? NH_UOW_IN_DOUBT : 0));
+  nh_dispatch_t *d = dispatch_new(loop, uow, transport, lua_dir);
+  d->store = store;
+  d->ckpt = nh_checkpointer_start(loop, store);
+  return d;
+}
+
+nh_dispatch_t *nh_dispatch_init_pg(uv_loop_t *loop, struct nh_pg_link *link, nh_transport_t *transport,
+                                   const char *lua_dir)
+{
+  nh_dispatch_t *d = dispatch_new(loop, nh_uow_new_pg(link), transport, lua_dir);
+  nh_log_info("dispatch", "PostgreSQL store: not built on it yet: presence rows, the hand-off overdue scan, "
+              "retention, store gauges, publishes outside handlers, requests, status checkers "
+              "(docs/store-backends.md)");
   return d;
 }
 

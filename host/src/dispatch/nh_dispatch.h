@@ -17,6 +17,12 @@ typedef struct nh_dispatch nh_dispatch_t;
  * (graceful, a callback when done), close (handles closed; memory freed by the last
  * close callback, so run the loop afterwards). */
 nh_dispatch_t *nh_dispatch_init(uv_loop_t *loop, nh_store_t *store, nh_transport_t *transport, const char *lua_dir);
+/* The same on a PostgreSQL store: the pump's reads and writes go through a unit of work on
+ * `link` (store/nh_uow.h), which must outlive the dispatcher (close it after close's
+ * callbacks have run). What is not built on PostgreSQL yet is said once at init. */
+struct nh_pg_link;
+nh_dispatch_t *nh_dispatch_init_pg(uv_loop_t *loop, struct nh_pg_link *link, nh_transport_t *transport,
+                                   const char *lua_dir);
 /* Loads one adapter file into its own VM and registers its endpoints. */
 int nh_dispatch_load(nh_dispatch_t *d, const char *adapter_path, nh_error_t *err);
 /* Subscribes endpoints and starts pulling work. */

@@ -532,7 +532,7 @@ int nh_dispatch_flush_pubs(nh_dispatch_t *d, nh_job_t *job)
       nh_log_error("dispatch", "%s: publishing %s: %s", job->ep->name, p->type, err.msg);
       return NH_EFAIL;
     }
-    if (copies == 0)
+    if (copies == 0 && !nh_uow_missed(d->uow))   /* a void pass has not read the subscribers yet */
       nh_log_warn("dispatch", "%s published %s but no endpoint subscribes to it", job->ep->name, p->type);
   }
   return NH_OK;

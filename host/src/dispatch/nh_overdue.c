@@ -71,5 +71,6 @@ static void overdue_cb(uv_timer_t *h)
 
 void nh_dispatch_overdue_start(nh_dispatch_t *d)
 {
+  if (!d->store) return;   /* PostgreSQL: not built yet (nh_dispatch_init_pg says so) */
   uv_timer_start(&d->overdue_timer, overdue_cb, NH_OVERDUE_EVERY_MS, NH_OVERDUE_EVERY_MS);
 }

@@ -43,7 +43,7 @@ void nh_dispatch_set_owner(nh_dispatch_t *d, const char *owner)
 
 void nh_dispatch_presence_update(nh_dispatch_t *d)
 {
-  if (!d->owner) return;
+  if (!d->owner || !d->store) return;   /* PostgreSQL: the hosts table is not written yet */
   if (!d->started_ms) d->started_ms = nh_time_now_ms();
   write_row(d);
   uv_timer_start(&d->presence_timer, presence_cb, NH_PRESENCE_EVERY_MS, NH_PRESENCE_EVERY_MS);
@@ -52,7 +52,7 @@ void nh_dispatch_presence_update(nh_dispatch_t *d)
 void nh_dispatch_presence_end(nh_dispatch_t *d)
 {
   uv_timer_stop(&d->presence_timer);
-  if (!d->owner || !d->started_ms) return;
+  if (!d->owner || !d->started_ms || !d->store) return;
   if (nh_store_begin(d->store) == NH_OK) {
     if (nh_store_host_del(d->store, d->owner) || nh_store_commit(d->store)) nh_store_rollback(d->store);
   }

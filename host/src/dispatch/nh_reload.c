@@ -19,22 +19,24 @@
 
 int nh_dispatch_subscribe_all(nh_dispatch_t *d, nh_error_t *err)
 {
-  if (nh_store_begin(d->store)) return nh_error_set(err, NH_EFAIL, "store: %s", nh_store_errmsg(d->store));
+  /* sqlite: one transaction; PostgreSQL: the transport writes each endpoint's set in one */
+  if (d->store && nh_store_begin(d->store))
+    return nh_error_set(err, NH_EFAIL, "store: %s", nh_store_errmsg(d->store));
   for (nh_endpoint_t *ep = d->endpoints; ep; ep = ep->next) {
     if (ep->retired) continue;
     if (ep->lock_ms < d->tr->lock_ms || ep == d->endpoints) d->tr->lock_ms = ep->lock_ms;
     if (d->tr->vt->subscribe(d->tr, ep->name, (const char *const *)ep->types, ep->commands, ep->ntypes, err)) {
-      nh_store_rollback(d->store);
+      if (d->store) nh_store_rollback(d->store);
       return NH_EFAIL;
     }
     if (d->tr->vt->set_capacity) d->tr->vt->set_capacity(d->tr, ep->name, ep->concurrency);
   }
   /* this process's reply queue: a broker transport declares and consumes it */
   if (!d->started && d->tr->vt->subscribe(d->tr, d->reply_ep, NULL, NULL, 0, err)) {
-    nh_store_rollback(d->store);
+    if (d->store) nh_store_rollback(d->store);
     return NH_EFAIL;
   }
-  if (nh_store_commit(d->store)) return nh_error_set(err, NH_EFAIL, "store: cannot commit subscriptions");
+  if (d->store && nh_store_commit(d->store)) return nh_error_set(err, NH_EFAIL, "store: cannot commit subscriptions");
   if (d->started) nh_dispatch_renew_start(d);   /* a reload may have shortened the lock */
   return NH_OK;
 }

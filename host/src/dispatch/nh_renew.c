@@ -57,7 +57,8 @@ static void renew_cb(uv_timer_t *h)
     jobs[i] = j;
     why[i++] = j->task ? keep_reason(j, now) : NH_CANCEL_NONE;
   }
-  if (nh_store_begin(d->store) == NH_OK) {
+  /* on sqlite the renewals are one transaction; on PostgreSQL the transport batches them */
+  if (!d->store || nh_store_begin(d->store) == NH_OK) {
     for (i = 0; i < n; i++) {
       if (why[i] != NH_CANCEL_NONE || !jobs[i]->task) continue;
       int held = d->tr->vt->renew(d->tr, jobs[i]->ep->name, jobs[i]->msg.session_id, now);
@@ -70,7 +71,7 @@ static void renew_cb(uv_timer_t *h)
         why[i] = NH_CANCEL_LOCK_LOST;
       }
     }
-    if (nh_store_commit(d->store)) nh_store_rollback(d->store);
+    if (d->store && nh_store_commit(d->store)) nh_store_rollback(d->store);
   }
   for (i = 0; i < n; i++) {
     if (why[i] == NH_CANCEL_NONE || !jobs[i]->task) continue;

@@ -109,6 +109,11 @@ void *nh_dispatch_request(void *data, const char *type, const char *body, size_t
   else nh_dispatch_span_root_publish(d, type, NULL, tp);
   m.traceparent = tp;
   int copies = 0;
+  if (!d->store) {
+    nh_error_set(err, NH_ESTATE, "nimbus.request is not built on a PostgreSQL store yet (docs/store-backends.md)");
+    free(p);
+    return NULL;
+  }
   if (nh_store_begin(d->store) || d->tr->vt->send(d->tr, &m, NULL, &copies, err) || nh_store_commit(d->store)) {
     nh_store_rollback(d->store);
     if (!err->msg[0]) nh_error_set(err, NH_EFAIL, "store: cannot send the request");

@@ -42,6 +42,7 @@ static void retention_cb(uv_timer_t *h)
 
 void nh_dispatch_retention_start(nh_dispatch_t *d)
 {
+  if (!d->store) return;   /* PostgreSQL: not built yet (nh_dispatch_init_pg says so) */
   if (d->retention_resolved_ms <= 0 && d->retention_inbox_ms <= 0) {
     uv_timer_stop(&d->retention_timer);
     return;

@@ -289,6 +289,7 @@ static void seed(nh_dispatch_t *d)
     if (ep->metrics_seeded || ep->retired) continue;
     ep->metrics_seeded = 1;
     nh_endpoint_stats_t st;
+    if (!d->store) continue;   /* PostgreSQL: the gauges are not read yet */
     if (nh_store_endpoint_stats(d->store, ep->name, now, &st) == NH_OK) {
       nh_metric_set(&g_blocked, (double)st.blocked_sessions, ep->name);
       nh_metric_set(&g_pending, (double)st.handoffs_pending, ep->name);
@@ -331,7 +332,7 @@ static void collect(void *data)
   nh_metric_set(&m_pumps, (double)d->pumps);
   nh_metric_set(&m_fetched, (double)d->pumped);
   int64_t db = 0, wal = 0;
-  nh_store_file_sizes(d->store, &db, &wal);
+  if (d->store) nh_store_file_sizes(d->store, &db, &wal);
   nh_metric_set(&g_store_bytes, (double)db, "db");
   nh_metric_set(&g_store_bytes, (double)wal, "wal");
 }

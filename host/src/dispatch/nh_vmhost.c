@@ -41,6 +41,11 @@ static int host_register_endpoint(void *data, nh_vm_t *vm, lua_State *L, const c
  * (said in the log), 0 if not, NH_EFAIL. claim: record it in the open transaction. */
 int nh_dispatch_pub_dedup(nh_dispatch_t *d, const char *who, const char *message_id, int claim)
 {
+  if (!d->store) {
+    nh_log_error("dispatch", "%s: a publish with a MessageId of its own is not built on a PostgreSQL store yet "
+                 "(docs/store-backends.md)", who);
+    return NH_EFAIL;
+  }
   int64_t now = nh_time_now_ms(), at = 0;
   int rc = claim ? nh_store_published_claim(d->store, message_id, now, now - NH_DEDUP_WINDOW_MS, &at)
                  : nh_store_published_seen(d->store, message_id, now - NH_DEDUP_WINDOW_MS, &at);
@@ -66,7 +71,8 @@ static int host_publish(void *data, void *task_data, const char *type, const cha
     /* The claim is made when the outcome commits (a failed handler claims nothing);
      * what the caller is told now is whether the id is already taken. */
     if (given_id && (*duplicate = nh_dispatch_pub_dedup(d, job->ep->name, given_id, 0)) < 0)
-      return nh_error_set(err, NH_EFAIL, "store: %s", nh_store_errmsg(d->store));
+      return nh_error_set(err, NH_EFAIL, "store: %s",
+                          d->store ? nh_store_errmsg(d->store) : "a MessageId of its own needs a sqlite store for now");
     if (given_id && *duplicate) return NH_OK;
     /* Sent only when the handler's outcome commits: a failed handler publishes nothing. */
     nh_pub_t *p = nh_xcalloc(1, sizeof *p);
@@ -84,6 +90,9 @@ static int host_publish(void *data, void *task_data, const char *type, const cha
   nh_msg_t m;
   nh_msg_ids_t ids;
   nh_msg_event(&m, &ids, type, body, body_len, session, correlation_id, given_id ? given_id : message_id);
+  if (!d->store)
+    return nh_error_set(err, NH_ESTATE, "publishing outside a handler is not built on a PostgreSQL store yet "
+                        "(docs/store-backends.md); publish from a handler");
   if (nh_store_begin(d->store)) return nh_error_set(err, NH_EFAIL, "store busy: %s", nh_store_errmsg(d->store));
   if (given_id && (*duplicate = nh_dispatch_pub_dedup(d, "publish", given_id, 1)) != 0) {
     nh_store_rollback(d->store);
@@ -173,12 +182,17 @@ static void host_task_done(void *data, void *task_data, nh_task_result_t *r)
 static int host_pending_handoffs(void *data, lua_State *L, const char *endpoint, nh_error_t *err)
 {
   nh_dispatch_t *d = data;
+  if (!d->store)
+    return nh_error_set(err, NH_ESTATE, "status checkers are not built on a PostgreSQL store yet (docs/store-backends.md)");
   return nh_bridge_push_handoffs(L, d->store, endpoint, err);
 }
 
 static int host_handoff(void *data, const nh_handoff_req_t *req, nh_error_t *err)
 {
   nh_dispatch_t *d = data;
+  if (!d->store)
+    return nh_error_set(err, NH_ESTATE, "completing a hand-off from Lua is not built on a PostgreSQL store yet "
+                        "(docs/store-backends.md)");
   int rc = nh_bridge_handoff(d->store, d->tr, req, err);
   if (rc == NH_OK && d->started) nh_dispatch_kick(d);
   return rc;

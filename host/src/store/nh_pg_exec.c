@@ -567,3 +567,46 @@ nh_pg_batch_outcome_t nh_pg_batch_outcome(nh_pg_db_t *db)
   if (db->phase == IDLE) return db->outcome;
   return in_doubt(db) ? NH_PG_UNKNOWN : NH_PG_NOT_COMMITTED;
 }
+
+/* ---------------------------------------------------------------- copies */
+
+/* Copies of a's parameters (it is released: its cleaned copies freed, as a send does). */
+nh_pg_opcopy_t *nh_pg_opcopy_new(const nh_pg_optab_t *tab, int op, nh_pg_args_t *a)
+{
+  nh_pg_opcopy_t *c = nh_xcalloc(1, sizeof *c);
+  c->tab = tab;
+  c->op = op;
+  c->n = a->n;
+  for (int i = 0; i < a->n; i++) {
+    c->formats[i] = a->formats[i];
+    if (!a->values[i]) continue;
+    size_t len = a->formats[i] ? (size_t)a->lengths[i] : strlen(a->values[i]);
+    c->values[i] = nh_xmalloc(len + 1);
+    memcpy(c->values[i], a->values[i], len);
+    c->values[i][len] = '\0';
+    c->lengths[i] = (int)len;
+  }
+  nh_pg_args_release(a);
+  return c;
+}
+
+void nh_pg_opcopy_free(nh_pg_opcopy_t *c)
+{
+  if (!c) return;
+  for (int i = 0; i < c->n; i++) free(c->values[i]);
+  free(c);
+}
+
+/* Adds the copied operation to a batch. */
+int nh_pg_opcopy_send(nh_pg_db_t *db, const nh_pg_opcopy_t *c, nh_pg_result_cb cb, void *data, nh_error_t *err)
+{
+  nh_pg_args_t a;
+  nh_pg_args_reset(&a);
+  a.n = c->n;
+  for (int i = 0; i < c->n; i++) {
+    a.values[i] = c->values[i];
+    a.lengths[i] = c->lengths[i];
+    a.formats[i] = c->formats[i];
+  }
+  return nh_pg_batch_add_op(db, c->tab, c->op, &a, cb, data, err);
+}

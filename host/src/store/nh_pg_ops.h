@@ -255,6 +255,22 @@ int nh_pg_batch_commit(nh_pg_db_t *db, nh_error_t *err);
 /* Drops a batch before its commit: rolls back whatever was sent. */
 void nh_pg_batch_abandon(nh_pg_db_t *db);
 
+/* An operation of any table with copies of its parameters, to be sent later (the unit of
+ * work's write list, a transport's writes outside a pump): nh_pg_opcopy_new releases a
+ * (its cleaned copies freed, as a send does). */
+typedef struct nh_pg_opcopy {
+  const nh_pg_optab_t *tab;
+  int op;
+  int n;
+  char *values[NH_PG_MAX_ARGS];
+  int lengths[NH_PG_MAX_ARGS];
+  int formats[NH_PG_MAX_ARGS];
+} nh_pg_opcopy_t;
+nh_pg_opcopy_t *nh_pg_opcopy_new(const nh_pg_optab_t *tab, int op, nh_pg_args_t *a);
+void nh_pg_opcopy_free(nh_pg_opcopy_t *c);
+/* Adds the copied operation to a batch (nh_pg_batch_add_op). */
+int nh_pg_opcopy_send(nh_pg_db_t *db, const nh_pg_opcopy_t *c, nh_pg_result_cb cb, void *data, nh_error_t *err);
+
 /* What happened to a batch whose commit was not confirmed. NOT_COMMITTED: nothing of it
  * (a statement failed, the batch was abandoned, or the connection went before COMMIT did).
  * UNKNOWN: the connection went after COMMIT was sent and before its result: the caller

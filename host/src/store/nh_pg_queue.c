@@ -105,7 +105,7 @@ static const nh_pg_opdef_t ops[NH_PGQ_COUNT] = {
   [NH_PGQ_LOCK] = { "nhq_lock",
     "INSERT INTO session_locks(endpoint, session_id, owner, locked_until) VALUES ($1, $2, $3, $4)"
     " ON CONFLICT (endpoint, session_id) DO UPDATE SET owner = excluded.owner, locked_until = excluded.locked_until"
-    " WHERE session_locks.locked_until <= $5", 5 },
+    " WHERE session_locks.locked_until <= $5 RETURNING session_id", 5 },
   [NH_PGQ_UNLOCK] = { "nhq_unlock",
     "DELETE FROM session_locks WHERE endpoint = $1 AND session_id = $2 AND owner = $3", 3 },
   [NH_PGQ_RENEW] = { "nhq_renew",
@@ -165,6 +165,17 @@ static const nh_pg_opdef_t ops[NH_PGQ_COUNT] = {
     6 },
   [NH_PGQ_SESSION_NEXT] = { "nhq_session_next",
     "SELECT " ROW_COLS " FROM queue WHERE endpoint = $1 AND seq > $3 AND session_id = $2 ORDER BY seq LIMIT $4", 4 },
+  [NH_PGQ_HELD] = { "nhq_held",
+    "SELECT count(*) FROM session_locks WHERE endpoint = $1 AND session_id = $2 AND owner = $3", 3 },
+  /* The cast of a text that is no number is the error that fails the batch: it reads
+   * "invalid input syntax for type integer: "session lock lost: <session>"" in the log.
+   * The text includes the count (repeat(' ', 0) is empty) so that the planner cannot fold
+   * the cast into a constant, which it would evaluate, and fail on, whatever the CASE. */
+  [NH_PGQ_UNLOCK_OWNED] = { "nhq_unlock_owned",
+    "WITH d AS (DELETE FROM session_locks WHERE endpoint = $1 AND session_id = $2 AND owner = $3 RETURNING 1)"
+    " SELECT CASE WHEN count(*) = 0 THEN ('session lock lost: ' || $2::text || repeat(' ', count(*)::int))::int"
+    " ELSE 1 END FROM d", 3 },
+  [NH_PGQ_NOTIFY] = { "nhq_notify", "SELECT pg_notify('" NH_PGQ_CHANNEL "', $1)", 1 },
 };
 
 const nh_pg_optab_t nh_pgq_optab = { "queue", 4, ops, NH_PGQ_COUNT };   /* "nhq_" */
@@ -257,6 +268,25 @@ nh_pgqop_t nh_pgqargs_unlock(nh_pg_args_t *a, const char *endpoint, const char *
   nh_pg_args_reset(a);
   KEY(endpoint); KEY(session); KEY(owner);
   return NH_PGQ_UNLOCK;
+}
+
+nh_pgqop_t nh_pgqargs_held(nh_pg_args_t *a, const char *endpoint, const char *session, const char *owner)
+{
+  nh_pgqargs_unlock(a, endpoint, session, owner);
+  return NH_PGQ_HELD;
+}
+
+nh_pgqop_t nh_pgqargs_unlock_owned(nh_pg_args_t *a, const char *endpoint, const char *session, const char *owner)
+{
+  nh_pgqargs_unlock(a, endpoint, session, owner);
+  return NH_PGQ_UNLOCK_OWNED;
+}
+
+nh_pgqop_t nh_pgqargs_notify(nh_pg_args_t *a, const char *endpoint)
+{
+  nh_pg_args_reset(a);
+  KEY(endpoint);
+  return NH_PGQ_NOTIFY;
 }
 
 nh_pgqop_t nh_pgqargs_renew(nh_pg_args_t *a, const char *endpoint, const char *session, const char *owner,

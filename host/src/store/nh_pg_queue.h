@@ -56,6 +56,9 @@ typedef enum nh_pgqop {
   /* PostgreSQL's own */
   NH_PGQ_HEADS_AND_LOCK,   /* HEADS + LOCK + DELIVERED as one statement, safe for several hosts */
   NH_PGQ_SESSION_NEXT,     /* a locked session's next rows by query (see nh_pgqargs_session_next) */
+  NH_PGQ_HELD,             /* 1 if `owner` holds the session's lease (expired or not), else 0 */
+  NH_PGQ_UNLOCK_OWNED,     /* UNLOCK that fails its batch when the lease is not `owner`'s any more */
+  NH_PGQ_NOTIFY,           /* wakes the hosts listening on NH_PGQ_CHANNEL: the endpoint has work */
   NH_PGQ_COUNT
 } nh_pgqop_t;
 
@@ -108,6 +111,16 @@ nh_pgqop_t nh_pgqargs_drop_owner(nh_pg_args_t *a, const char *owner);
  * endpoint's rows after `after_seq` by queue_endpoint, filtered by session. */
 nh_pgqop_t nh_pgqargs_session_next(nh_pg_args_t *a, const char *endpoint, const char *session, int64_t after_seq,
                                    int max);
+
+/* Whether `owner` holds the session's lease (one row: its count, 0 or 1). */
+nh_pgqop_t nh_pgqargs_held(nh_pg_args_t *a, const char *endpoint, const char *session, const char *owner);
+/* The lease's end with an outcome: deletes it, and fails the whole batch (naming the
+ * session) if `owner` does not hold it any more, so an outcome is never recorded for a
+ * session another host has taken over (the lease expired while this host was cut off). */
+nh_pgqop_t nh_pgqargs_unlock_owned(nh_pg_args_t *a, const char *endpoint, const char *session, const char *owner);
+/* NOTIFY NH_PGQ_CHANNEL with the endpoint as payload (sent at the commit, as NOTIFY is). */
+#define NH_PGQ_CHANNEL "nimbus_queue"
+nh_pgqop_t nh_pgqargs_notify(nh_pg_args_t *a, const char *endpoint);
 
 /* ---------------------------------------------------------------- readers */
 

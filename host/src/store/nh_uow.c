@@ -54,6 +54,7 @@ void nh_uow_pass_begin(nh_uow_t *u)
   u->pass++;
   u->stats.passes++;
   if (u->pg) nh_uowpg_pass_begin(u->pg);
+  if (u->hooks.pass_begin) u->hooks.pass_begin(u->hooks.data);
   if ((u->mode & NH_UOW_COLD) && u->fresh.count) {
     for (size_t i = 0; i < u->fresh.cap; i++)
       if (u->fresh.keys[i]) nh_strset_add(&u->known, u->fresh.keys[i]);
@@ -66,7 +67,10 @@ int nh_uow_missed(const nh_uow_t *u) { return u->missed; }
 
 void nh_uow_end(nh_uow_t *u)
 {
+  if (u->pass && u->hooks.pump_end) u->hooks.pump_end(u->hooks.data, u->committed);   /* the cache still whole */
+  u->committed = 0;
   u->missed = 0;
+  u->open = 0;
   u->pass = 0;
   if (u->pg) nh_uowpg_end(u->pg);
   if (u->mode & NH_UOW_COLD) {
@@ -231,11 +235,16 @@ int nh_uow_inbox_add(nh_uow_t *u, const char *endpoint, const char *message_id)
 int nh_uow_begin(nh_uow_t *u)
 {
   if (u->pg) nh_uowpg_rollback(u->pg);
-  return u->store ? nh_store_begin(u->store) : NH_OK;
+  int rc = u->store ? nh_store_begin(u->store) : NH_OK;
+  u->open = rc == NH_OK;
+  return rc;
 }
+
+int nh_uow_open(const nh_uow_t *u) { return u->open; }
 
 void nh_uow_rollback(nh_uow_t *u)
 {
+  u->open = 0;
   if (u->pg) nh_uowpg_rollback(u->pg);
   if (u->store) nh_store_rollback(u->store);
 }
@@ -271,10 +280,29 @@ int nh_uow_fill(nh_uow_t *u, nh_uow_fill_cb cb, void *data, nh_error_t *err)
   return nh_uowpg_fill(u->pg, cb, data, err);
 }
 
+static void commit_seen(void *data, nh_uow_outcome_t outcome, const nh_error_t *err)
+{
+  nh_uow_t *u = data;
+  u->committed = outcome == NH_UOW_COMMITTED;
+  u->commit_cb(u->commit_data, outcome, err);
+}
+
 int nh_uow_commit(nh_uow_t *u, nh_uow_commit_cb cb, void *data, nh_error_t *err)
 {
   if (!u->pg) return nh_error_set(err, NH_ESTATE, "unit of work: a sqlite store commits with nh_store_commit");
-  return nh_uowpg_commit(u->pg, cb, data, err);
+  if (u->hooks.pass_end && !u->missed) u->hooks.pass_end(u->hooks.data);   /* its writes join this commit */
+  u->open = 0;
+  u->commit_cb = cb;
+  u->commit_data = data;
+  return nh_uowpg_commit(u->pg, commit_seen, u, err);
+}
+
+void nh_uow_set_hooks(nh_uow_t *u, const nh_uow_hooks_t *hooks) { u->hooks = *hooks; }
+
+int nh_uow_op_peek(nh_uow_t *u, const char *key, const struct pg_result **out)
+{
+  *out = NULL;
+  return u->pg && !u->store ? nh_uowpg_op_peek(u->pg, key, out) : 0;
 }
 
 int nh_uow_op(nh_uow_t *u, const struct nh_pg_optab *tab, int op, struct nh_pg_args *args, nh_error_t *err)

@@ -84,6 +84,10 @@ void nh_uow_stats(const nh_uow_t *u, nh_uow_stats_t *out);
  * PostgreSQL they act on the write list: a savepoint marks it, its rollback drops what
  * came after (and what the pass's reads saw of it), begin and rollback empty it. */
 int nh_uow_begin(nh_uow_t *u);
+/* 1 between nh_uow_begin and the pass's end (its rollback, its commit sent, nh_uow_end):
+ * a write made now joins the pass's transaction. A transport's writes outside a pass (a
+ * lock renewed, a message given back after a failed commit) go in batches of their own. */
+int nh_uow_open(const nh_uow_t *u);
 void nh_uow_rollback(nh_uow_t *u);
 int nh_uow_savepoint(nh_uow_t *u);
 int nh_uow_savepoint_end(nh_uow_t *u);
@@ -128,6 +132,23 @@ int nh_uow_op(nh_uow_t *u, const struct nh_pg_optab *tab, int op, struct nh_pg_a
  * void; the next fill reads it, with these arguments); NH_ESTATE on a unit without a link. */
 int nh_uow_op_read(nh_uow_t *u, const char *key, const struct nh_pg_optab *tab, int op, struct nh_pg_args *args,
                    const struct pg_result **out);
+
+/* What was read, without asking for it: 1 with the result if the unit has key, else 0 (no
+ * miss: the pass goes on). */
+int nh_uow_op_peek(nh_uow_t *u, const char *key, const struct pg_result **out);
+
+/* For a table whose reads have effects (the queue's head scan takes leases in the fill
+ * that reads it): told when each pass begins; at the end of a pass that commits, just
+ * before its batch goes (nh_uow_open still 1: writes made now join it); and when the pump
+ * ends (nh_uow_end, the cache still readable), whether its commit came back COMMITTED.
+ * What a fill took and the pass that commits did not use must be given back by them. */
+typedef struct nh_uow_hooks {
+  void (*pass_begin)(void *data);
+  void (*pass_end)(void *data);
+  void (*pump_end)(void *data, int committed);
+  void *data;
+} nh_uow_hooks_t;
+void nh_uow_set_hooks(nh_uow_t *u, const nh_uow_hooks_t *hooks);
 
 /* 1 while a fill or a commit is out on the link: no pass may start. */
 int nh_uow_busy(const nh_uow_t *u);

@@ -136,7 +136,7 @@ static int build_fill(void *data, nh_pg_db_t *db, nh_error_t *err)
       continue;
     }
     if (e->kind == K_OP) {
-      if (nh_uowc_op_send(db, e->op, on_read, e, err)) return err->code;
+      if (nh_pg_opcopy_send(db, e->op, on_read, e, err)) return err->code;
       continue;
     }
     nh_pgop_t op = read_args(&a, e);
@@ -210,7 +210,7 @@ static int build_commit(void *data, nh_pg_db_t *db, nh_error_t *err)
   nh_uowpg_t *p = data;
   for (size_t i = 0; i < p->sent; i++) {
     if (p->writes[i].kind == W_OP) {
-      if (nh_uowc_op_send(db, p->writes[i].op, NULL, NULL, err)) return err->code;
+      if (nh_pg_opcopy_send(db, p->writes[i].op, NULL, NULL, err)) return err->code;
       continue;
     }
     nh_pg_args_t a;

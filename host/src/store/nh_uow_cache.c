@@ -22,47 +22,6 @@ void nh_uowc_entry_clear_overlay(entry_t *e)
   e->ngone = 0;
 }
 
-/* Copies of a's parameters (it is released: its cleaned copies freed, as a send does). */
-op_copy_t *nh_uowc_op_copy(const nh_pg_optab_t *tab, int op, nh_pg_args_t *a)
-{
-  op_copy_t *c = nh_xcalloc(1, sizeof *c);
-  c->tab = tab;
-  c->op = op;
-  c->n = a->n;
-  for (int i = 0; i < a->n; i++) {
-    c->formats[i] = a->formats[i];
-    if (!a->values[i]) continue;
-    size_t len = a->formats[i] ? (size_t)a->lengths[i] : strlen(a->values[i]);
-    c->values[i] = nh_xmalloc(len + 1);
-    memcpy(c->values[i], a->values[i], len);
-    c->values[i][len] = '\0';
-    c->lengths[i] = (int)len;
-  }
-  nh_pg_args_release(a);
-  return c;
-}
-
-void nh_uowc_op_free(op_copy_t *c)
-{
-  if (!c) return;
-  for (int i = 0; i < c->n; i++) free(c->values[i]);
-  free(c);
-}
-
-/* Adds the copied operation to a batch. */
-int nh_uowc_op_send(nh_pg_db_t *db, const op_copy_t *c, nh_pg_result_cb cb, void *data, nh_error_t *err)
-{
-  nh_pg_args_t a;
-  nh_pg_args_reset(&a);
-  a.n = c->n;
-  for (int i = 0; i < c->n; i++) {
-    a.values[i] = c->values[i];
-    a.lengths[i] = c->lengths[i];
-    a.formats[i] = c->formats[i];
-  }
-  return nh_pg_batch_add_op(db, c->tab, c->op, &a, cb, data, err);
-}
-
 void nh_uowc_due_list_add(due_list_t *l, const char *id, const nh_session_state_t *st)
 {
   if (l->n == l->cap) {
@@ -99,7 +58,7 @@ void nh_uowc_entry_free(entry_t *e)
   nh_uowc_due_list_free(&e->due);
   for (int i = 0; i < 3; i++) nh_uowc_due_list_free(&e->part[i]);
   free(e->due_cursor);
-  nh_uowc_op_free(e->op);
+  nh_pg_opcopy_free(e->op);
   if (e->res) PQclear(e->res);
   free(e->parks);
   free(e->park_seqs);
@@ -424,7 +383,7 @@ void nh_uowc_write_clear(write_t *w)
   nh_session_state_clear(&w->st);
   nh_audit_clear(&w->audit);
   nh_msg_clear(&w->m);
-  nh_uowc_op_free(w->op);
+  nh_pg_opcopy_free(w->op);
   memset(w, 0, sizeof *w);
 }
 

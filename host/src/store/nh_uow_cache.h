@@ -32,14 +32,7 @@ enum {
 };
 
 /* An operation of any table with copies of its parameters (nh_uow_op, nh_uow_op_read). */
-typedef struct op_copy {
-  const nh_pg_optab_t *tab;
-  int op;
-  int n;
-  char *values[NH_PG_MAX_ARGS];
-  int lengths[NH_PG_MAX_ARGS];
-  int formats[NH_PG_MAX_ARGS];
-} op_copy_t;
+typedef nh_pg_opcopy_t op_copy_t;
 
 /* A list of sessions and their states, as a scan read them. */
 typedef struct due_list {
@@ -145,9 +138,6 @@ int nh_uowc_streq(const char *a, const char *b);   /* NULL equals only NULL */
 void nh_uowc_due_list_add(due_list_t *l, const char *id, const nh_session_state_t *st);
 void nh_uowc_due_list_free(due_list_t *l);
 /* Copies of a's parameters (a is released, as a send releases it). */
-op_copy_t *nh_uowc_op_copy(const nh_pg_optab_t *tab, int op, nh_pg_args_t *a);
-void nh_uowc_op_free(op_copy_t *c);
-int nh_uowc_op_send(nh_pg_db_t *db, const op_copy_t *c, nh_pg_result_cb cb, void *data, nh_error_t *err);
 
 void nh_uowc_audit_copy(nh_audit_t *d, const nh_audit_t *s);
 void nh_uowc_session_copy(nh_session_state_t *d, const nh_session_state_t *s);

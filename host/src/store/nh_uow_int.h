@@ -18,6 +18,11 @@ struct nh_uow {
                            pass sees one answer per key */
   int missed;           /* this pass read a key it did not have */
   int pass;             /* passes of this pump so far */
+  int open;             /* a pass's transaction is open (nh_uow_open) */
+  int committed;        /* this pump's commit came back COMMITTED (told to hooks.pump_end) */
+  nh_uow_hooks_t hooks;
+  nh_uow_commit_cb commit_cb;   /* the caller's, behind commit_seen */
+  void *commit_data;
   char *key;            /* scratch for building keys */
   size_t key_cap;
   nh_uow_stats_t stats;
@@ -59,6 +64,7 @@ int nh_uowpg_parked_delete_event(nh_uowpg_t *p, const char *endpoint, const char
 int nh_uowpg_inbox_add(nh_uowpg_t *p, const char *endpoint, const char *message_id);
 
 int nh_uowpg_op(nh_uowpg_t *p, const struct nh_pg_optab *tab, int op, struct nh_pg_args *args, nh_error_t *err);
+int nh_uowpg_op_peek(nh_uowpg_t *p, const char *key, const struct pg_result **out);
 int nh_uowpg_op_read(nh_uowpg_t *p, const char *key, const struct nh_pg_optab *tab, int op, struct nh_pg_args *args,
                      const struct pg_result **out);
 

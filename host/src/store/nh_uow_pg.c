@@ -335,8 +335,15 @@ int nh_uowpg_op(nh_uowpg_t *p, const nh_pg_optab_t *tab, int op, nh_pg_args_t *a
     return nh_error_set(err, NH_ESTATE, "unit of work: another table's operation needs a PostgreSQL store");
   }
   write_t *w = nh_uowc_write_new(p, W_OP);
-  w->op = nh_uowc_op_copy(tab, op, args);
+  w->op = nh_pg_opcopy_new(tab, op, args);
   return nh_uowc_record(p, w);
+}
+
+int nh_uowpg_op_peek(nh_uowpg_t *p, const char *key, const struct pg_result **out)
+{
+  entry_t *e = nh_uowc_entry_find(p, K_OP, key, NULL, NULL, 0);
+  *out = e && e->have ? e->res : NULL;
+  return *out != NULL;
 }
 
 int nh_uowpg_op_read(nh_uowpg_t *p, const char *key, const nh_pg_optab_t *tab, int op, nh_pg_args_t *args,
@@ -349,7 +356,7 @@ int nh_uowpg_op_read(nh_uowpg_t *p, const char *key, const nh_pg_optab_t *tab, i
     *out = e->res;
     return 1;
   }
-  if (!e->op) e->op = nh_uowc_op_copy(tab, op, args);
+  if (!e->op) e->op = nh_pg_opcopy_new(tab, op, args);
   else nh_pg_args_release(args);
   nh_uowc_want(p, e);
   return 0;

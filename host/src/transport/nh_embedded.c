@@ -142,13 +142,18 @@ static int sub_conflict(embedded_t *e, const char *endpoint, const char *type, i
   sqlite3_reset(c);
   sqlite3_clear_bindings(c);
   if (!other) return NH_OK;
-  nh_error_set(err, NH_EUSAGE,
-               "%s is a command and can have exactly one consuming endpoint, but %s already consumes it; "
-               "remove one of the handlers (a stale registration of an endpoint that no longer exists is "
-               "cleared by starting it once without the handler)",
-               type, other);
+  nh_embedded_conflict(err, type, other);
   free(other);
   return NH_EUSAGE;
+}
+
+int nh_embedded_conflict(nh_error_t *err, const char *type, const char *other)
+{
+  return nh_error_set(err, NH_EUSAGE,
+                      "%s is a command and can have exactly one consuming endpoint, but %s already consumes it; "
+                      "remove one of the handlers (a stale registration of an endpoint that no longer exists is "
+                      "cleared by starting it once without the handler)",
+                      type, other);
 }
 
 static int emb_subscribe_check(nh_transport_t *t, const char *endpoint, const char *const *types, const int *commands,

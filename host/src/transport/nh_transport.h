@@ -19,6 +19,7 @@ enum {
 typedef enum { NH_SETTLE_COMPLETE, NH_SETTLE_RELEASE, NH_SETTLE_DEAD_LETTER } nh_settle_t;
 
 typedef struct nh_transport nh_transport_t;
+struct nh_uow;
 
 /* What /metrics and /readyz show of a transport (nh_transport_vtbl_t.stats). */
 typedef struct nh_transport_stats {
@@ -69,6 +70,10 @@ typedef struct nh_transport_vtbl {
   int (*probe)(nh_transport_t *t, const char *event_type, void (*done)(void *, int), void *data);
   /* Optional: connection state and buffers (NULL: always connected, nothing buffered). */
   void (*stats)(nh_transport_t *t, nh_transport_stats_t *out);
+  /* Optional: the pump's unit of work (store/nh_uow.h), given by the dispatcher, for a
+   * transport whose statements join the pump's transaction through it (the embedded
+   * queue on PostgreSQL: its reads fill with the pump's, its writes commit with them). */
+  void (*attach)(nh_transport_t *t, struct nh_uow *uow);
 } nh_transport_vtbl_t;
 
 struct nh_transport {
