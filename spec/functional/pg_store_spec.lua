@@ -1,7 +1,7 @@
--- `--store postgresql://...` as a user meets it today (stage 1 of the PostgreSQL store,
--- docs/store-backends.md): the host reaches the database, brings its schema to this version
--- and says that running on it is not built yet; every problem on the way is said with what
--- to do, the password masked. Real host processes against the cluster of the fixture
+-- `--store postgresql://...` as a user meets it today (docs/store-backends.md): the host
+-- reaches the database, brings its schema to this version and runs on it; the commands not
+-- built on it yet say so; every problem on the way is said with what to do, the password
+-- masked. Real host processes against the cluster of the fixture
 -- "postgres". Runs as ctest functional_pg_store.
 local nh = require("nh")
 local pg = require("pg")
@@ -10,11 +10,19 @@ local q = nh.q
 
 local function host() return nh.bin() end
 
--- nimbus-host ARGS with --store url (or with NIMBUS_STORE=url when env is true)
-local function run(url, args, env)
+-- nimbus-host ARGS with --store url (or with NIMBUS_STORE=url when env is true), stopped
+-- with SIGTERM after `secs` seconds (a host that runs; 60 by default, a deadline)
+local function run(url, args, env, secs)
   local cmd = ("%s %s %s"):format(q(host()), args, env and "" or "--store " .. q(url))
   if env then cmd = "env NIMBUS_STORE=" .. q(url) .. " " .. cmd end
-  return nh.capture("env -u PGPASSWORD PGPASSFILE=/nonexistent/.pgpass timeout -k 5 60 " .. cmd)
+  return nh.capture(("env -u PGPASSWORD PGPASSFILE=/nonexistent/.pgpass timeout -k 5 %d %s"):format(secs or 60, cmd))
+end
+
+-- `publish` creates and migrates the store, then finds no subscriber: a quick migration.
+local function migrate(url)
+  local r = run(url, "publish Tick")
+  assert.truthy(r.err:find("no endpoint subscribes to Tick", 1, true), r.err)
+  return r
 end
 
 local function adapter()
@@ -41,23 +49,32 @@ describe("a PostgreSQL store URL", function()
     pg.cleanup()
   end)
 
-  it("is reached and migrated, then running on it is refused saying why; a second start migrates nothing", function()
+  it("is reached and migrated, a host runs on it, a second start migrates nothing, and the commands not built "
+     .. "on it yet say so", function()
     local _, url = pg.createdb("store")
     -- a reader finds no store yet and creates nothing
     local r = run(url, "events")
     refused(r, "holds no nimbus-host store yet")
     assert.equal("0", pg.value(url, "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'"))
 
-    r = run(url, q(adapter()))
-    assert.equal(2, r.code, r.err)
-    refused(r, "schema is at version 4, migrated from version 0", "docs/store-backends.md", "--store PATH")
+    r = run(url, q(adapter()), false, 3)   -- runs until the SIGTERM, then stops cleanly
+    assert.equal(124, r.code, r.err)
+    assert.truthy(r.err:find("migrated from version 0 to 4", 1, true), r.err)
+    assert.truthy(r.err:find("ready: store postgresql://nimbus:***@", 1, true), r.err)
+    assert.truthy(r.err:find("[host] stopped", 1, true), r.err)
+    assert.is_nil(r.err:find(":nimbus@", 1, true), "the password is shown:\n" .. r.err)
     assert.equal("4", pg.value(url, "SELECT version FROM nimbus_schema"))
-    for _, t in ipairs({ "audit", "history", "sessions", "parked", "inbox", "operator_pending", "operator_log" }) do
+    for _, t in ipairs({ "audit", "history", "sessions", "parked", "inbox", "operator_pending", "operator_log",
+                         "queue", "session_locks", "subscriptions" }) do
       assert.equal("1", pg.value(url, ("SELECT count(*) FROM pg_tables WHERE tablename = '%s'"):format(t)), t)
     end
 
-    r = run(url, q(adapter()), true)   -- NIMBUS_STORE, the same way
-    refused(r, "schema is at version 4;")
+    r = run(url, q(adapter()), true, 3)   -- NIMBUS_STORE, the same way
+    assert.equal(124, r.code, r.err)
+    assert.truthy(r.err:find("ready:", 1, true), r.err)
+    assert.is_nil(r.err:find("migrated", 1, true), r.err)
+
+    refused(run(url, "events"), "schema is at version 4;", "sqlite store only for now", "--store PATH")
   end)
 
   it("that is malformed, or where nothing listens, is refused with what to write or check", function()
@@ -78,7 +95,7 @@ describe("a PostgreSQL store URL", function()
 
   it("written by a newer nimbus-host is refused naming both versions", function()
     local _, url = pg.createdb("newer")
-    run(url, q(adapter()))
+    migrate(url)
     pg.psql(url, "UPDATE nimbus_schema SET version = 99")
     local r = run(url, q(adapter()))
     refused(r, "99", "4")

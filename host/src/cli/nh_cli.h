@@ -36,6 +36,11 @@ const char *nh_args_get(const nh_args_t *a, const char *name);
 int nh_args_has(const nh_args_t *a, const char *name);
 int nh_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* publish on a PostgreSQL store (nh_cli_pgpub.c): m queued for `to` or for every
+ * subscriber of its type, in one transaction; prints what the sqlite path prints. given_id:
+ * --message-id was given (refused there for now). Returns the exit code. */
+int nh_cli_publish_pg(const char *url, const nh_msg_t *m, const char *to, int given_id);
+
 /* Reads a JSON argument: inline text or @file; validates it. Returns NULL after
  * printing the reason. */
 char *nh_cli_json_arg(const char *cmd, const char *what, const char *arg);

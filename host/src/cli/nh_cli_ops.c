@@ -7,6 +7,7 @@
 #include "core/nh_trace.h"
 #include "core/nh_util.h"
 #include "dispatch/nh_operator.h"
+#include "store/nh_pg.h"
 #include "store/nh_store.h"
 #include "transport/nh_amqp.h"
 #include "transport/nh_embedded.h"
@@ -296,6 +297,11 @@ int nh_cmd_publish(int argc, char **argv)
   }
   if (nh_amqp_is_url(transport)) {
     rc = publish_amqp(transport, a.store, &m, nh_args_get(&a, "--to"), given_id != NULL);
+    free(body);
+    return rc;
+  }
+  if (nh_pg_url_is(a.store)) {
+    rc = nh_cli_publish_pg(a.store, &m, nh_args_get(&a, "--to"), given_id != NULL);
     free(body);
     return rc;
   }

@@ -884,6 +884,7 @@ static void close_handle(nh_dispatch_t *d, void *handle)
 void nh_dispatch_close(nh_dispatch_t *d)
 {
   if (!d) return;
+  d->tr->on_wake = NULL;   /* a transport that outlives this (closed after the loop ran) wakes nobody */
   nh_dispatch_unwatch(d);
   for (int i = 0; i < d->nadapters; i++) {
     nh_vm_close(d->adapters[i].vm);

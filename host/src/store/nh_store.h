@@ -58,6 +58,11 @@ typedef enum { NH_STORE_CREATE = 1, NH_STORE_READONLY = 2 } nh_store_flags_t;
  * (nh_store_open_pg, docs/store-backends.md). */
 int nh_store_open(nh_store_t **out, const char *path, int flags, nh_error_t *err);
 int nh_store_open_pg(const char *url, int flags, nh_error_t *err);
+/* A PostgreSQL store for a host or `publish`: the URL checked, a blocking connection made
+ * and the schema migrated (NH_STORE_READONLY: its version only read), every problem said
+ * as nh_store_open says it; *out is the connection, the caller's. */
+struct pg_conn;
+int nh_store_pg_connect(const char *url, int flags, struct pg_conn **out, int *from, int *to, nh_error_t *err);
 void nh_store_close(nh_store_t *s);
 sqlite3 *nh_store_db(nh_store_t *s);
 const char *nh_store_path(nh_store_t *s);

@@ -617,6 +617,15 @@ static void reap_dead_owners(pgq_t *q)
   PQclear(r);
 }
 
+/* Another host (or `publish`) queued something: pump now rather than at the next poll. */
+static void on_notify(void *data, const char *channel, const char *payload)
+{
+  (void)channel;
+  (void)payload;
+  pgq_t *q = data;
+  if (q->base.on_wake) q->base.on_wake(q->base.cb_data);
+}
+
 nh_transport_t *nh_embedded_pg_init(nh_pg_link_t *link, PGconn *conn, const char *owner, nh_error_t *err)
 {
   if (nh_pg_queue_migrate(conn, err)) {
@@ -632,5 +641,9 @@ nh_transport_t *nh_embedded_pg_init(nh_pg_link_t *link, PGconn *conn, const char
   q->sync = nh_pg_db_new(conn);
   q->owner = nh_xstrdup(owner);
   reap_dead_owners(q);
+  if (nh_pg_link_listen(link, NH_PGQ_CHANNEL, on_notify, q, err)) {
+    pgq_free(q);
+    return NULL;
+  }
   return &q->base;
 }

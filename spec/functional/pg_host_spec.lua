@@ -1,0 +1,131 @@
+-- Hosts on a PostgreSQL store (docs/store-backends.md): real host processes run an adapter
+-- with `--store postgresql://...`, the queue in the store's database, events published with
+-- `nimbus-host publish` to the same URL; the store is read back with psql. A host killed
+-- with SIGKILL mid-stream and started again loses nothing and records no outcome twice;
+-- two hosts on one store share the work and keep each session's order. Runs as ctest
+-- functional_pg_host against the cluster of the fixture "postgres".
+local nh = require("nh")
+local pg = require("pg")
+
+local N_EVENTS, N_SESSIONS = 200, 10
+
+local function session_of(seq) return "s" .. ((seq - 1) % N_SESSIONS + 1) end
+
+-- Every call appends "<phase> <session> <seq> <host tag>" (phase start, then end) to the
+-- call log; a few coroutine yields between them let the host take other work meanwhile.
+local function adapter_source(sb)
+  return ([[
+local nimbus = require("nimbus")
+local CALLS = %q
+local TAG = os.getenv("NH_HOST_TAG") or "-"
+local function log(phase, event, ctx)
+  local f = assert(io.open(CALLS, "a"))
+  f:write(("%%s %%s %%d %%s\n"):format(phase, ctx.session_id, event.seq, TAG))
+  f:close()
+end
+local ep = nimbus.endpoint("Sink", { concurrency = 4 })
+ep:on("Tick", function(event, ctx)
+  log("start", event, ctx)
+  for _ = 1, 3 do coroutine.yield() end
+  log("end", event, ctx)
+end)
+]]):format(sb.calls_path)
+end
+
+-- seq = 1..n round-robin over the sessions, in one shell run of `publish` processes.
+local function publish_all(sb, url, n)
+  local lines = { "set -e" }
+  for seq = 1, n do
+    lines[#lines + 1] = ([["$NH_BIN" publish Tick '{"seq":%d}' --session %s --store %s >/dev/null 2>&1]]):format(
+      seq, session_of(seq), nh.q(url))
+  end
+  local script = nh.write(sb:path("publish.sh"), table.concat(lines, "\n") .. "\n")
+  local r = nh.capture(("NH_BIN=%s sh %s"):format(nh.q(nh.bin()), nh.q(script)), sb.dir)
+  assert.equal(0, r.code, r.err)
+end
+
+local function completed(url)
+  return tonumber(pg.value(url, "SELECT count(*) FROM audit WHERE status = 'Completed'"))
+end
+
+-- The call log as { phase, session, seq, tag } rows, in the order written.
+local function calls(sb)
+  local rows = {}
+  for phase, session, seq, tag in (nh.read(sb.calls_path) or ""):gmatch("(%a+) (%S+) (%d+) (%S+)\n") do
+    rows[#rows + 1] = { phase = phase, session = session, seq = tonumber(seq), tag = tag }
+  end
+  return rows
+end
+
+-- Every event completed once in the store: one audit row, one Completed history row each.
+local function assert_recorded_once(url)
+  assert.equal(N_EVENTS, completed(url))
+  assert.equal("0", pg.value(url, "SELECT count(*) FROM audit WHERE status <> 'Completed'"))
+  assert.equal("0", pg.value(url, "SELECT count(*) FROM (SELECT event_id FROM history WHERE status = 'Completed'"
+                              .. " GROUP BY event_id HAVING count(*) <> 1) x"))
+  assert.equal(tostring(N_EVENTS), pg.value(url, "SELECT count(DISTINCT event_id) FROM history WHERE status = 'Completed'"))
+  assert.equal("0", pg.value(url, "SELECT count(*) FROM queue"))
+  assert.equal("0", pg.value(url, "SELECT count(*) FROM session_locks WHERE owner IS NOT NULL"))
+end
+
+-- Within each session, handlers started in publish order: a seq never starts before an
+-- earlier one of its session, though one whose outcome a crash lost may start again.
+local function assert_session_order(rows)
+  local last = {}
+  for _, r in ipairs(rows) do
+    if r.phase == "start" then
+      local prev = last[r.session] or 0
+      assert.is_true(r.seq >= prev, ("session %s: seq %d started after %d"):format(r.session, r.seq, prev))
+      last[r.session] = r.seq
+    end
+  end
+end
+
+describe("hosts on a PostgreSQL store", function()
+  local sb
+  before_each(function() sb = nh.sandbox() end)
+  after_each(function()
+    sb:cleanup()
+    pg.cleanup()
+  end)
+
+  it("lose nothing and record nothing twice when one is killed mid-stream and started again", function()
+    local _, url = pg.createdb("crash")
+    local adapter = sb:adapter("sink.lua", adapter_source(sb))
+    -- the first start subscribes the endpoint; the backlog is queued while no host runs
+    local h = sb:spawn(adapter, { store = url, transport = false })
+    h:signal("TERM")
+    h:wait_exit(15)
+    publish_all(sb, url, N_EVENTS)
+    h = sb:spawn(adapter, { store = url, transport = false })
+    nh.eventually(function() return completed(url) >= N_EVENTS / 3 end, nh.DEADLINE, "a third completed")
+    h:signal("KILL")
+    h:wait_exit(10)
+    local at_kill = completed(url)
+    assert.is_true(at_kill < N_EVENTS, "everything completed before the kill: nothing was tested")
+    sb:spawn(adapter, { store = url, transport = false })
+    nh.eventually(function() return completed(url) == N_EVENTS end, nh.DEADLINE,
+      function() return ("%d of %d completed"):format(completed(url), N_EVENTS) end)
+    assert_recorded_once(url)
+    local rows = calls(sb)
+    assert_session_order(rows)
+    local ends = nh.count(rows, function(r) return r.phase == "end" end)
+    assert.is_true(ends >= N_EVENTS, "handlers ended " .. ends .. " times")
+  end)
+
+  it("share one store's work, each event once and each session in order", function()
+    local _, url = pg.createdb("pair")
+    local adapter = sb:adapter("sink.lua", adapter_source(sb))
+    sb:spawn(adapter, { store = url, transport = false, env = { NH_HOST_TAG = "A" } })
+    sb:spawn(adapter, { store = url, transport = false, env = { NH_HOST_TAG = "B" } })
+    publish_all(sb, url, N_EVENTS)
+    nh.eventually(function() return completed(url) == N_EVENTS end, nh.DEADLINE,
+      function() return ("%d of %d completed"):format(completed(url), N_EVENTS) end)
+    assert_recorded_once(url)
+    local rows = calls(sb)
+    assert_session_order(rows)
+    assert.equal(N_EVENTS, nh.count(rows, function(r) return r.phase == "start" end))   -- no event ran twice
+    assert.is_true(nh.count(rows, function(r) return r.tag == "A" end) > 0, "host A took no work")
+    assert.is_true(nh.count(rows, function(r) return r.tag == "B" end) > 0, "host B took no work")
+  end)
+end)
