@@ -45,6 +45,7 @@ bench: build
 	@$(BUILD)/host/nimbus-host -l spec/bench/reload.lua $(BUILD)/host/nimbus-host
 	@$(BUILD)/host/nimbus-host -l spec/bench/amqp.lua $(BUILD)/host/nimbus-host $(BUILD)/bench/nh-amqp-bench
 	@$(BUILD)/host/nimbus-host -l spec/bench/store_pg.lua $(BUILD)
+	@$(BUILD)/host/nimbus-host -l spec/bench/pg_host.lua $(BUILD)
 
 # libFuzzer (clang) over host/fuzz: FUZZ_SECONDS per target (default 60); crashes are
 # written under $(BUILD)-fuzz/fuzz-crashes (scripts/fuzz.sh says what to do with them).

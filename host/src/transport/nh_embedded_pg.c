@@ -66,6 +66,8 @@ typedef struct pgq {
   int nleasings, leasings_cap;
   char **used;        /* "endpoint\x1fsession" handed over in this pass */
   int nused, used_cap;
+  char **woken;       /* endpoints this pass queued for: one NOTIFY each as it commits */
+  int nwoken;
 } pgq_t;
 
 /* ---------------------------------------------------------------- keys */
@@ -160,10 +162,37 @@ static void give_back_unused(pgq_t *q, const char *endpoint, const char *session
   write_op(q, nh_pgqargs_unlock(&a, endpoint, session, q->owner), &a);
 }
 
-static void on_pass_begin(void *data) { used_clear(data); }
+static void woken_clear(pgq_t *q)
+{
+  for (int i = 0; i < q->nwoken; i++) free(q->woken[i]);
+  q->nwoken = 0;
+}
 
-/* The committing pass: leases it did not hand over end with its commit. */
-static void on_pass_end(void *data) { leases_each(data, give_back_unused); }
+static void woken_note(pgq_t *q, const char *endpoint)
+{
+  for (int i = 0; i < q->nwoken; i++)
+    if (strcmp(q->woken[i], endpoint) == 0) return;
+  q->woken = nh_xrealloc(q->woken, sizeof *q->woken * (size_t)(q->nwoken + 1));
+  q->woken[q->nwoken++] = nh_xstrdup(endpoint);
+}
+
+static void on_pass_begin(void *data)
+{
+  used_clear(data);
+  woken_clear(data);
+}
+
+/* The committing pass: leases it did not hand over end with its commit, and the hosts
+ * listening hear of what it queued (once per endpoint: a NOTIFY per row cost the server
+ * a statement per event). */
+static void on_pass_end(void *data)
+{
+  pgq_t *q = data;
+  leases_each(q, give_back_unused);
+  nh_pg_args_t a;
+  for (int i = 0; i < q->nwoken; i++) write_op(q, nh_pgqargs_notify(&a, q->woken[i]), &a);
+  woken_clear(q);
+}
 
 static void give_back_any(pgq_t *q, const char *endpoint, const char *session, int64_t seq)
 {
@@ -492,7 +521,8 @@ static int insert_copy(pgq_t *q, const nh_msg_t *m, const char *endpoint, const 
 {
   nh_pg_args_t a;
   if (write_op(q, nh_pgqargs_insert(&a, m, endpoint, event_id), &a)) return NH_EFAIL;
-  return write_op(q, nh_pgqargs_notify(&a, endpoint), &a);
+  woken_note(q, endpoint);
+  return NH_OK;
 }
 
 /* Only inside a pass (a handler's publishes, sent with its outcome): a send outside one
@@ -556,6 +586,8 @@ static void pgq_free(pgq_t *q)
   free(q->leasings);
   used_clear(q);
   free(q->used);
+  woken_clear(q);
+  free(q->woken);
   nh_pg_db_free(q->sync);
   free(q->key);
   free(q->owner);
