@@ -113,6 +113,62 @@ describe("hosts on a PostgreSQL store", function()
     assert.is_true(ends >= N_EVENTS, "handlers ended " .. ends .. " times")
   end)
 
+  it("block a failing session and park its later events, and release it with the CLI's skip and resubmit", function()
+    local _, url = pg.createdb("ops")
+    local adapter = sb:adapter("ops.lua", ([[
+local nimbus = require("nimbus")
+local CALLS = %q
+local ep = nimbus.endpoint("Orders", { retry = { max_retries = 0 } })
+ep:on("Placed", function(event, ctx)
+  local f = assert(io.open(CALLS, "a"))
+  f:write(ctx.session_id, " ", event.n, "\n")
+  f:close()
+  if event.fail then error("ERP rejected order " .. event.n) end
+end)
+]]):format(sb.calls_path))
+    sb:spawn(adapter, { store = url, transport = false })
+    local function pub(session, n, fail)
+      sb:cli_ok({ "publish", "Placed", nh.encode({ n = n, fail = fail or nil }), "--session", session },
+                { store = url, transport = false })
+    end
+    local function status_of(n)
+      return pg.value(url, ("SELECT status FROM audit WHERE convert_from(payload, 'UTF8')::json->>'n' = '%d'"):format(n))
+    end
+    local function event_of(n)
+      return pg.value(url, ("SELECT event_id FROM audit WHERE convert_from(payload, 'UTF8')::json->>'n' = '%d'"):format(n))
+    end
+    pub("a", 1, true); pub("a", 2); pub("a", 3)
+    pub("b", 11, true); pub("b", 12)
+    nh.eventually(function()
+      return status_of(1) == "Failed" and status_of(3) == "Deferred" and status_of(11) == "Failed"
+             and status_of(12) == "Deferred"
+    end, nh.DEADLINE, "both sessions blocked, their later events parked")
+    assert.equal("3", pg.value(url, "SELECT count(*) FROM parked"))
+
+    -- skip the blocker of a: 2 and 3 replay in order
+    local out = sb:cli_ok({ "skip", event_of(1) }, { store = url })
+    assert.truthy(out:find("skip of event " .. event_of(1) .. " queued", 1, true), out)
+    -- resubmit b's blocker with a body that passes: it runs again, then 12
+    sb:cli_ok({ "resubmit", event_of(11), "--body", nh.encode({ n = 11 }) }, { store = url })
+    nh.eventually(function()
+      return status_of(1) == "Skipped" and status_of(3) == "Completed" and status_of(11) == "Completed"
+             and status_of(12) == "Completed"
+    end, nh.DEADLINE, "both sessions released and replayed")
+    assert.equal("0", pg.value(url, "SELECT count(*) FROM parked"))
+    assert.equal("0", pg.value(url, "SELECT count(*) FROM sessions"))
+    -- per session, the handlers in order (the sessions interleave freely)
+    local per = { a = {}, b = {} }
+    for session, n in nh.read(sb.calls_path):gmatch("(%S+) (%d+)\n") do table.insert(per[session], n) end
+    assert.equal("1 2 3", table.concat(per.a, " "))
+    assert.equal("11 11 12", table.concat(per.b, " "))
+    assert.equal("1", pg.value(url, ("SELECT count(*) FROM operator_log WHERE event_id = '%s' AND action = 'skip'")
+                                 :format(event_of(1))))
+    -- a second request for a released event is refused with the reason
+    local r = sb:cli({ "skip", event_of(3) }, { store = url })
+    assert.equal(2, r.code, r.err)
+    assert.truthy(r.err:find("already Completed", 1, true), r.err)
+  end)
+
   it("share one store's work, each event once and each session in order", function()
     local _, url = pg.createdb("pair")
     local adapter = sb:adapter("sink.lua", adapter_source(sb))

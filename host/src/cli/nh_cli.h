@@ -40,6 +40,9 @@ int nh_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(
  * subscriber of its type, in one transaction; prints what the sqlite path prints. given_id:
  * --message-id was given (refused there for now). Returns the exit code. */
 int nh_cli_publish_pg(const char *url, const nh_msg_t *m, const char *to, int given_id);
+/* resubmit, skip, handoff of one event on a PostgreSQL store (nh_cli_pg.c); the exit code. */
+struct nh_op_req;
+int nh_cli_submit_pg(const char *cmd, const char *url, const struct nh_op_req *req);
 
 /* Reads a JSON argument: inline text or @file; validates it. Returns NULL after
  * printing the reason. */

@@ -360,6 +360,7 @@ int nh_cmd_publish(int argc, char **argv)
 /* Runs one operator request and reports it the CLI way. */
 static int submit(const char *cmd, const char *store, const nh_op_req_t *req)
 {
+  if (nh_pg_url_is(store)) return nh_cli_submit_pg(cmd, store, req);
   cli_ctx_t c;
   int rc = open_ctx(&c, cmd, store, 0);
   if (rc) return rc;

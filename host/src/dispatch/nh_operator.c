@@ -4,6 +4,8 @@
  * history row), all in one store transaction (the caller's, for nh_operator_queue). */
 #include "nh_operator.h"
 #include "core/nh_util.h"
+#include "store/nh_pg_ops.h"
+#include "store/nh_pg_queue.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -15,13 +17,28 @@ const char *nh_operator_name(nh_op_kind_t kind) { return op_names[kind]; }
 
 static int is_status(const nh_audit_t *a, const char *status) { return a->status && strcmp(a->status, status) == 0; }
 
-static int check_state(nh_store_t *s, const nh_op_req_t *r, const nh_audit_t *ev, nh_error_t *err)
+/* The event's session state (for a parked event's blocker), from either store. */
+typedef int (*session_get_fn)(void *store, const char *endpoint, const char *session, nh_session_state_t *st);
+
+static int sqlite_session_get(void *s, const char *ep, const char *session, nh_session_state_t *st)
+{
+  return nh_store_session_get(s, ep, session, st);
+}
+
+static int pg_session_get(void *db, const char *ep, const char *session, nh_session_state_t *st)
+{
+  return nh_pgs_session_get(db, ep, session, st);
+}
+
+static int check_state(session_get_fn session_get, void *s, const nh_op_req_t *r, const nh_audit_t *ev,
+                       nh_error_t *err)
 {
   switch (r->kind) {
   case NH_OP_RESUBMIT:
     if (is_status(ev, NH_ST_DEFERRED)) {
       nh_session_state_t st;
-      nh_store_session_get(s, ev->endpoint, ev->session_id, &st);
+      memset(&st, 0, sizeof st);
+      session_get(s, ev->endpoint, ev->session_id, &st);
       nh_error_set(err, NH_ESTATE,
                    "event %s is parked (Deferred) behind %s in session %s and will replay in order; resubmit or "
                    "skip the blocking event instead",
@@ -66,21 +83,23 @@ static int coords_match(const nh_op_req_t *r, const nh_audit_t *ev, nh_error_t *
   return NH_OK;
 }
 
-int nh_operator_queue(nh_store_t *s, nh_transport_t *t, const nh_op_req_t *r, const nh_audit_t *ev, nh_error_t *err)
+static int already_pending(const nh_audit_t *ev, nh_error_t *err)
 {
-  int rc = check_state(s, r, ev, err);
-  if (rc) return rc;
-  if (nh_store_oppending_has(s, ev->endpoint, ev->event_id))
-    return nh_error_set(err, NH_ESTATE,
-                        "a request for event %s is already queued and not yet applied by the host; wait for it "
-                        "(nimbus-host show %s)",
-                        ev->event_id, ev->event_id);
-  char mid[37];
-  nh_uuid_v7(mid);
+  return nh_error_set(err, NH_ESTATE,
+                      "a request for event %s is already queued and not yet applied by the host; wait for it "
+                      "(nimbus-host show %s)",
+                      ev->event_id, ev->event_id);
+}
+
+/* The control message for the event's endpoint and session (borrowing r's and ev's
+ * strings), and the history and log detail. */
+static void request_msg(const nh_op_req_t *r, const nh_audit_t *ev, const char *mid, nh_msg_t *out, char *detail,
+                        size_t dlen)
+{
   nh_msg_t m;
   memset(&m, 0, sizeof m);
   m.session_id = ev->session_id;
-  m.message_id = mid;
+  m.message_id = (char *)mid;
   m.event_id = ev->event_id;
   m.event_type = ev->event_type;
   m.type = op_types[r->kind];
@@ -95,10 +114,21 @@ int nh_operator_queue(nh_store_t *s, nh_transport_t *t, const nh_op_req_t *r, co
   m.error_text = (char *)r->error_text;
   m.error_type = (char *)r->error_type;
   m.enqueued_at = nh_time_now_ms();
-  char detail[640];
-  snprintf(detail, sizeof detail, "%s%s by %s%s%.400s", op_names[r->kind],
+  *out = m;
+  snprintf(detail, dlen, "%s%s by %s%s%.400s", op_names[r->kind],
            r->kind == NH_OP_RESUBMIT && r->body ? " with a new body" : "", r->actor ? r->actor : "operator",
            r->reason && *r->reason ? ": " : "", r->reason ? r->reason : "");
+}
+
+int nh_operator_queue(nh_store_t *s, nh_transport_t *t, const nh_op_req_t *r, const nh_audit_t *ev, nh_error_t *err)
+{
+  int rc = check_state(sqlite_session_get, s, r, ev, err);
+  if (rc) return rc;
+  if (nh_store_oppending_has(s, ev->endpoint, ev->event_id)) return already_pending(ev, err);
+  char mid[37], detail[640];
+  nh_uuid_v7(mid);
+  nh_msg_t m;
+  request_msg(r, ev, mid, &m, detail, sizeof detail);
   int copies = 0;
   if (t->vt->send(t, &m, ev->endpoint, &copies, err) ||
       nh_store_oppending_add(s, mid, ev->endpoint, ev->event_id, op_names[r->kind], ev->status) ||
@@ -134,4 +164,53 @@ fail:
   nh_store_rollback(s);
   nh_audit_clear(&ev);
   return rc;
+}
+
+/* On PostgreSQL (a command, blocking): the checks read first, then the message, the pending
+ * request, the operator log and the history row as one transaction. A host changing the
+ * event in between is caught where the request is applied: the pending row names the
+ * status it was made for. */
+int nh_operator_submit_pg(nh_pg_db_t *db, const nh_op_req_t *r, nh_audit_t *out, nh_error_t *err)
+{
+  nh_audit_t ev;
+  memset(&ev, 0, sizeof ev);
+  if (!r->event_id || !*r->event_id) return nh_error_set(err, NH_EUSAGE, "no event id given");
+  int rc = nh_pgs_audit_find(db, r->event_id, &ev, err);
+  if (rc) return rc;
+  if ((rc = coords_match(r, &ev, err)) || (rc = check_state(pg_session_get, db, r, &ev, err))) goto fail;
+  int pending = nh_pgs_oppending_has(db, ev.endpoint, ev.event_id);
+  if (pending < 0) {
+    rc = nh_error_set(err, NH_EFAIL, "store: cannot read the pending requests");
+    goto fail;
+  }
+  if (pending) {
+    rc = already_pending(&ev, err);
+    goto fail;
+  }
+  char mid[37], detail[640];
+  nh_uuid_v7(mid);
+  nh_msg_t m;
+  request_msg(r, &ev, mid, &m, detail, sizeof detail);
+  nh_pg_args_t a;
+  if ((rc = nh_pg_batch_begin(db, err)) ||
+      (rc = nh_pgq_batch_add(db, nh_pgqargs_insert(&a, &m, ev.endpoint, ev.event_id), &a, NULL, NULL, err)) ||
+      (rc = nh_pgq_batch_add(db, nh_pgqargs_notify(&a, ev.endpoint), &a, NULL, NULL, err)) ||
+      (rc = nh_pg_batch_add(db, nh_pgargs_oppending_add(&a, mid, ev.endpoint, ev.event_id, op_names[r->kind], ev.status),
+                            &a, NULL, NULL, err)) ||
+      (!r->no_oplog && (rc = nh_pg_batch_add(db, nh_pgargs_oplog_add(&a, r->who, op_names[r->kind], ev.endpoint,
+                                                                      ev.event_id, ev.session_id, detail),
+                                             &a, NULL, NULL, err))) ||
+      (rc = nh_pg_batch_add(db, nh_pgargs_history_add(&a, ev.endpoint, ev.event_id, mid, nh_msg_type_name(m.type),
+                                                      "Requested", detail, NULL),
+                            &a, NULL, NULL, err))) {
+    nh_pg_batch_abandon(db);
+    goto fail;
+  }
+  if ((rc = nh_pg_batch_commit(db, err))) goto fail;
+  if (out) *out = ev;
+  else nh_audit_clear(&ev);
+  return NH_OK;
+fail:
+  nh_audit_clear(&ev);
+  return rc ? rc : NH_EFAIL;
 }

@@ -36,6 +36,9 @@ int nh_operator_submit(nh_store_t *s, nh_transport_t *t, const nh_op_req_t *req,
  * open store transaction: bulk runs queue a batch per transaction. */
 int nh_operator_queue(nh_store_t *s, nh_transport_t *t, const nh_op_req_t *req, const nh_audit_t *ev,
                       nh_error_t *err);
+/* The same for a command on a PostgreSQL store (blocking: the CLI's), through db. */
+struct nh_pg_db;
+int nh_operator_submit_pg(struct nh_pg_db *db, const nh_op_req_t *req, nh_audit_t *ev, nh_error_t *err);
 const char *nh_operator_name(nh_op_kind_t kind);
 
 #endif

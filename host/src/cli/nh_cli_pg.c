@@ -1,9 +1,12 @@
-/* `nimbus-host publish` on a PostgreSQL store (docs/store-backends.md): the message queued
- * in the store's queue tables for each subscribing endpoint (or the one --to names), all
- * copies in one transaction, and the hosts listening woken (NOTIFY, sent at the commit).
- * A command blocks as it likes: one connection, a few round trips. */
+/* Commands on a PostgreSQL store (docs/store-backends.md), blocking as a command may: one
+ * connection, a few round trips.
+ * - publish: the message queued in the store's queue tables for each subscribing endpoint
+ *   (or the one --to names), all copies in one transaction, and the hosts listening woken
+ *   (NOTIFY, sent at the commit);
+ * - resubmit, skip, handoff complete|fail of one event: nh_operator_submit_pg. */
 #include "nh_cli.h"
 #include "core/nh_util.h"
+#include "dispatch/nh_operator.h"
 #include "store/nh_pg_ops.h"
 #include "store/nh_pg_queue.h"
 
@@ -37,30 +40,41 @@ static PGresult *endpoints_of(PGconn *c, const nh_msg_t *m, const char *to, char
   return r;
 }
 
+/* The connection for a command that writes: the store's schema and the queue's migrated
+ * (a store no host has started on yet can take requests). NULL after saying why. */
+static nh_pg_db_t *open_db(const char *cmd, const char *url, int *exit_code)
+{
+  PGconn *conn = NULL;
+  nh_error_t err = {0};
+  int from = 0, to = 0;
+  if (nh_store_pg_connect(url, 0, &conn, &from, &to, &err) || nh_pg_queue_migrate(conn, &err)) {
+    if (conn) PQfinish(conn);
+    fprintf(stderr, "nimbus-host %s: %s\n", cmd, err.msg);
+    *exit_code = err.code == NH_EUSAGE ? NH_EXIT_USAGE : NH_EXIT_FAIL;
+    return NULL;
+  }
+  return nh_pg_db_new(conn);
+}
+
 int nh_cli_publish_pg(const char *url, const nh_msg_t *m, const char *to, int given_id)
 {
   if (given_id)
     return nh_usage_error("publish", "--message-id on a PostgreSQL store is not built yet (docs/store-backends.md)");
-  PGconn *conn = NULL;
-  nh_error_t err = {0};
-  int from = 0, ver = 0;
-  if (nh_store_pg_connect(url, 0, &conn, &from, &ver, &err) || nh_pg_queue_migrate(conn, &err)) {
-    if (conn) PQfinish(conn);
-    fprintf(stderr, "nimbus-host publish: %s\n", err.msg);
-    return err.code == NH_EUSAGE ? NH_EXIT_USAGE : NH_EXIT_FAIL;
-  }
+  int rc = NH_EXIT_OK;
+  nh_pg_db_t *db = open_db("publish", url, &rc);
+  if (!db) return rc;
   char why[1024];
-  PGresult *eps = endpoints_of(conn, m, to, why, sizeof why);
+  PGresult *eps = endpoints_of(nh_pg_db_conn(db), m, to, why, sizeof why);
   if (!eps) {
-    PQfinish(conn);
+    nh_pg_db_free(db);
     fprintf(stderr, "nimbus-host publish: %s\n", why);
     return NH_EXIT_FAIL;
   }
   int n = PQntuples(eps);
   char (*eids)[37] = nh_xcalloc((size_t)n, sizeof *eids);
-  nh_pg_db_t *db = nh_pg_db_new(conn);   /* takes the connection */
+  nh_error_t err = {0};
   nh_pg_args_t a;
-  int rc = nh_pg_batch_begin(db, &err);
+  rc = nh_pg_batch_begin(db, &err);
   for (int i = 0; rc == NH_OK && i < n; i++) {
     const char *ep = PQgetvalue(eps, i, 0);
     if (to && m->event_id) snprintf(eids[i], sizeof eids[i], "%s", m->event_id);
@@ -80,4 +94,23 @@ int nh_cli_publish_pg(const char *url, const nh_msg_t *m, const char *to, int gi
   PQclear(eps);
   nh_pg_db_free(db);
   return rc ? NH_EXIT_FAIL : NH_EXIT_OK;
+}
+
+int nh_cli_submit_pg(const char *cmd, const char *url, const nh_op_req_t *req)
+{
+  int rc = NH_EXIT_OK;
+  nh_pg_db_t *db = open_db(cmd, url, &rc);
+  if (!db) return rc;
+  nh_error_t err = {0};
+  nh_audit_t ev;
+  rc = nh_operator_submit_pg(db, req, &ev, &err);
+  nh_pg_db_free(db);
+  if (rc) {
+    fprintf(stderr, "nimbus-host %s: %s\n", cmd, err.msg);
+    return rc == NH_EFAIL ? NH_EXIT_FAIL : NH_EXIT_USAGE;
+  }
+  printf("%s of event %s queued (endpoint %s, session %s); the host owning %s applies it\n", cmd, ev.event_id,
+         ev.endpoint, ev.session_id, ev.endpoint);
+  nh_audit_clear(&ev);
+  return NH_EXIT_OK;
 }
