@@ -13,10 +13,13 @@ local function session_of(seq) return "s" .. ((seq - 1) % N_SESSIONS + 1) end
 
 -- Every call appends "<phase> <session> <seq> <host tag>" (phase start, then end) to the
 -- call log; a few coroutine yields between them let the host take other work meanwhile.
-local function adapter_source(sb)
+-- With `hold` (a file the test made), the handler of seq HOLD_SEQ waits (yielding) until the
+-- file is gone, holding its session's later events behind it.
+local HOLD_SEQ = 100
+local function adapter_source(sb, hold)
   return ([[
 local nimbus = require("nimbus")
-local CALLS = %q
+local CALLS, HOLD, HOLD_SEQ = %q, %q, %d
 local TAG = os.getenv("NH_HOST_TAG") or "-"
 local function log(phase, event, ctx)
   local f = assert(io.open(CALLS, "a"))
@@ -27,9 +30,10 @@ local ep = nimbus.endpoint("Sink", { concurrency = 4 })
 ep:on("Tick", function(event, ctx)
   log("start", event, ctx)
   for _ = 1, 3 do coroutine.yield() end
+  while event.seq == HOLD_SEQ and io.open(HOLD, "r") do nimbus.sleep(0.05) end
   log("end", event, ctx)
 end)
-]]):format(sb.calls_path)
+]]):format(sb.calls_path, hold or "", HOLD_SEQ)
 end
 
 -- seq = 1..n round-robin over the sessions, in one shell run of `publish` processes.
@@ -79,6 +83,22 @@ local function assert_session_order(rows)
       last[r.session] = r.seq
     end
   end
+end
+
+-- A cluster of the spec's own (scripts/postgres.sh with its own directory and port), to stop
+-- and start under a running host without disturbing the suites that share the fixture's.
+local function private_cluster(sb)
+  -- the server runs as the OS user postgres when we are root: it must reach the directory
+  assert(nh.sh("chmod o+x " .. nh.q(sb.dir)) == 0)
+  local env = ("env -u NH_PG_ADMIN_URL NH_PG_DIR=%s NH_PG_PORT=%d "):format(nh.q(sb:path("pg")), nh.free_port(56432))
+  local function script(...)
+    local args = {}
+    for _, a in ipairs({ ... }) do args[#args + 1] = nh.q(a) end
+    local r = nh.capture(("%stimeout -k 5 %d %s %s"):format(env, pg.DEADLINE, nh.q(pg.script()), table.concat(args, " ")))
+    assert.equal(0, r.code, ("postgres.sh %s: %s%s"):format(table.concat({ ... }, " "), r.out, r.err))
+    return r.out
+  end
+  return script
 end
 
 describe("hosts on a PostgreSQL store", function()
@@ -167,6 +187,37 @@ end)
     local r = sb:cli({ "skip", event_of(3) }, { store = url })
     assert.equal(2, r.code, r.err)
     assert.truthy(r.err:find("already Completed", 1, true), r.err)
+  end)
+
+  it("ride out PostgreSQL stopping mid-stream and starting again: every event recorded once", function()
+    local cluster = private_cluster(sb)
+    cluster("start")
+    local ok, err = pcall(function()
+      local url = cluster("createdb", "outage"):match("(postgres%S+)")
+      local hold = sb:touch("hold")
+      local adapter = sb:adapter("sink.lua", adapter_source(sb, hold))
+      local h = sb:spawn(adapter, { store = url, transport = false })
+      h:signal("TERM")
+      h:wait_exit(15)
+      publish_all(sb, url, N_EVENTS)
+      h = sb:spawn(adapter, { store = url, transport = false })
+      -- the server goes while a handler runs and its session's later events wait
+      nh.eventually(function() return (nh.read(sb.calls_path) or ""):find("start %S+ " .. HOLD_SEQ .. " ") end,
+        nh.DEADLINE, "the held handler started")
+      cluster("stop")
+      nh.eventually(function() return h:log():find("retrying (after", 1, true) ~= nil end, nh.DEADLINE,
+        function() return "the host never noticed the server go:\n" .. h:log() end)
+      assert.is_nil(h:exit_code(), "the host exited while the server was away:\n" .. h:log())
+      cluster("start")
+      os.remove(hold)
+      nh.eventually(function() return completed(url) == N_EVENTS end, nh.DEADLINE,
+        function() return ("%d of %d completed:\n%s"):format(completed(url), N_EVENTS, h:log():sub(-3000)) end)
+      assert.truthy(h:log():find("connected again", 1, true), h:log())
+      assert_recorded_once(url)
+      assert_session_order(calls(sb))
+    end)
+    pcall(cluster, "stop")
+    assert(ok, err)
   end)
 
   it("share one store's work, each event once and each session in order", function()

@@ -49,7 +49,7 @@ typedef struct pgq {
   nh_transport_t base;
   nh_pg_link_t *link;
   nh_pg_db_t *sync;   /* a blocking connection: subscriptions (start-up, reload) */
-  nh_uow_t *uow;      /* the pump's (nh_embedded_pg_attach) */
+  nh_uow_t *uow;      /* the pump's (the dispatcher attaches it: pgq_attach) */
   char *owner;
   side_list_t waiting, out;   /* writes outside a pass: gathering, and the batch on the link */
   int sending;
