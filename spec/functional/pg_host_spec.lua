@@ -183,6 +183,11 @@ end)
     assert.equal("11 11 12", table.concat(per.b, " "))
     assert.equal("1", pg.value(url, ("SELECT count(*) FROM operator_log WHERE event_id = '%s' AND action = 'skip'")
                                  :format(event_of(1))))
+    -- `show` reads the event and its history from the same URL
+    local shown = sb:cli_ok({ "show", event_of(11) }, { store = url })
+    assert.truthy(shown:find("status     Completed", 1, true), shown)
+    assert.truthy(shown:find("ERP rejected order 11", 1, true), shown)   -- the failed run, in the history
+    assert.truthy(shown:find("Requested", 1, true), shown)               -- the resubmit request
     -- a second request for a released event is refused with the reason
     local r = sb:cli({ "skip", event_of(3) }, { store = url })
     assert.equal(2, r.code, r.err)

@@ -4,6 +4,8 @@
 #include "core/nh_failgroup.h"
 #include "core/nh_trace.h"
 #include "core/nh_util.h"
+#include "store/nh_pg.h"
+#include "store/nh_pg_ops.h"
 #include "store/nh_store.h"
 #include "transport/nh_embedded.h"
 
@@ -24,6 +26,57 @@ static int open_store(nh_store_t **s, const char *cmd, const char *path)
     return err.code == NH_EFAIL ? NH_EXIT_FAIL : NH_EXIT_USAGE;
   }
   return NH_EXIT_OK;
+}
+
+/* One event's reads from either store (show): a sqlite file, or a PostgreSQL store read
+ * through a blocking connection (its schema not migrated: a reader changes nothing). */
+typedef struct reader {
+  nh_store_t *s;
+  nh_pg_db_t *pg;
+} reader_t;
+
+static int reader_open(reader_t *r, const char *cmd, const char *store)
+{
+  memset(r, 0, sizeof *r);
+  if (!nh_pg_url_is(store)) return open_store(&r->s, cmd, store);
+  PGconn *conn = NULL;
+  nh_error_t err = {0};
+  int from = 0, to = 0;
+  if (nh_store_pg_connect(store, NH_STORE_READONLY, &conn, &from, &to, &err) == NH_OK && to == 0) {
+    char *shown = nh_pg_url_display(store);
+    nh_error_set(&err, NH_EUSAGE, "store %s: PostgreSQL answers, but the database holds no nimbus-host store yet",
+                 shown);
+    free(shown);
+    PQfinish(conn);
+  }
+  if (err.code) {
+    fprintf(stderr, "nimbus-host %s: %s\n", cmd, err.msg);
+    return err.code == NH_EFAIL ? NH_EXIT_FAIL : NH_EXIT_USAGE;
+  }
+  r->pg = nh_pg_db_new(conn);
+  return NH_EXIT_OK;
+}
+
+static void reader_close(reader_t *r)
+{
+  nh_store_close(r->s);
+  nh_pg_db_free(r->pg);
+}
+
+static int reader_audit_find(reader_t *r, const char *event_id, nh_audit_t *ev, nh_error_t *err)
+{
+  return r->pg ? nh_pgs_audit_find(r->pg, event_id, ev, err) : nh_store_audit_find(r->s, event_id, ev, err);
+}
+
+static int reader_session_get(reader_t *r, const char *endpoint, const char *session, nh_session_state_t *st)
+{
+  return r->pg ? nh_pgs_session_get(r->pg, endpoint, session, st) : nh_store_session_get(r->s, endpoint, session, st);
+}
+
+static int reader_history_list(reader_t *r, const char *endpoint, const char *event_id, nh_history_cb cb, void *data)
+{
+  return r->pg ? nh_pgs_history_list(r->pg, endpoint, event_id, cb, data)
+               : nh_store_history_list(r->s, endpoint, event_id, cb, data);
 }
 
 static void print_json_line(json_t *o)
@@ -365,22 +418,24 @@ int nh_cmd_show(int argc, char **argv)
   int rc = nh_args_parse(&a, "show", argc, argv, 2, specs);
   if (rc) return rc;
   if (a.npos != 1) return nh_usage_error("show", "expected one EVENT_ID");
-  nh_store_t *s;
-  if ((rc = open_store(&s, "show", a.store))) return rc;
+  reader_t rd;
+  if ((rc = reader_open(&rd, "show", a.store))) return rc;
   nh_audit_t ev;
   nh_error_t err = {0};
   memset(&ev, 0, sizeof ev);
-  if (nh_store_audit_find(s, a.pos[0], &ev, &err)) {
+  if (reader_audit_find(&rd, a.pos[0], &ev, &err)) {
     fprintf(stderr, "nimbus-host show: %s\n", err.msg);
-    nh_store_close(s);
+    reader_close(&rd);
     return NH_EXIT_USAGE;
   }
   struct hist_ctx c = { nh_args_has(&a, "--json"), NULL };
+  int failed = 0;
   /* a transient failure's next attempt is the session's retry time while it blocks it */
   int64_t next_attempt = 0;
   if (nh_audit_retrying(&ev)) {
     nh_session_state_t st;
-    if (nh_store_session_get(s, ev.endpoint, ev.session_id, &st) == NH_OK && st.blocked_by &&
+    memset(&st, 0, sizeof st);
+    if (reader_session_get(&rd, ev.endpoint, ev.session_id, &st) == NH_OK && st.blocked_by &&
         strcmp(st.blocked_by, ev.event_id) == 0)
       next_attempt = st.retry_due;
     nh_session_state_clear(&st);
@@ -394,7 +449,7 @@ int nh_cmd_show(int argc, char **argv)
     json_object_set_new(o, "result", nh_view_str(ev.result));
     json_object_set_new(o, "created_at", nh_view_time(ev.created_at));
     c.arr = json_array();
-    nh_store_history_list(s, ev.endpoint, ev.event_id, print_history, &c);
+    if (reader_history_list(&rd, ev.endpoint, ev.event_id, print_history, &c) < 0) failed = 1;
     json_object_set_new(o, "history", c.arr);
     print_json_line(o);
   } else {
@@ -425,11 +480,11 @@ int nh_cmd_show(int argc, char **argv)
     if (ev.payload) printf("payload    %s\n", ev.payload);
     if (ev.error_stack) printf("traceback\n%s\n", ev.error_stack);
     printf("history\n");
-    nh_store_history_list(s, ev.endpoint, ev.event_id, print_history, &c);
+    if (reader_history_list(&rd, ev.endpoint, ev.event_id, print_history, &c) < 0) failed = 1;
   }
-  int failed = nh_store_failed(s);
+  if (rd.s && nh_store_failed(rd.s)) failed = 1;
   nh_audit_clear(&ev);
-  nh_store_close(s);
+  reader_close(&rd);
   return failed ? NH_EXIT_FAIL : NH_EXIT_OK;
 }
 
