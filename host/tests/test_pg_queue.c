@@ -804,6 +804,54 @@ TEST(a_host_mid_statement_is_skipped_and_expired_leases_are_taken_over)
   ASSERT_EQ_INT(take_heads(qa, taken, 50, t1, OWNER_A, t1 + LOCK_MS), 0);
 }
 
+/* Two writers of one session: the second waits for the first's commit before it takes its
+ * seq, so the session's rows become visible in seq order (a scan never sees 11 without 10). */
+TEST(a_second_writer_of_a_session_waits_for_the_first_so_seq_is_commit_order)
+{
+  const char *url = nh_pgtest_scratch_url();
+  nh_pg_db_t *qa = queue_conn(url), *qb = queue_conn(url);
+  PGconn *ca = nh_pg_db_conn(qa), *cb = nh_pg_db_conn(qb), *look = nh_pgtest_connect(url);
+  nh_msg_t m;
+  memset(&m, 0, sizeof m);
+  m.session_id = "s1";
+  m.message_id = "m1";
+  m.event_type = "Thing";
+  m.enqueued_at = 1;
+  nh_pg_args_t a;
+  PQclear(PQexec(ca, "BEGIN"));
+  PGresult *r = run(qa, nh_pgqargs_insert(&a, &m, "Ep", "e1"), &a);
+  long long first = atoll(PQgetvalue(r, 0, 0));
+  PQclear(r);
+  /* B writes the same session from its own transaction, with the same statement */
+  PQclear(PQexec(cb, "BEGIN"));
+  m.message_id = "m2";
+  nh_pgqargs_insert(&a, &m, "Ep", "e2");
+  if (!PQsendQueryParams(cb, nh_pgqop_sql(NH_PGQ_INSERT), a.n, NULL, a.values, a.lengths, a.formats, 0))
+    FAIL("send: %s", PQerrorMessage(cb));
+  nh_pg_args_release(&a);
+  int64_t deadline = nh_test_mono_ms() + 10000;
+  while (strcmp(nh_pgtest_q1(look, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+                                  " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"),
+                "1") != 0) {
+    if (nh_test_mono_ms() > deadline) FAIL("B's insert did not wait for A's transaction");
+    usleep(2000);
+  }
+  /* another session's writer does not wait */
+  m.session_id = "s2";
+  m.message_id = "m3";
+  PQclear(run(nh_pgtest_db(url, NULL, "queue"), nh_pgqargs_insert(&a, &m, "Ep", "e3"), &a));
+  PQclear(PQexec(ca, "COMMIT"));
+  r = PQgetResult(cb);   /* B's insert, once A committed */
+  ASSERT_EQ_INT(PQresultStatus(r), PGRES_TUPLES_OK);
+  long long second = atoll(PQgetvalue(r, 0, 0));
+  PQclear(r);
+  while ((r = PQgetResult(cb))) PQclear(r);
+  PQclear(PQexec(cb, "COMMIT"));
+  ASSERT_CMP_INT((int)(second - first), >, 1);   /* B's seq came after A's commit (e3's came between) */
+  ASSERT_EQ_STR(nh_pgtest_q1(look, "SELECT string_agg(event_id, ',' ORDER BY seq) FROM queue WHERE session_id = 's1'"),
+                "e1,e2");
+}
+
 /* ---------------------------------------------------------------- one executor */
 
 /* Each committed result of a mixed batch, as "table:operation", in order. */

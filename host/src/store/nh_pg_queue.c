@@ -93,11 +93,19 @@ static const nh_pg_opdef_t ops[NH_PGQ_COUNT] = {
     " ORDER BY endpoint", 3 },
   [NH_PGQ_SUBSCRIBERS] = { "nhq_subscribers",
     "SELECT endpoint FROM subscriptions WHERE event_type = $1 ORDER BY endpoint", 1 },
+  /* seq is taken at the insert, but a transaction commits when it commits: two writers of
+   * one session could commit seq 11 before 10, and a head scan in between hand out 11
+   * first. So each insert first takes the session's transaction-scoped advisory lock: a
+   * second writer of the session waits for the first to end before it takes its seq, and
+   * a session's rows become visible in seq order (other sessions' writers do not wait). */
   [NH_PGQ_INSERT] = { "nhq_insert",
     "INSERT INTO queue(endpoint, session_id, message_id, event_id, event_type, message_type, correlation_id,"
     " originating_message_id, parent_message_id, from_, retry_count, enqueued_at, visible_at, body,"
     " error_text, error_type, reply_to, traceparent, tracestate)"
-    " VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$12,$13,$14,$15,$16,$17,$18) RETURNING seq", 18 },
+    " SELECT $1::text, $2::text, $3::text, $4::text, $5::text, $6::text, $7::text, $8::text, $9::text, $10::text,"
+    " $11::bigint, $12::bigint, $12::bigint, $13::bytea, $14::text, $15::text, $16::text, $17::text, $18::text"
+    " FROM (SELECT pg_advisory_xact_lock(hashtextextended($1::text || chr(31) || $2::text, 0))) session_order"
+    " RETURNING seq", 18 },
   [NH_PGQ_HEADS] = { "nhq_heads",
     "SELECT " ROW_COLS " FROM queue q WHERE q.endpoint = $1 AND NOT EXISTS"
     " (SELECT 1 FROM session_locks l WHERE l.endpoint = $1 AND l.session_id = q.session_id"
