@@ -164,6 +164,16 @@ end)
              and status_of(12) == "Deferred"
     end, nh.DEADLINE, "both sessions blocked, their later events parked")
     assert.equal("3", pg.value(url, "SELECT count(*) FROM parked"))
+    -- the CLI lists them from the same URL
+    local failed = sb:cli_ok({ "events", "--status", "failed", "--json" }, { store = url })
+    local ids = {}
+    for _, row in ipairs(nh.json_lines(failed)) do ids[#ids + 1] = row.event_id end
+    table.sort(ids)
+    local want = { event_of(1), event_of(11) }
+    table.sort(want)
+    assert.same(want, ids)
+    assert.equal("3\n", sb:cli_ok({ "events", "--status", "deferred", "--count" }, { store = url }))
+    assert.equal("2\n", sb:cli_ok({ "events", "--session", "b", "--count" }, { store = url }))
 
     -- skip the blocker of a: 2 and 3 replay in order
     local out = sb:cli_ok({ "skip", event_of(1) }, { store = url })

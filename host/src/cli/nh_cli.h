@@ -57,6 +57,7 @@ int nh_cli_valid_utf8(const char *s);
 #define NH_CLI_FILTER_OPTS                                                                          \
   { "--endpoint", 1 }, { "--status", 1 }, { "--type", 1 }, { "--session", 1 }, { "--error", 1 },    \
   { "--group", 1 }, { "--since", 1 }, { "--before", 1 }
+/* s NULL: a PostgreSQL store, whose endpoint and group names are not checked yet. */
 int nh_cli_filter_parse(const nh_args_t *a, const char *cmd, nh_store_t *s, nh_event_filter_t *f);
 void nh_cli_filter_describe(const nh_event_filter_t *f, const nh_args_t *a, char *out, size_t len);
 

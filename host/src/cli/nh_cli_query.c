@@ -280,6 +280,38 @@ static int list_unfinished(nh_store_t *s, const nh_args_t *a, int running, int l
   return NH_EXIT_OK;
 }
 
+/* events on a PostgreSQL store: the audit trail with the reader's filters (not yet: the
+ * queue's --status queued|running, --follow, --group, --payload). */
+static int events_pg(const nh_args_t *a, int limit, int count)
+{
+  const char *status = nh_args_get(a, "--status");
+  if (nh_args_has(a, "--follow") ||
+      (status && (strcasecmp(status, "queued") == 0 || strcasecmp(status, "running") == 0)))
+    return nh_usage_error("events", "%s on a PostgreSQL store is not built yet (docs/store-backends.md)",
+                          nh_args_has(a, "--follow") ? "--follow" : "--status queued|running");
+  nh_event_filter_t f;
+  int rc = nh_cli_filter_parse(a, "events", NULL, &f);
+  if (rc) return rc;
+  f.limit = limit;
+  reader_t rd;
+  if ((rc = reader_open(&rd, "events", a->store))) return rc;
+  nh_error_t err = {0};
+  if (count) {
+    int64_t n = nh_pgs_events_count(rd.pg, &f, &err);
+    if (n >= 0) printf("%lld\n", (long long)n);
+    else fprintf(stderr, "nimbus-host events: %s\n", err.msg);
+    reader_close(&rd);
+    return n < 0 ? (err.code == NH_EUSAGE ? NH_EXIT_USAGE : NH_EXIT_FAIL) : NH_EXIT_OK;
+  }
+  struct list_ctx c = { .json = nh_args_has(a, "--json") };
+  int n = nh_pgs_events(rd.pg, &f, print_event, &c, &err);
+  if (n < 0) fprintf(stderr, "nimbus-host events: %s\n", err.msg);
+  if (!c.json) table_flush(&c);
+  if (n == 0 && !c.json) printf("no events match\n");
+  reader_close(&rd);
+  return n < 0 ? (err.code == NH_EUSAGE ? NH_EXIT_USAGE : NH_EXIT_FAIL) : NH_EXIT_OK;
+}
+
 int nh_cmd_events(int argc, char **argv)
 {
   static const nh_opt_spec_t specs[] = {
@@ -300,6 +332,7 @@ int nh_cmd_events(int argc, char **argv)
   int count = nh_args_has(&a, "--count"), follow_on = nh_args_has(&a, "--follow");
   if (count && (follow_on || lim)) return nh_usage_error("events", "--count prints a number; it takes no --limit or --follow");
   const char *status = nh_args_get(&a, "--status");
+  if (nh_pg_url_is(a.store)) return events_pg(&a, limit, count);
   nh_store_t *s;
   if (status && (strcasecmp(status, "queued") == 0 || strcasecmp(status, "running") == 0)) {
     static const char *const audit_only[] = { "--error", "--group", "--since", "--before", "--follow", NULL };
