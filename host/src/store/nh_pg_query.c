@@ -66,16 +66,8 @@ static int where(query_t *q, const nh_event_filter_t *f, nh_error_t *err)
   key_in(q, "event_type", f->type_in);
   if (f->event_id) key_is(q, "event_id", f->event_id);
   if (f->error) {
-    /* the substring as an ILIKE pattern (sqlite's LIKE ignores ASCII case): %, _ and \ literal */
-    size_t n = strlen(f->error);
-    char *pat = nh_xmalloc(2 * n + 3), *o = pat;
-    *o++ = '%';
-    for (size_t i = 0; i < n; i++) {
-      if (f->error[i] == '%' || f->error[i] == '_' || f->error[i] == '\\') *o++ = '\\';
-      *o++ = f->error[i];
-    }
-    *o++ = '%';
-    *o = '\0';
+    /* ILIKE: sqlite's LIKE ignores ASCII case */
+    char *pat = nh_store_like_pattern(f->error);
     nh_pg_args_text(&q->args, pat);
     /* the args borrow the text until the query is sent: kept with them */
     q->args.owned[q->args.nowned++] = pat;

@@ -111,6 +111,20 @@ char *nh_store_events_sql(const nh_event_filter_t *f, int count)
   return b.p;
 }
 
+char *nh_store_like_pattern(const char *sub)
+{
+  size_t n = strlen(sub);
+  char *pat = nh_xmalloc(2 * n + 3), *o = pat;
+  *o++ = '%';
+  for (size_t i = 0; i < n; i++) {
+    if (sub[i] == '%' || sub[i] == '_' || sub[i] == '\\') *o++ = '\\';
+    *o++ = sub[i];
+  }
+  *o++ = '%';
+  *o = '\0';
+  return pat;
+}
+
 static void bind_name(sqlite3_stmt *st, const char *name, const char *v)
 {
   int i = sqlite3_bind_parameter_index(st, name);
@@ -148,16 +162,7 @@ static sqlite3_stmt *prepare(nh_store_t *s, const nh_event_filter_t *f, int coun
     bind_name(st, name, f->type_in[i]);
   }
   if (f->error) {
-    /* the substring as a LIKE pattern: %, _ and the escape itself taken literally */
-    size_t n = strlen(f->error);
-    char *pat = nh_xmalloc(2 * n + 3), *o = pat;
-    *o++ = '%';
-    for (size_t i = 0; i < n; i++) {
-      if (f->error[i] == '%' || f->error[i] == '_' || f->error[i] == '\\') *o++ = '\\';
-      *o++ = f->error[i];
-    }
-    *o++ = '%';
-    *o = '\0';
+    char *pat = nh_store_like_pattern(f->error);
     bind_name(st, ":error", pat);
     free(pat);
   }
