@@ -172,7 +172,8 @@ typedef struct nh_event_filter {
  * (optional) gets the rowid of the last row passed (keyset paging). */
 int nh_store_events(nh_store_t *s, const nh_event_filter_t *f, nh_audit_cb cb, void *data, int64_t *last_rowid);
 int64_t nh_store_events_count(nh_store_t *s, const nh_event_filter_t *f);
-/* "%sub%" as a LIKE pattern with ESCAPE '\\': %, _ and \\ in sub taken literally; the caller frees. */
+/* "%sub%" as a LIKE pattern with ESCAPE '\': %, _ and backslash in sub taken literally; the
+ * caller frees. */
 char *nh_store_like_pattern(const char *sub);
 /* 1 if the row satisfies every filter (for rows read some other way: events --follow). */
 int nh_event_filter_match(const nh_event_filter_t *f, const nh_audit_t *a);
