@@ -344,6 +344,12 @@ function M.sandbox()
                             adapter_dir = dir .. "/adapters", hosts = {}, nstarts = 0 }, Sandbox)
   assert(sh("mkdir -p " .. q(sb.adapter_dir)) == 0)
   sb.transport = M.transport
+  -- NH_STORE_BACKEND=postgres: the sandbox's store is a fresh database of the test cluster
+  -- (spec/helpers/pg.lua), dropped at cleanup; the same spec then runs on PostgreSQL.
+  if os.getenv("NH_STORE_BACKEND") == "postgres" then
+    local pg = require("pg")
+    sb.pg_db, sb.store = pg.createdb("sandbox")
+  end
   if M.transport == "amqp" then
     local ok, vhost = pcall(create_vhost)
     if not ok then
@@ -374,6 +380,11 @@ function Sandbox:cleanup()
     end
   end
   self.hosts = {}
+  if self.pg_db and os.getenv("NH_KEEP") == nil then
+    local db = self.pg_db
+    self.pg_db = nil
+    pcall(require("pg").dropdb, db)
+  end
   if self.dir and os.getenv("NH_KEEP") == nil then sh("rm -rf " .. q(self.dir)) end
   if self.vhost and os.getenv("NH_KEEP") == nil then
     local vhost = self.vhost

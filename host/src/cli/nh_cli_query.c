@@ -79,6 +79,22 @@ static int reader_history_list(reader_t *r, const char *endpoint, const char *ev
                : nh_store_history_list(r->s, endpoint, event_id, cb, data);
 }
 
+static int reader_audit_get(reader_t *r, const char *endpoint, const char *event_id, nh_audit_t *ev)
+{
+  return r->pg ? nh_pgs_audit_get(r->pg, endpoint, event_id, ev) : nh_store_audit_get(r->s, endpoint, event_id, ev);
+}
+
+static int reader_parked_count(reader_t *r, const char *endpoint, const char *session)
+{
+  return r->pg ? nh_pgs_parked_count(r->pg, endpoint, session) : nh_store_parked_count(r->s, endpoint, session);
+}
+
+static int reader_sessions_list(reader_t *r, const char *endpoint, int blocked_only, nh_session_cb cb, void *data)
+{
+  return r->pg ? nh_pgs_sessions_list(r->pg, endpoint, blocked_only, cb, data)
+               : nh_store_sessions_list(r->s, endpoint, blocked_only, cb, data);
+}
+
 static void print_json_line(json_t *o)
 {
   char *s = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
@@ -522,17 +538,17 @@ int nh_cmd_show(int argc, char **argv)
 }
 
 struct sess_ctx {
-  nh_store_t *s;
+  reader_t *rd;
   int json, n;
 };
 
 static int print_session(void *data, const char *endpoint, const char *session, const nh_session_state_t *st)
 {
   struct sess_ctx *c = data;
-  int parked = nh_store_parked_count(c->s, endpoint, session);
+  int parked = reader_parked_count(c->rd, endpoint, session);
   int overdue = 0;   /* blocked by a hand-off whose expected_by passed */
   nh_audit_t b;
-  if (st->blocked_by && nh_store_audit_get(c->s, endpoint, st->blocked_by, &b) == 1) {
+  if (st->blocked_by && reader_audit_get(c->rd, endpoint, st->blocked_by, &b) == 1) {
     overdue = nh_audit_overdue(&b);
     nh_audit_clear(&b);
   }
@@ -565,12 +581,14 @@ int nh_cmd_sessions(int argc, char **argv)
   int rc = nh_args_parse(&a, "sessions", argc, argv, 2, specs);
   if (rc) return rc;
   if (a.npos) return nh_usage_error("sessions", "unexpected argument %s", a.pos[0]);
-  nh_store_t *s;
-  if ((rc = open_store(&s, "sessions", a.store))) return rc;
-  struct sess_ctx c = { s, nh_args_has(&a, "--json"), 0 };
-  nh_store_sessions_list(s, nh_args_get(&a, "--endpoint"), nh_args_has(&a, "--blocked"), print_session, &c);
-  int failed = nh_store_failed(s);
+  reader_t rd;
+  if ((rc = reader_open(&rd, "sessions", a.store))) return rc;
+  struct sess_ctx c = { &rd, nh_args_has(&a, "--json"), 0 };
+  int failed = reader_sessions_list(&rd, nh_args_get(&a, "--endpoint"), nh_args_has(&a, "--blocked"), print_session,
+                                    &c) < 0;
+  if (rd.s && nh_store_failed(rd.s)) failed = 1;
+  if (failed) fprintf(stderr, "nimbus-host sessions: store: reading the sessions failed\n");
   if (!c.json && c.n == 0 && !failed) printf("no blocked or draining sessions\n");
-  nh_store_close(s);
+  reader_close(&rd);
   return failed ? NH_EXIT_FAIL : NH_EXIT_OK;
 }
