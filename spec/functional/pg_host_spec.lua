@@ -111,7 +111,9 @@ describe("hosts on a PostgreSQL store", function()
 
   it("lose nothing and record nothing twice when one is killed mid-stream and started again", function()
     local _, url = pg.createdb("crash")
-    local adapter = sb:adapter("sink.lua", adapter_source(sb))
+    -- the held handler keeps its session's later events queued, so the kill lands mid-stream
+    local hold = sb:touch("hold")
+    local adapter = sb:adapter("sink.lua", adapter_source(sb, hold))
     -- the first start subscribes the endpoint; the backlog is queued while no host runs
     local h = sb:spawn(adapter, { store = url, transport = false })
     h:signal("TERM")
@@ -119,10 +121,13 @@ describe("hosts on a PostgreSQL store", function()
     publish_all(sb, url, N_EVENTS)
     h = sb:spawn(adapter, { store = url, transport = false })
     nh.eventually(function() return completed(url) >= N_EVENTS / 3 end, nh.DEADLINE, "a third completed")
+    nh.eventually(function() return (nh.read(sb.calls_path) or ""):find("start %S+ " .. HOLD_SEQ .. " ") end,
+      nh.DEADLINE, "the held handler started")
     h:signal("KILL")
     h:wait_exit(10)
     local at_kill = completed(url)
     assert.is_true(at_kill < N_EVENTS, "everything completed before the kill: nothing was tested")
+    os.remove(hold)
     sb:spawn(adapter, { store = url, transport = false })
     nh.eventually(function() return completed(url) == N_EVENTS end, nh.DEADLINE,
       function() return ("%d of %d completed"):format(completed(url), N_EVENTS) end)

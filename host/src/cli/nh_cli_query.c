@@ -42,14 +42,7 @@ static int reader_open(reader_t *r, const char *cmd, const char *store)
   PGconn *conn = NULL;
   nh_error_t err = {0};
   int from = 0, to = 0;
-  if (nh_store_pg_connect(store, NH_STORE_READONLY, &conn, &from, &to, &err) == NH_OK && to == 0) {
-    char *shown = nh_pg_url_display(store);
-    nh_error_set(&err, NH_EUSAGE, "store %s: PostgreSQL answers, but the database holds no nimbus-host store yet",
-                 shown);
-    free(shown);
-    PQfinish(conn);
-  }
-  if (err.code) {
+  if (nh_store_pg_connect(store, NH_STORE_READONLY, &conn, &from, &to, &err)) {
     fprintf(stderr, "nimbus-host %s: %s\n", cmd, err.msg);
     return err.code == NH_EFAIL ? NH_EXIT_FAIL : NH_EXIT_USAGE;
   }

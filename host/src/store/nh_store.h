@@ -58,9 +58,10 @@ typedef enum { NH_STORE_CREATE = 1, NH_STORE_READONLY = 2 } nh_store_flags_t;
  * (nh_store_open_pg, docs/store-backends.md). */
 int nh_store_open(nh_store_t **out, const char *path, int flags, nh_error_t *err);
 int nh_store_open_pg(const char *url, int flags, nh_error_t *err);
-/* A PostgreSQL store for a host or `publish`: the URL checked, a blocking connection made
- * and the schema migrated (NH_STORE_READONLY: its version only read), every problem said
- * as nh_store_open says it; *out is the connection, the caller's. */
+/* A PostgreSQL store for a host or a command: the URL checked, a blocking connection made
+ * and the schema migrated (NH_STORE_READONLY: its version only read, and a database with
+ * no store yet refused), every problem said as nh_store_open says it; *out is the
+ * connection, the caller's. */
 struct pg_conn;
 int nh_store_pg_connect(const char *url, int flags, struct pg_conn **out, int *from, int *to, nh_error_t *err);
 void nh_store_close(nh_store_t *s);

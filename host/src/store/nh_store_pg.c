@@ -21,6 +21,12 @@ int nh_store_pg_connect(const char *url, int flags, PGconn **out, int *from, int
   } else {
     rc = nh_pg_migrate(conn, from, to, err);
   }
+  if (rc == NH_OK && *to == 0) {   /* a reader on an empty database: nothing to read, nothing made */
+    char *shown = nh_pg_url_display(url);
+    rc = nh_error_set(err, NH_EUSAGE, "store %s: PostgreSQL answers, but the database holds no nimbus-host store yet",
+                      shown);
+    free(shown);
+  }
   if (rc) {
     PQfinish(conn);
     return err->code;
@@ -38,11 +44,7 @@ int nh_store_open_pg(const char *url, int flags, nh_error_t *err)
   char *shown = nh_pg_url_display(url);
   char was[48] = "";
   if (from != to) snprintf(was, sizeof was, ", migrated from version %d", from);
-  if (to == 0)
-    nh_error_set(err, NH_EUSAGE, "store %s: PostgreSQL answers, but the database holds no nimbus-host store yet",
-                 shown);
-  else
-    nh_error_set(err, NH_EUSAGE,
+  nh_error_set(err, NH_EUSAGE,
                  "store %s: PostgreSQL answers and the store's schema is at version %d%s; but this command runs "
                  "on a sqlite store only for now (hosts, `publish`, `events`, `sessions`, `show` and the operator commands "
                  "on one event run on PostgreSQL; the rest is being built: docs/store-backends.md). Pass --store PATH, a sqlite "

@@ -114,13 +114,19 @@ static void used_note(pgq_t *q, const char *endpoint, const char *session)
   q->used[q->nused++] = session_key(endpoint, session);
 }
 
+/* k is session_key(endpoint, session): compared in place, with no key built per lookup
+ * (a pass's end looks up every lease its fills took). */
+static int key_is(const char *k, const char *endpoint, const char *session)
+{
+  size_t n = strlen(endpoint);
+  return strncmp(k, endpoint, n) == 0 && k[n] == '\x1f' && strcmp(k + n + 1, session) == 0;
+}
+
 static int used_has(pgq_t *q, const char *endpoint, const char *session)
 {
-  char *k = session_key(endpoint, session);
-  int found = 0;
-  for (int i = 0; i < q->nused && !found; i++) found = strcmp(q->used[i], k) == 0;
-  free(k);
-  return found;
+  for (int i = 0; i < q->nused; i++)
+    if (key_is(q->used[i], endpoint, session)) return 1;
+  return 0;
 }
 
 static void used_clear(pgq_t *q)
@@ -218,24 +224,16 @@ static void lost_add(pgq_t *q, const char *k)
   q->lost[q->nlost++] = nh_xstrdup(k);
 }
 
-/* 1 if k was there (it is not any more). */
-static int lost_take(pgq_t *q, const char *k)
+/* 1 if the session's lease was noted lost (it is not any more). */
+static int lost_take(pgq_t *q, const char *endpoint, const char *session)
 {
   for (int i = 0; i < q->nlost; i++) {
-    if (strcmp(q->lost[i], k) != 0) continue;
+    if (!key_is(q->lost[i], endpoint, session)) continue;
     free(q->lost[i]);
     q->lost[i] = q->lost[--q->nlost];
     return 1;
   }
   return 0;
-}
-
-static void lost_forget(pgq_t *q, const char *endpoint, const char *session)
-{
-  if (q->nlost == 0) return;
-  char *k = session_key(endpoint, session);
-  lost_take(q, k);
-  free(k);
 }
 
 /* ---------------------------------------------------------------- writes outside a pass */
@@ -377,10 +375,8 @@ static int pgq_subscribe(nh_transport_t *t, const char *endpoint, const char *co
                          nh_error_t *err)
 {
   pgq_t *q = (pgq_t *)t;
-  for (int i = 0; i < n; i++) {
-    int rc = sub_conflict(q, endpoint, types[i], commands && commands[i], NULL, 0, err);
-    if (rc) return rc;
-  }
+  int rc = pgq_subscribe_check(t, endpoint, types, commands, n, NULL, 0, err);
+  if (rc) return rc;
   nh_pg_args_t a;
   if (nh_pg_batch_begin(q->sync, err)) return err->code;
   nh_pgqop_t op = nh_pgqargs_sub_del(&a, endpoint);
@@ -416,7 +412,7 @@ static int pgq_receive(nh_transport_t *t, const char *endpoint, int max, int64_t
   for (int i = 0; i < n && delivered < max; i++) {
     nh_msg_t *m = nh_xcalloc(1, sizeof *m);
     nh_pgq_row(r, i, endpoint, m);
-    lost_forget(q, endpoint, m->session_id);   /* a new lease: an older one's loss is old news */
+    lost_take(q, endpoint, m->session_id);   /* a new lease: an older one's loss is old news */
     used_note(q, endpoint, m->session_id);
     t->on_message(t->cb_data, m);
     delivered++;
@@ -434,7 +430,7 @@ static int pgq_lock_session(nh_transport_t *t, const char *endpoint, const char 
   if (q->uow && nh_uow_open(q->uow)) leasing_note(q, key, endpoint, 0);
   if (!read_op(q, key, op, &a, &r)) return 0;
   if (PQntuples(r) == 0) return 0;
-  lost_forget(q, endpoint, session);
+  lost_take(q, endpoint, session);
   used_note(q, endpoint, session);
   return 1;
 }
@@ -450,8 +446,7 @@ static int pgq_session_next(nh_transport_t *t, const char *endpoint, const char 
   int n = 0;
   for (int i = 0; i < PQntuples(r) && n < max; i++) {
     if (!nh_pgq_visible(r, i, now)) break;   /* it and what follows wait */
-    nh_pgq_row(r, i, endpoint, &out[n++]);
-    out[n - 1].delivery_count--;   /* not delivered: the caller settles it in this pass (as sqlite's) */
+    nh_pgq_row(r, i, endpoint, &out[n++]);   /* counted as sqlite's session_next counts it: parking keeps no count */
   }
   return n;
 }
@@ -485,11 +480,8 @@ static int pgq_unlock_session(nh_transport_t *t, const char *endpoint, const cha
 static int pgq_renew(nh_transport_t *t, const char *endpoint, const char *session, int64_t now)
 {
   pgq_t *q = (pgq_t *)t;
+  if (lost_take(q, endpoint, session)) return 0;
   char *k = session_key(endpoint, session);
-  if (lost_take(q, k)) {
-    free(k);
-    return 0;
-  }
   nh_pg_args_t a;
   nh_pgqop_t op = nh_pgqargs_renew(&a, endpoint, session, q->owner, now + t->lock_ms);
   side_add(q, op, &a, k);
