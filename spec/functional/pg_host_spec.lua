@@ -255,4 +255,54 @@ end)
     assert.is_true(nh.count(rows, function(r) return r.tag == "A" end) > 0, "host A took no work")
     assert.is_true(nh.count(rows, function(r) return r.tag == "B" end) > 0, "host B took no work")
   end)
+
+  it("flag an overdue hand-off once among two hosts and delete resolved events with --retention", function()
+    local _, url = pg.createdb("chores")
+    local adapter = sb:adapter("chores.lua", ([[
+local nimbus = require("nimbus")
+local cjson = require("cjson")
+local HOOKS = %q
+nimbus.on("handoff_overdue", function(info)
+  local f = assert(io.open(HOOKS, "a"))
+  f:write(cjson.encode({ event_id = info.event_id, job = info.external_job_id }), "\n")
+  f:close()
+end)
+local ep = nimbus.endpoint("Erp", { concurrency = 2 })
+ep:on("Import", function(event, ctx)
+  if event.handoff then
+    ctx:mark_pending_handoff{ reason = "erp import", external_job_id = "J7", expected_by = 0.2 }
+  end
+end)
+]]):format(sb:path("hooks.jsonl")))
+    -- two hosts run the scan; one flags the hand-off
+    local a = sb:spawn(adapter, { store = url, transport = false, args = { "--retention", "1s" } })
+    local b = sb:spawn(adapter, { store = url, transport = false, args = { "--retention", "1s" } })
+    sb:cli_ok({ "publish", "Import", '{"handoff":true}', "--session", "h" }, { store = url })
+    for k = 1, 20 do sb:cli_ok({ "publish", "Import", ('{"n":%d}'):format(k), "--session", "s" .. k % 4 }, { store = url }) end
+    local ev = nh.eventually(function()
+      return pg.value(url, "SELECT event_id FROM audit WHERE overdue_at IS NOT NULL")
+    end, nh.DEADLINE, "the overdue flag")
+    local hooked = nh.eventually(function() return nh.read(sb:path("hooks.jsonl")) end, nh.DEADLINE, "the hook")
+    local info = nh.decode(hooked:match("[^\n]+"))
+    assert.equal(ev, info.event_id)
+    assert.equal("J7", info.job)
+    nh.eventually(function()
+      return (a:log() .. b:log()):find("hand-off overdue", 1, true)
+    end, nh.DEADLINE, "the overdue warning")
+    -- the resolved events go, with their history; the pending hand-off stays
+    nh.eventually(function() return pg.value(url, "SELECT count(*) FROM audit") == "1" end, 60,
+      function() return "audit rows left: " .. pg.value(url, "SELECT count(*) FROM audit") end)
+    assert.equal("Pending", pg.value(url, "SELECT status FROM audit"))
+    assert.equal("0", pg.value(url, ("SELECT count(*) FROM history WHERE event_id <> '%s'"):format(ev)))
+    -- flagged once, told once, though both hosts kept scanning
+    assert.equal("1", pg.value(url, ("SELECT count(*) FROM history WHERE event_id = '%s'"
+                                     .. " AND message_type = 'HandoffOverdue'"):format(ev)))
+    local n = 0
+    for _ in nh.read(sb:path("hooks.jsonl")):gmatch("[^\n]+") do n = n + 1 end
+    assert.equal(1, n)
+    -- settled from the CLI: no longer overdue (the flag goes with the status)
+    sb:cli_ok({ "handoff", "complete", ev }, { store = url })
+    nh.eventually(function() return pg.value(url, "SELECT count(*) FROM audit") == "0" end, 60,
+      "the completed hand-off to be deleted too")
+  end)
 end)

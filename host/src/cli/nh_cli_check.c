@@ -40,10 +40,10 @@ static int check_register(void *data, nh_vm_t *vm, lua_State *L, const char *nam
 /* Publishes at load time are accepted and dropped: nothing is sent in check mode. */
 static int check_publish(void *data, void *task_data, const char *type, const char *body, size_t body_len,
                          const char *session, const char *correlation_id, const char *to, const char *given_id,
-                         char message_id[37], int *duplicate, nh_error_t *err)
+                         char message_id[37], int *duplicate, nh_later_t *later, nh_error_t *err)
 {
   (void)data, (void)task_data, (void)type, (void)body, (void)body_len, (void)session, (void)correlation_id;
-  (void)to, (void)given_id, (void)duplicate, (void)err;
+  (void)to, (void)given_id, (void)duplicate, (void)later, (void)err;
   nh_uuid_v7(message_id);
   return NH_OK;
 }

@@ -50,8 +50,9 @@ static int open_store(script_host_t *sh, nh_error_t *err)
 
 static int script_publish(void *data, void *task_data, const char *type, const char *body, size_t body_len,
                           const char *session, const char *correlation_id, const char *to, const char *given_id,
-                          char message_id[37], int *duplicate, nh_error_t *err)
+                          char message_id[37], int *duplicate, nh_later_t *later, nh_error_t *err)
 {
+  (void)later;   /* answered now */
   (void)task_data;
   script_host_t *sh = data;
   if (open_store(sh, err)) return err->code;

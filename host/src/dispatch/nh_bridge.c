@@ -4,6 +4,9 @@
 #include "nh_bridge.h"
 #include "nh_operator.h"
 #include "core/nh_util.h"
+#include "store/nh_pg.h"
+#include "store/nh_pg_ops.h"
+#include "store/nh_pg_queue.h"
 #include "transport/nh_embedded.h"
 
 #include <lauxlib.h>
@@ -11,16 +14,8 @@
 #include <string.h>
 #include <unistd.h>
 
-struct push_ctx {
-  lua_State *L;
-  int n;
-};
-
-static int push_one(void *data, const nh_audit_t *a)
+void nh_bridge_push_handoff(lua_State *L, const nh_audit_t *a, int index)
 {
-  struct push_ctx *c = data;
-  if (!a->sub_status || strcmp(a->sub_status, "Handoff") != 0) return 0;
-  lua_State *L = c->L;
   luaL_checkstack(L, 4, "pending hand-offs");
   lua_createtable(L, 0, 10);
   nh_lua_set_str(L, "endpoint", a->endpoint);
@@ -39,7 +34,18 @@ static int push_one(void *data, const nh_audit_t *a)
     lua_pushinteger(L, a->expected_by);
     lua_setfield(L, -2, "expected_by_ms");
   }
-  lua_rawseti(L, -2, ++c->n);
+  lua_rawseti(L, -2, index);
+}
+
+struct push_ctx {
+  lua_State *L;
+  int n;
+};
+
+static int push_one(void *data, const nh_audit_t *a)
+{
+  struct push_ctx *c = data;
+  if (a->sub_status && strcmp(a->sub_status, "Handoff") == 0) nh_bridge_push_handoff(c->L, a, ++c->n);
   return 0;
 }
 
@@ -54,13 +60,20 @@ int nh_bridge_push_handoffs(lua_State *L, nh_store_t *s, const char *endpoint, n
   return NH_OK;
 }
 
-int nh_bridge_handoff(nh_store_t *s, nh_transport_t *t, const nh_handoff_req_t *h, nh_error_t *err)
+void nh_bridge_handoff_req(const nh_handoff_req_t *h, nh_op_req_t *out)
 {
   nh_op_req_t req = {
     .kind = h->complete ? NH_OP_HANDOFF_COMPLETE : NH_OP_HANDOFF_FAIL, .event_id = h->event_id,
     .endpoint = h->endpoint, .session_id = h->session_id, .message_id = h->message_id, .body = h->result,
     .error_text = h->error_text, .error_type = h->error_type, .actor = h->actor,
   };
+  *out = req;
+}
+
+int nh_bridge_handoff(nh_store_t *s, nh_transport_t *t, const nh_handoff_req_t *h, nh_error_t *err)
+{
+  nh_op_req_t req;
+  nh_bridge_handoff_req(h, &req);
   return nh_operator_submit(s, t, &req, NULL, err);
 }
 
@@ -86,9 +99,57 @@ static int open_both(const char *path, nh_store_t **s, nh_transport_t **t, nh_er
   return NH_OK;
 }
 
-static int script_pending(void *data, lua_State *L, const char *endpoint, nh_error_t *err)
+/* A PostgreSQL store for a script: a blocking connection (a script may wait), the schema
+ * and the queue's migrated as for any command. */
+static nh_pg_db_t *pg_open(const char *url, nh_error_t *err)
+{
+  PGconn *conn = NULL;
+  int from = 0, to = 0;
+  if (nh_store_pg_connect(url, 0, &conn, &from, &to, err) || nh_pg_queue_migrate(conn, err)) {
+    if (conn) PQfinish(conn);
+    return NULL;
+  }
+  return nh_pg_db_new(conn);
+}
+
+static int pg_pending(lua_State *L, const char *url, const char *endpoint, nh_error_t *err)
+{
+  nh_pg_db_t *db = pg_open(url, err);
+  if (!db) return err->code;
+  nh_pg_args_t a;
+  PGresult *r = NULL;
+  int rc = nh_pg_db_run(db, nh_pgargs_handoffs_pending(&a, endpoint), &a, &r, err);
+  if (rc == NH_OK) {
+    lua_createtable(L, PQntuples(r), 0);
+    for (int i = 0; i < PQntuples(r); i++) {
+      nh_audit_t au;
+      nh_pgrow_audit(r, i, &au);
+      nh_bridge_push_handoff(L, &au, i + 1);
+      nh_audit_clear(&au);
+    }
+  }
+  PQclear(r);
+  nh_pg_db_free(db);
+  return rc;
+}
+
+static int pg_handoff(const char *url, const nh_handoff_req_t *h, nh_error_t *err)
+{
+  nh_pg_db_t *db = pg_open(url, err);
+  if (!db) return err->code;
+  nh_op_req_t req;
+  nh_bridge_handoff_req(h, &req);
+  int rc = nh_operator_submit_pg(db, &req, NULL, err);
+  nh_pg_db_free(db);
+  return rc;
+}
+
+/* A script answers at once: the store is a local file, or a server a script may wait for. */
+static int script_pending(void *data, lua_State *L, const char *endpoint, nh_later_t *later, nh_error_t *err)
 {
   (void)data;
+  (void)later;
+  if (nh_pg_url_is(store_path(NULL))) return pg_pending(L, store_path(NULL), endpoint, err);
   nh_store_t *s;
   if (nh_store_open(&s, store_path(NULL), 0, err)) return err->code;
   int rc = nh_bridge_push_handoffs(L, s, endpoint, err);
@@ -96,9 +157,11 @@ static int script_pending(void *data, lua_State *L, const char *endpoint, nh_err
   return rc;
 }
 
-static int script_handoff(void *data, const nh_handoff_req_t *req, nh_error_t *err)
+static int script_handoff(void *data, const nh_handoff_req_t *req, nh_later_t *later, nh_error_t *err)
 {
   (void)data;
+  (void)later;
+  if (nh_pg_url_is(store_path(req->store))) return pg_handoff(store_path(req->store), req, err);
   nh_store_t *s = NULL;
   nh_transport_t *t = NULL;
   int rc = open_both(req->store, &s, &t, err);

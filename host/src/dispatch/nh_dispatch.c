@@ -732,9 +732,9 @@ nh_dispatch_t *nh_dispatch_init_pg(uv_loop_t *loop, struct nh_pg_link *link, nh_
                                    const char *lua_dir)
 {
   nh_dispatch_t *d = dispatch_new(loop, nh_uow_new_pg(link), transport, lua_dir);
-  nh_log_info("dispatch", "PostgreSQL store: not built on it yet: presence rows, the hand-off overdue scan, "
-              "retention, store gauges, publishes outside handlers, requests, status checkers "
-              "(docs/store-backends.md)");
+  d->link = link;
+  nh_log_info("dispatch", "PostgreSQL store: not built on it yet: presence rows, store gauges, a handler's publish "
+              "with a MessageId of its own, requests (docs/store-backends.md)");
   return d;
 }
 

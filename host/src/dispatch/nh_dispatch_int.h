@@ -138,10 +138,12 @@ struct nh_dispatch {
   uint64_t purged;
   uv_timer_t presence_timer;     /* nh_presence.c */
   uv_timer_t overdue_timer;      /* nh_overdue.c */
+  int overdue_scanning;          /* PostgreSQL: a scan's batches are out on the link */
   char *owner;                   /* "host:pid:tag", NULL: not registered in `hosts` */
   int64_t started_ms;
   nh_story_t story;              /* the open transaction's notes (nh_story.h) */
   nh_uow_t *uow;                 /* the state machine's reads in a pump (store/nh_uow.h) */
+  struct nh_pg_link *link;       /* a PostgreSQL store's (store == NULL): Lua's store calls (nh_pgcalls.c) */
 };
 
 /* nh_outcome.c: the state machine */
@@ -190,6 +192,8 @@ int nh_dispatch_pub_dedup(nh_dispatch_t *d, const char *who, const char *message
 
 /* nh_tell.c: after a commit, the story's log lines, metrics and hooks */
 void nh_dispatch_tell(nh_dispatch_t *d);
+/* The same for a story of its own (a writer beside the pump's transaction, on PostgreSQL). */
+void nh_dispatch_tell_story(nh_dispatch_t *d, nh_story_t *s);
 void nh_dispatch_metrics_start(nh_dispatch_t *d);   /* gauges read from the store, collectors */
 void nh_dispatch_metrics_stop(nh_dispatch_t *d);
 void nh_dispatch_count_lock_lost(const char *endpoint);

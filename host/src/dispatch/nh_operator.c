@@ -4,10 +4,12 @@
  * history row), all in one store transaction (the caller's, for nh_operator_queue). */
 #include "nh_operator.h"
 #include "core/nh_util.h"
+#include "store/nh_pg_link.h"
 #include "store/nh_pg_ops.h"
 #include "store/nh_pg_queue.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static const char *const op_names[] = { "resubmit", "skip", "handoff complete", "handoff fail" };
@@ -166,6 +168,30 @@ fail:
   return rc;
 }
 
+/* The write of a request on PostgreSQL, in the caller's batch: the message (and the NOTIFY
+ * that wakes the hosts), the pending request, the operator log and the history row. */
+static int pg_add_writes(nh_pg_db_t *db, const nh_op_req_t *r, const nh_audit_t *ev, nh_error_t *err)
+{
+  char mid[37], detail[640];
+  nh_uuid_v7(mid);
+  nh_msg_t m;
+  request_msg(r, ev, mid, &m, detail, sizeof detail);
+  nh_pg_args_t a;
+  int rc;
+  if ((rc = nh_pgq_batch_add(db, nh_pgqargs_insert(&a, &m, ev->endpoint, ev->event_id), &a, NULL, NULL, err)) ||
+      (rc = nh_pgq_batch_add(db, nh_pgqargs_notify(&a, ev->endpoint), &a, NULL, NULL, err)) ||
+      (rc = nh_pg_batch_add(db, nh_pgargs_oppending_add(&a, mid, ev->endpoint, ev->event_id, op_names[r->kind],
+                                                        ev->status),
+                            &a, NULL, NULL, err)) ||
+      (!r->no_oplog && (rc = nh_pg_batch_add(db, nh_pgargs_oplog_add(&a, r->who, op_names[r->kind], ev->endpoint,
+                                                                      ev->event_id, ev->session_id, detail),
+                                             &a, NULL, NULL, err))))
+    return rc;
+  return nh_pg_batch_add(db, nh_pgargs_history_add(&a, ev->endpoint, ev->event_id, mid, nh_msg_type_name(m.type),
+                                                   "Requested", detail, NULL),
+                         &a, NULL, NULL, err);
+}
+
 /* On PostgreSQL (a command, blocking): the checks read first, then the message, the pending
  * request, the operator log and the history row as one transaction. A host changing the
  * event in between is caught where the request is applied: the pending row names the
@@ -187,22 +213,7 @@ int nh_operator_submit_pg(nh_pg_db_t *db, const nh_op_req_t *r, nh_audit_t *out,
     rc = already_pending(&ev, err);
     goto fail;
   }
-  char mid[37], detail[640];
-  nh_uuid_v7(mid);
-  nh_msg_t m;
-  request_msg(r, &ev, mid, &m, detail, sizeof detail);
-  nh_pg_args_t a;
-  if ((rc = nh_pg_batch_begin(db, err)) ||
-      (rc = nh_pgq_batch_add(db, nh_pgqargs_insert(&a, &m, ev.endpoint, ev.event_id), &a, NULL, NULL, err)) ||
-      (rc = nh_pgq_batch_add(db, nh_pgqargs_notify(&a, ev.endpoint), &a, NULL, NULL, err)) ||
-      (rc = nh_pg_batch_add(db, nh_pgargs_oppending_add(&a, mid, ev.endpoint, ev.event_id, op_names[r->kind], ev.status),
-                            &a, NULL, NULL, err)) ||
-      (!r->no_oplog && (rc = nh_pg_batch_add(db, nh_pgargs_oplog_add(&a, r->who, op_names[r->kind], ev.endpoint,
-                                                                      ev.event_id, ev.session_id, detail),
-                                             &a, NULL, NULL, err))) ||
-      (rc = nh_pg_batch_add(db, nh_pgargs_history_add(&a, ev.endpoint, ev.event_id, mid, nh_msg_type_name(m.type),
-                                                      "Requested", detail, NULL),
-                            &a, NULL, NULL, err))) {
+  if ((rc = nh_pg_batch_begin(db, err)) || (rc = pg_add_writes(db, r, &ev, err))) {
     nh_pg_batch_abandon(db);
     goto fail;
   }
@@ -213,4 +224,146 @@ int nh_operator_submit_pg(nh_pg_db_t *db, const nh_op_req_t *r, nh_audit_t *out,
 fail:
   nh_audit_clear(&ev);
   return rc ? rc : NH_EFAIL;
+}
+
+/* ---------------------------------------------------------------- on a host's link */
+
+/* The request's journey on the link: FIND reads the event, CHECK its session and whether
+ * a request already waits, WRITE queues it. Each is a batch; the checks run between. */
+enum { SUB_FIND, SUB_CHECK, SUB_WRITE };
+
+typedef struct submit {
+  nh_pg_link_t *link;
+  nh_op_req_t r;
+  char *own[10];               /* r's strings, copied: the caller's go when it returns */
+  int phase, found, pending;
+  nh_audit_t ev;
+  nh_session_state_t st;       /* CHECK's read, for check_state's message */
+  nh_operator_done_cb done;
+  void *data;
+} submit_t;
+
+static const char *keep(submit_t *s, int i, const char *v) { return s->own[i] = v ? nh_xstrdup(v) : NULL; }
+
+static void submit_free(submit_t *s)
+{
+  for (size_t i = 0; i < sizeof s->own / sizeof s->own[0]; i++) free(s->own[i]);
+  nh_audit_clear(&s->ev);
+  nh_session_state_clear(&s->st);
+  free(s);
+}
+
+static void submit_end(submit_t *s, const nh_error_t *err)
+{
+  s->done(s->data, err ? NULL : &s->ev, err);
+  submit_free(s);
+}
+
+/* check_state's session reader, answered from CHECK's read */
+static int read_session(void *data, const char *ep, const char *session, nh_session_state_t *st)
+{
+  (void)ep, (void)session;
+  const nh_session_state_t *have = data;
+  if (have->blocked_by) st->blocked_by = nh_xstrdup(have->blocked_by);
+  return NH_OK;
+}
+
+static void on_row(void *data, const nh_pg_optab_t *tab, int op, const PGresult *res)
+{
+  submit_t *s = data;
+  (void)tab;
+  if (PQntuples(res) == 0) return;
+  if (op == NH_PGOP_AUDIT_FIND) {
+    nh_pgrow_audit(res, 0, &s->ev);
+    s->found = 1;
+  } else if (op == NH_PGOP_SESSION_GET) {
+    nh_pgrow_session(res, 0, 0, &s->st);
+  } else if (op == NH_PGOP_OPPENDING_HAS) {
+    s->pending = 1;
+  }
+}
+
+static int submit_build(void *data, nh_pg_db_t *db, nh_error_t *err)
+{
+  submit_t *s = data;
+  nh_pg_args_t a;
+  switch (s->phase) {
+  case SUB_FIND:
+    return nh_pg_batch_add(db, nh_pgargs_audit_find(&a, s->r.event_id), &a, on_row, s, err);
+  case SUB_CHECK:
+    if (nh_pg_batch_add(db, nh_pgargs_session_get(&a, s->ev.endpoint, s->ev.session_id), &a, on_row, s, err))
+      return err->code;
+    return nh_pg_batch_add(db, nh_pgargs_oppending_has(&a, s->ev.endpoint, s->ev.event_id), &a, on_row, s, err);
+  default:
+    return pg_add_writes(db, &s->r, &s->ev, err);
+  }
+}
+
+static void submit_next(submit_t *s);
+
+static void submit_done(void *data, nh_pg_batch_outcome_t outcome, const nh_error_t *err)
+{
+  submit_t *s = data;
+  nh_error_t e = {0};
+  if (outcome == NH_PG_UNKNOWN && s->phase == SUB_WRITE) {
+    nh_error_set(&e, NH_EFAIL, "store: the connection went while the request for event %s was committing: it may "
+                 "or may not be queued (nimbus-host show %s says)", s->r.event_id, s->r.event_id);
+    return submit_end(s, &e);
+  }
+  if (outcome != NH_PG_COMMITTED) {
+    nh_error_set(&e, NH_EFAIL, "store: %s", err && err->msg[0] ? err->msg : "the request was not queued");
+    return submit_end(s, &e);
+  }
+  switch (s->phase) {
+  case SUB_FIND:
+    if (!s->found) {
+      nh_error_set(&e, NH_ENOTFOUND, "no event with id %s in this store (see `nimbus-host events`)", s->r.event_id);
+      return submit_end(s, &e);
+    }
+    if (coords_match(&s->r, &s->ev, &e)) return submit_end(s, &e);
+    break;
+  case SUB_CHECK:
+    if (check_state(read_session, &s->st, &s->r, &s->ev, &e)) return submit_end(s, &e);
+    if (s->pending) {
+      already_pending(&s->ev, &e);
+      return submit_end(s, &e);
+    }
+    break;
+  default:
+    return submit_end(s, NULL);
+  }
+  s->phase++;
+  submit_next(s);
+}
+
+static void submit_next(submit_t *s)
+{
+  nh_error_t e = {0};
+  if (nh_pg_link_submit(s->link, submit_build, submit_done, s, &e)) submit_end(s, &e);
+}
+
+int nh_operator_submit_link(nh_pg_link_t *link, const nh_op_req_t *r, nh_operator_done_cb done, void *data,
+                            nh_error_t *err)
+{
+  if (!r->event_id || !*r->event_id) return nh_error_set(err, NH_EUSAGE, "no event id given");
+  submit_t *s = nh_xcalloc(1, sizeof *s);
+  s->link = link;
+  s->r = *r;
+  s->r.event_id = keep(s, 0, r->event_id);
+  s->r.endpoint = keep(s, 1, r->endpoint);
+  s->r.session_id = keep(s, 2, r->session_id);
+  s->r.message_id = keep(s, 3, r->message_id);
+  s->r.body = keep(s, 4, r->body);
+  s->r.error_text = keep(s, 5, r->error_text);
+  s->r.error_type = keep(s, 6, r->error_type);
+  s->r.actor = keep(s, 7, r->actor);
+  s->r.who = keep(s, 8, r->who);
+  s->r.reason = keep(s, 9, r->reason);
+  s->done = done;
+  s->data = data;
+  if (nh_pg_link_submit(link, submit_build, submit_done, s, err)) {
+    submit_free(s);
+    return err->code;
+  }
+  return NH_OK;
 }

@@ -39,6 +39,15 @@ int nh_operator_queue(nh_store_t *s, nh_transport_t *t, const nh_op_req_t *req, 
 /* The same for a command on a PostgreSQL store (blocking: the CLI's), through db. */
 struct nh_pg_db;
 int nh_operator_submit_pg(struct nh_pg_db *db, const nh_op_req_t *req, nh_audit_t *ev, nh_error_t *err);
+/* The same on a host's loop, through its PostgreSQL link (store/nh_pg_link.h): the read,
+ * the checks and the write as three batches, none waited for. done runs once, from the
+ * loop (ev: the event's row on success, NULL otherwise; err: NULL on success). NH_OK, or
+ * an error now (said in err, done not called) when the link takes no more batches. A full
+ * event id only (no prefix). */
+struct nh_pg_link;
+typedef void (*nh_operator_done_cb)(void *data, const nh_audit_t *ev, const nh_error_t *err);
+int nh_operator_submit_link(struct nh_pg_link *link, const nh_op_req_t *req, nh_operator_done_cb done, void *data,
+                            nh_error_t *err);
 const char *nh_operator_name(nh_op_kind_t kind);
 
 #endif

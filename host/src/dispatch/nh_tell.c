@@ -257,9 +257,10 @@ static void tell_overdue(const nh_note_t *n)
   nh_log_fields(NH_LOG_WARN, "dispatch", f, k, "%s; the session stays blocked until it is settled", n->detail);
 }
 
-void nh_dispatch_tell(nh_dispatch_t *d)
+void nh_dispatch_tell(nh_dispatch_t *d) { nh_dispatch_tell_story(d, &d->story); }
+
+void nh_dispatch_tell_story(nh_dispatch_t *d, nh_story_t *s)
 {
-  nh_story_t *s = &d->story;
   int64_t now = nh_time_now_ms();   /* the commit's time: end of the end-to-end times */
   for (size_t i = 0; i < s->n; i++) {
     const nh_note_t *n = &s->notes[i];

@@ -4,6 +4,7 @@
  * event, which outcome and which error type, is decided here, not in lua/. */
 #include "nh_bridge.h"
 #include "nh_dispatch_int.h"
+#include "nh_pgcalls.h"
 #include "core/nh_log.h"
 #include "core/nh_util.h"
 
@@ -62,7 +63,7 @@ int nh_dispatch_pub_dedup(nh_dispatch_t *d, const char *who, const char *message
 
 static int host_publish(void *data, void *task_data, const char *type, const char *body, size_t body_len,
                         const char *session, const char *correlation_id, const char *to, const char *given_id,
-                        char message_id[37], int *duplicate, nh_error_t *err)
+                        char message_id[37], int *duplicate, nh_later_t *later, nh_error_t *err)
 {
   nh_dispatch_t *d = data;
   nh_uuid_v7(message_id);
@@ -90,9 +91,12 @@ static int host_publish(void *data, void *task_data, const char *type, const cha
   nh_msg_t m;
   nh_msg_ids_t ids;
   nh_msg_event(&m, &ids, type, body, body_len, session, correlation_id, given_id ? given_id : message_id);
-  if (!d->store)
-    return nh_error_set(err, NH_ESTATE, "publishing outside a handler is not built on a PostgreSQL store yet "
-                        "(docs/store-backends.md); publish from a handler");
+  if (!d->store) {
+    char tp[NH_TRACEPARENT_LEN + 1];
+    nh_dispatch_span_root_publish(d, type, to, tp);
+    m.traceparent = tp;
+    return nh_pgcall_publish(d->link, &m, to, given_id, later, err);
+  }
   if (nh_store_begin(d->store)) return nh_error_set(err, NH_EFAIL, "store busy: %s", nh_store_errmsg(d->store));
   if (given_id && (*duplicate = nh_dispatch_pub_dedup(d, "publish", given_id, 1)) != 0) {
     nh_store_rollback(d->store);
@@ -179,20 +183,17 @@ static void host_task_done(void *data, void *task_data, nh_task_result_t *r)
   nh_dispatch_job_finished(data, job);
 }
 
-static int host_pending_handoffs(void *data, lua_State *L, const char *endpoint, nh_error_t *err)
+static int host_pending_handoffs(void *data, lua_State *L, const char *endpoint, nh_later_t *later, nh_error_t *err)
 {
   nh_dispatch_t *d = data;
-  if (!d->store)
-    return nh_error_set(err, NH_ESTATE, "status checkers are not built on a PostgreSQL store yet (docs/store-backends.md)");
+  if (!d->store) return nh_pgcall_pending_handoffs(d->link, endpoint, later, err);
   return nh_bridge_push_handoffs(L, d->store, endpoint, err);
 }
 
-static int host_handoff(void *data, const nh_handoff_req_t *req, nh_error_t *err)
+static int host_handoff(void *data, const nh_handoff_req_t *req, nh_later_t *later, nh_error_t *err)
 {
   nh_dispatch_t *d = data;
-  if (!d->store)
-    return nh_error_set(err, NH_ESTATE, "completing a hand-off from Lua is not built on a PostgreSQL store yet "
-                        "(docs/store-backends.md)");
+  if (!d->store) return nh_pgcall_handoff(d->link, req, later, err);
   int rc = nh_bridge_handoff(d->store, d->tr, req, err);
   if (rc == NH_OK && d->started) nh_dispatch_kick(d);
   return rc;

@@ -120,6 +120,58 @@ static int l_set_retention(lua_State *L)
   return 1;
 }
 
+/* ---------------------------------------------------------------- answers that come later */
+
+struct nh_later {
+  nh_op_t op;
+  nh_task_t *task;                               /* NULL once the task ended (the op was cancelled) */
+  int (*fail)(lua_State *L, const nh_error_t *err);   /* pushes the call's error answer */
+};
+
+/* The task ends while the host still works: the host keeps the handle and answers into
+ * nothing (nh_later_done frees it). */
+static void later_cancel(nh_op_t *op) { ((nh_later_t *)op)->task = NULL; }
+
+/* A handle when L can wait for the answer: L is a task's own thread, yieldable. */
+static nh_later_t *later_new(lua_State *L, int (*fail)(lua_State *, const nh_error_t *))
+{
+  nh_task_t *t = nh_task_of(L);
+  if (!t || !lua_isyieldable(L)) return NULL;
+  nh_later_t *l = nh_xcalloc(1, sizeof *l);
+  l->op.cancel = later_cancel;
+  l->task = t;
+  l->fail = fail;
+  return l;
+}
+
+lua_State *nh_later_thread(nh_later_t *l) { return l->task ? nh_task_thread(l->task) : NULL; }
+
+void nh_later_done(nh_later_t *l, int nres)
+{
+  nh_task_t *t = l->task;
+  free(l);
+  if (t) nh_task_complete(t, nres);
+}
+
+void nh_later_fail(nh_later_t *l, const nh_error_t *err)
+{
+  lua_State *co = nh_later_thread(l);
+  nh_later_done(l, co ? l->fail(co, err) : 0);
+}
+
+static int publish_fail(lua_State *L, const nh_error_t *err)
+{
+  /* ENOSTORE: a script with no store to publish to (nimbus.publish raises it, saying what
+   * to do); ENOSUBSCRIBER: a script's publish nobody subscribes to, nothing queued */
+  lua_pushnil(L);
+  lua_pushstring(L, err->msg);
+  lua_pushstring(L, err->code == NH_EUSAGE      ? "EINVAL"
+                    : err->code == NH_ESTATE    ? "ENOSTORE"
+                    : err->code == NH_ENOTFOUND ? "ENOSUBSCRIBER"
+                                                : "EIO");
+  return 3;
+}
+
 static int l_publish(lua_State *L)
 {
   nh_vm_t *vm = upvm(L);
@@ -136,21 +188,29 @@ static int l_publish(lua_State *L)
   char mid[37];
   int duplicate = 0;
   nh_error_t err = {0};
-  if (vm->host.publish(vm->host.data, t ? nh_task_data(t) : NULL, type, body, len, session, corr, to, given, mid,
-                       &duplicate, &err)) {
-    /* ENOSTORE: a script with no store to publish to (nimbus.publish raises it, saying what
-     * to do); ENOSUBSCRIBER: a script's publish nobody subscribes to, nothing queued */
-    lua_pushnil(L);
-    lua_pushstring(L, err.msg);
-    lua_pushstring(L, err.code == NH_EUSAGE      ? "EINVAL"
-                      : err.code == NH_ESTATE    ? "ENOSTORE"
-                      : err.code == NH_ENOTFOUND ? "ENOSUBSCRIBER"
-                                                 : "EIO");
-    return 3;
-  }
+  nh_later_t *later = t ? NULL : later_new(L, publish_fail);   /* a handler's publish is answered now */
+  int rc = vm->host.publish(vm->host.data, t ? nh_task_data(t) : NULL, type, body, len, session, corr, to, given,
+                            mid, &duplicate, later, &err);
+  if (rc == NH_LATER) return nh_task_yield(L, later->task, &later->op);
+  free(later);
+  if (rc) return publish_fail(L, &err);
   lua_pushstring(L, given ? given : mid);
   lua_pushboolean(L, duplicate);
   return 2;
+}
+
+/* pending_handoffs' error answer: the message, raised by pending_k once resumed */
+static int pending_fail(lua_State *L, const nh_error_t *err)
+{
+  lua_pushstring(L, err->msg);
+  return 1;
+}
+
+static int pending_k(lua_State *L, int status, lua_KContext ctx)
+{
+  (void)status;
+  (void)ctx;
+  return lua_istable(L, -1) ? 1 : lua_error(L);
 }
 
 static int l_pending_handoffs(lua_State *L)
@@ -160,8 +220,22 @@ static int l_pending_handoffs(lua_State *L)
   if (!vm->host.pending_handoffs)
     return luaL_error(L, "pending hand-offs can only be listed inside a running host or a script with a store");
   nh_error_t err = {0};
-  if (vm->host.pending_handoffs(vm->host.data, L, endpoint, &err)) return luaL_error(L, "%s", err.msg);
+  nh_later_t *later = later_new(L, pending_fail);
+  int rc = vm->host.pending_handoffs(vm->host.data, L, endpoint, later, &err);
+  if (rc == NH_LATER) return nh_task_yieldk(L, later->task, &later->op, 0, pending_k);
+  free(later);
+  if (rc) return luaL_error(L, "%s", err.msg);
   return 1;
+}
+
+static int handoff_fail(lua_State *L, const nh_error_t *err)
+{
+  lua_pushnil(L);
+  lua_pushstring(L, err->msg);
+  lua_pushstring(L, err->code == NH_ESTATE                                 ? "ESTATE"
+                 : err->code == NH_EUSAGE || err->code == NH_ENOTFOUND ? "ENOTFOUND"
+                                                                       : "EIO");
+  return 3;
 }
 
 /* core.handoff("complete"|"fail", event_id, endpoint, session, message_id, result, store, text, type) */
@@ -178,14 +252,11 @@ static int l_handoff(lua_State *L)
   req.actor = t ? nh_task_kind_name(nh_task_kind(t)) : "script";
   if (!vm->host.handoff) return luaL_error(L, "hand-offs can only be settled inside a running host or a script");
   nh_error_t err = {0};
-  if (vm->host.handoff(vm->host.data, &req, &err)) {
-    lua_pushnil(L);
-    lua_pushstring(L, err.msg);
-    lua_pushstring(L, err.code == NH_ESTATE                                 ? "ESTATE"
-                   : err.code == NH_EUSAGE || err.code == NH_ENOTFOUND ? "ENOTFOUND"
-                                                                       : "EIO");
-    return 3;
-  }
+  nh_later_t *later = later_new(L, handoff_fail);
+  int rc = vm->host.handoff(vm->host.data, &req, later, &err);
+  if (rc == NH_LATER) return nh_task_yield(L, later->task, &later->op);
+  free(later);
+  if (rc) return handoff_fail(L, &err);
   lua_pushboolean(L, 1);
   return 1;
 }

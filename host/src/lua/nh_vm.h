@@ -17,6 +17,20 @@
 typedef struct nh_vm nh_vm_t;
 typedef struct nh_task nh_task_t;
 
+/* An answer that comes later. A host call made where Lua can wait (a task's own thread,
+ * yieldable) is given one; NULL elsewhere (the main chunk, a coroutine of the task's own,
+ * across a C boundary). The host either answers now, as each call below says, leaving it
+ * untouched, or keeps it, returns NH_LATER and answers once, from a loop callback: the
+ * values go on nh_later_thread (NULL when the task ended meanwhile: push nothing) and
+ * nh_later_done resumes the task with them; nh_later_fail answers with the call's error
+ * instead. Either frees the handle. A store that is a server answers so
+ * (dispatch/nh_pgcalls.c): the loop never waits for its round trips. */
+typedef struct nh_later nh_later_t;
+#define NH_LATER 1
+lua_State *nh_later_thread(nh_later_t *l);
+void nh_later_done(nh_later_t *l, int nres);
+void nh_later_fail(nh_later_t *l, const nh_error_t *err);
+
 /* What the host (dispatcher) provides to Lua. Callbacks run on the loop thread. */
 typedef struct nh_vm_host {
   void *data;
@@ -25,18 +39,20 @@ typedef struct nh_vm_host {
   int (*register_endpoint)(void *data, nh_vm_t *vm, lua_State *L, const char *name, int opts, nh_error_t *err);
   /* task_data is the publishing task's nh_task_args_t.data, NULL outside a task.
    * given_id: the caller's MessageId (NULL: a fresh one into message_id); published
-   * once within the dedup window: *duplicate is set when it was already. */
+   * once within the dedup window: *duplicate is set when it was already. Later (outside a
+   * handler only): the MessageId and whether it was a duplicate, nh_later_done(later, 2). */
   int (*publish)(void *data, void *task_data, const char *type, const char *body, size_t body_len,
                  const char *session, const char *correlation_id, const char *to, const char *given_id,
-                 char message_id[37], int *duplicate, nh_error_t *err);
+                 char message_id[37], int *duplicate, nh_later_t *later, nh_error_t *err);
   /* A handler task ended (task_data: its nh_task_args_t.data); the result is moved to
    * the callee, which frees it with nh_task_result_clear. */
   void (*task_done)(void *data, void *task_data, nh_task_result_t *r);
   /* Pushes the endpoint's Pending+Handoff events as a Lua array; returns 0, or non-zero
-   * with err set. */
-  int (*pending_handoffs)(void *data, lua_State *L, const char *endpoint, nh_error_t *err);
-  /* Settles a hand-off (complete: result JSON or NULL; fail: error text and type). */
-  int (*handoff)(void *data, const nh_handoff_req_t *req, nh_error_t *err);
+   * with err set. Later: the array, nh_later_done(later, 1). */
+  int (*pending_handoffs)(void *data, lua_State *L, const char *endpoint, nh_later_t *later, nh_error_t *err);
+  /* Settles a hand-off (complete: result JSON or NULL; fail: error text and type). Later:
+   * true, nh_later_done(later, 1). */
+  int (*handoff)(void *data, const nh_handoff_req_t *req, nh_later_t *later, nh_error_t *err);
   /* Sends a request (in the calling task's span, `trace`, when it has one) and calls done(ud, reply_json, NULL, NULL) or done(ud, NULL, msg, code)
    * later, from the loop; returns a handle for request_cancel (no done after it). */
   void *(*request)(void *data, const char *type, const char *body, size_t len, const char *session,

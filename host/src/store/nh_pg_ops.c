@@ -155,6 +155,44 @@ static const nh_pg_opdef_t ops[NH_PGOP_COUNT] = {
     "SELECT count(*) FROM parked WHERE endpoint = $1 AND event_id = $2", 2 },
   [NH_PGOP_OPPENDING_GET] = { "nh_oppending_get",
     "SELECT expected_status FROM operator_pending WHERE message_id = $1", 1 },
+  /* the index audit_status (status, endpoint, updated_at) finds them; seq is insertion
+   * order, as sqlite's rowid is for nh_store_audit_list */
+  [NH_PGOP_HANDOFFS_PENDING] = { "nh_handoffs_pending",
+    "SELECT " AUDIT_COLS " FROM audit WHERE status = 'Pending' AND endpoint = $1 AND sub_status = 'Handoff'"
+    " ORDER BY seq", 1 },
+  /* a publish's claim in the transaction that queues it: taken since $3, the cast fails
+   * (the count is part of the text, or PostgreSQL would fold the cast and fail always) */
+  [NH_PGOP_PUBLISHED_CLAIM_OR_FAIL] = { "nh_published_claim_or_fail",
+    "WITH claim AS (INSERT INTO published(message_id, at) VALUES ($1, $2) ON CONFLICT (message_id)"
+    "  DO UPDATE SET at = excluded.at WHERE published.at < $3 RETURNING 1)"
+    " SELECT CASE WHEN count(*) = 0 THEN ('MessageId already published: ' || $1::text ||"
+    " repeat(' ', count(*)::int))::int ELSE 1 END FROM claim", 3 },
+  /* the flag and its history row together: of two hosts scanning at once, one flags it */
+  [NH_PGOP_HANDOFF_OVERDUE_MARK] = { "nh_handoff_overdue_mark",
+    "WITH f AS (UPDATE audit SET overdue_at = $3 WHERE endpoint = $1 AND event_id = $2"
+    "  AND overdue_at IS NULL AND status = 'Pending' AND sub_status = 'Handoff' RETURNING endpoint, event_id, message_id)"
+    " INSERT INTO history(endpoint, event_id, message_id, message_type, status, detail, at)"
+    " SELECT endpoint, event_id, message_id, 'HandoffOverdue', 'Pending', $4, $3 FROM f RETURNING 1", 4 },
+  /* resolved: nothing left for anyone to do (nh_store_query.c says which); rows another
+   * host is deleting are skipped, not waited for */
+  [NH_PGOP_PURGE_RESOLVED] = { "nh_purge_resolved",
+    "WITH pick AS (SELECT endpoint, event_id FROM audit a WHERE status IN ('Completed', 'Skipped', 'Unsupported')"
+    "  AND updated_at < $1 AND NOT EXISTS (SELECT 1 FROM operator_pending p WHERE p.event_id = a.event_id"
+    "  AND p.endpoint = a.endpoint) ORDER BY updated_at LIMIT $2 FOR UPDATE SKIP LOCKED),"
+    " h AS (DELETE FROM history x USING pick WHERE x.event_id = pick.event_id AND x.endpoint = pick.endpoint"
+    "  RETURNING 1),"
+    " d AS (DELETE FROM audit x USING pick WHERE x.event_id = pick.event_id AND x.endpoint = pick.endpoint"
+    "  RETURNING 1)"
+    " SELECT (SELECT count(*) FROM d), (SELECT count(*) FROM h)", 2 },
+  [NH_PGOP_PURGE_PROCESSED] = { "nh_purge_processed",
+    "WITH d AS (DELETE FROM processed WHERE ctid IN (SELECT ctid FROM processed WHERE at < $1 LIMIT $2) RETURNING 1)"
+    " SELECT count(*) FROM d", 2 },
+  [NH_PGOP_PURGE_PUBLISHED] = { "nh_purge_published",
+    "WITH d AS (DELETE FROM published WHERE ctid IN (SELECT ctid FROM published WHERE at < $1 LIMIT $2) RETURNING 1)"
+    " SELECT count(*) FROM d", 2 },
+  [NH_PGOP_PURGE_INBOX] = { "nh_purge_inbox",
+    "WITH d AS (DELETE FROM inbox WHERE ctid IN (SELECT ctid FROM inbox WHERE at < $1 LIMIT $2) RETURNING 1)"
+    " SELECT count(*) FROM d", 2 },
 };
 
 const nh_pg_optab_t nh_pg_store_optab = { "store", 3, ops, NH_PGOP_COUNT };   /* "nh_" */
@@ -815,4 +853,32 @@ nh_pgop_t nh_pgargs_parked_count_event(nh_pg_args_t *a, const char *endpoint, co
 nh_pgop_t nh_pgargs_oppending_get(nh_pg_args_t *a, const char *message_id)
 {
   return one(a, NH_PGOP_OPPENDING_GET, message_id);
+}
+
+nh_pgop_t nh_pgargs_handoffs_pending(nh_pg_args_t *a, const char *endpoint)
+{
+  return one(a, NH_PGOP_HANDOFFS_PENDING, endpoint);
+}
+
+nh_pgop_t nh_pgargs_published_claim_or_fail(nh_pg_args_t *a, const char *message_id, int64_t now, int64_t since)
+{
+  nh_pgargs_published_claim(a, message_id, now, since);
+  return NH_PGOP_PUBLISHED_CLAIM_OR_FAIL;
+}
+
+nh_pgop_t nh_pgargs_handoff_overdue_mark(nh_pg_args_t *a, const char *endpoint, const char *event_id, int64_t at,
+                                         const char *detail)
+{
+  two(a, NH_PGOP_HANDOFF_OVERDUE_MARK, endpoint, event_id);
+  I64(at);
+  TXT(detail);
+  return NH_PGOP_HANDOFF_OVERDUE_MARK;
+}
+
+nh_pgop_t nh_pgargs_purge(nh_pg_args_t *a, nh_pgop_t op, int64_t before, int limit)
+{
+  nh_pg_args_reset(a);
+  I64(before);
+  I64(limit);
+  return op;
 }

@@ -66,6 +66,17 @@ typedef enum nh_pgop {
   NH_PGOP_PARKED_WINDOW,       /* a session's parked rows after a park_seq, in order, up to a limit */
   NH_PGOP_PARKED_COUNT_EVENT,  /* how many rows of an event are parked (what PARKED_DEL_EVENT would remove) */
   NH_PGOP_OPPENDING_GET,       /* an operator request's expected status, not removed (OPPENDING_TAKE is the write) */
+  /* a status checker's list (dispatch/nh_pgcalls.c) */
+  NH_PGOP_HANDOFFS_PENDING,    /* an endpoint's Pending+Handoff events, oldest first */
+  NH_PGOP_PUBLISHED_CLAIM_OR_FAIL,   /* PUBLISHED_CLAIM that fails its transaction when the id is taken */
+  /* the overdue scan (dispatch/nh_overdue.c) */
+  NH_PGOP_HANDOFF_OVERDUE_MARK,      /* HANDOFF_FLAG_OVERDUE and its history row, one statement: a row back if flagged */
+  /* retention (dispatch/nh_retention.c): nh_store_purge's deletes, each one statement
+   * answering (rows deleted[, history rows deleted]) */
+  NH_PGOP_PURGE_RESOLVED,
+  NH_PGOP_PURGE_PROCESSED,
+  NH_PGOP_PURGE_PUBLISHED,
+  NH_PGOP_PURGE_INBOX,
   NH_PGOP_COUNT
 } nh_pgop_t;
 
@@ -185,6 +196,12 @@ nh_pgop_t nh_pgargs_parked_window(nh_pg_args_t *a, const char *endpoint, const c
                                   int limit);
 nh_pgop_t nh_pgargs_parked_count_event(nh_pg_args_t *a, const char *endpoint, const char *event_id);
 nh_pgop_t nh_pgargs_oppending_get(nh_pg_args_t *a, const char *message_id);
+nh_pgop_t nh_pgargs_handoffs_pending(nh_pg_args_t *a, const char *endpoint);
+nh_pgop_t nh_pgargs_published_claim_or_fail(nh_pg_args_t *a, const char *message_id, int64_t now, int64_t since);
+/* purge: PURGE_RESOLVED with a row limit, the others 1,000 rows a statement */
+nh_pgop_t nh_pgargs_purge(nh_pg_args_t *a, nh_pgop_t op, int64_t before, int limit);
+nh_pgop_t nh_pgargs_handoff_overdue_mark(nh_pg_args_t *a, const char *endpoint, const char *event_id, int64_t at,
+                                         const char *detail);
 
 /* 1 if s holds len bytes of well-formed UTF-8 (what PostgreSQL's text accepts, less the
  * NUL a C string cannot hold anyway). */
