@@ -29,10 +29,12 @@
 -- at your call (the host refuses to start), naming the column, the option that names it and
 -- the table. Then it polls every `every` seconds (a periodic task of the host, stopped with
 -- the VM on reload or shutdown; a poll never overlaps the previous one): rows not sent yet,
--- by increasing id, `batch` at a time; each batch is one transaction of the source that
--- publishes its rows in order (nimbus.publish: type, the payload text unchanged, session)
--- and marks them sent (sent = the UTC time as ISO-8601 text; or mark = "delete" removes
--- them, and then no `sent` column is needed). A full batch is followed by the next at once.
+-- by increasing id, `batch` at a time, read in one statement; it publishes them in order
+-- (nimbus.publish: type, the payload text unchanged, session) and marks each sent right after
+-- its publish (sent = the UTC time as ISO-8601 text; or mark = "delete" removes them, and
+-- then no `sent` column is needed). No transaction of the source is held while it publishes:
+-- the application's writers wait for one short write at most. A full batch is followed by
+-- the next at once.
 -- A row whose session is NULL is published without one (a session of its own: no order
 -- with other rows).
 --   Options: source (required), columns, batch (100), every (1 s), mark ("sent" | "delete"),
@@ -44,9 +46,11 @@
 -- last_error }.
 --
 -- Order: one relay publishes rows one at a time in id order, so the events of a session
--- reach the broker in the order their rows were written. Run one relay per outbox (a
--- second one would not publish a row twice, as each batch holds the database's write lock,
--- but the two would only take turns and warn that the database is busy). A row that cannot
+-- reach the broker in the order their rows were written. Run one relay per outbox: a second
+-- one could publish a row the first has published and not marked yet (the second publish is
+-- dropped when columns.message_id is set, as after a crash or a reload between a publish and
+-- its mark; a mark the database was too busy for is made at the next poll, without a second
+-- publish). A row that cannot
 -- be published (type empty, payload not a JSON object) is logged (error, once per relay) and left
 -- unsent; later rows of its session wait behind it, other sessions go on. Fix the row (UPDATE it) and the relay takes it at its next poll. When
 -- publishing fails (store or broker down) the poll stops and the next one starts again
@@ -56,19 +60,18 @@
 -- (nimbus.sqlite: a path opens its own handle and puts the file in WAL mode; busy_timeout
 -- is how long a poll waits for the application's write lock, blocking the host's loop
 -- meanwhile, before it gives up until the next poll (a warning); the application's
--- writers need a busy timeout too, as they wait for the relay's batch). A source
+-- writers need a busy timeout too, as they may wait for one of the relay's marks). A source
 -- is a small interface, so a PostgreSQL one (not in the host yet) slots in beside it:
 --   src:describe() -> "table outbox in shop.db"
 --   src:check(columns, mark) -> true | nil, message   (the table and every named column exist)
---   src:batch(after_id, limit, fn) -> rows_seen, last_id | nil, message, code: in one
---     transaction, reads up to `limit` unsent rows by id (those with id > after_id, or from
---     the first when after_id is nil), each a table keyed by the logical names (id, type,
---     session, payload, message_id); calls fn(row) for each, which returns true (published:
---     mark it), false (leave it) or nil (stop the batch); marks the rows fn took; commits.
---     code "SQLITE_BUSY" when the lock was not to be had: the relay warns and tries again
---     at the next poll. (PostgreSQL: SELECT ... ORDER BY id FOR UPDATE in a transaction;
---     ids must then be committed in order, e.g. under a lock, or a row whose transaction
---     commits late is published after higher ids.)
+--   src:batch(after_id, limit, fn) -> rows_seen, last_id | nil, message, code: reads up
+--     to `limit` unsent rows by id (those with id > after_id, or from the first when after_id
+--     is nil), each a table keyed by the logical names (id, type, session, payload,
+--     message_id); calls fn(row) for each, outside any transaction (fn may wait), which
+--     returns true (published: mark it now), false (leave it) or nil (stop the batch).
+--     code "SQLITE_BUSY" when a lock was not to be had: the relay warns and tries again at
+--     the next poll. (PostgreSQL: ids must be committed in order, e.g. under a lock, or a
+--     row whose transaction commits late is published after higher ids.)
 local cjson = require("cjson.safe")
 local mw = require("adapters.middleware")
 
@@ -149,34 +152,27 @@ function Sqlite:check(columns, mark)
   return true
 end
 
--- A failure inside db:tx is raised (and rolls back); this carries it out as a value.
-local Failure = {}
-
+-- The rows are read in one statement (one snapshot); fn runs outside any transaction, since
+-- it publishes and a publish may wait (on a PostgreSQL store the task waits for the store,
+-- which no task may do inside db:tx); each row fn took is marked right after its publish,
+-- in a write of its own, so the application's writers never wait for a publish.
 function Sqlite:batch(after_id, limit, fn)
   local db = self.db
-  local ok, done, res, code = pcall(db.tx, db, function()
-    local rows, err
-    if after_id == nil then rows, err = db:rows(self.sql_first, limit)
-    else rows, err = db:rows(self.sql_after, after_id, limit) end
-    if not rows then error(setmetatable({ msg = err }, Failure)) end
-    local last
-    for _, row in ipairs(rows) do
-      local take = fn(row)
-      if take == nil then break end
-      last = row.id
-      if take then
-        local n, merr = db:exec(self.sql_mark, row.id)
-        if not n then error(setmetatable({ msg = merr }, Failure)) end
-      end
+  local rows, err, code
+  if after_id == nil then rows, err, code = db:rows(self.sql_first, limit)
+  else rows, err, code = db:rows(self.sql_after, after_id, limit) end
+  if not rows then return nil, err, code end
+  local last
+  for _, row in ipairs(rows) do
+    local take = fn(row)
+    if take == nil then break end
+    last = row.id
+    if take then
+      local n, merr, mcode = db:exec(self.sql_mark, row.id)
+      if not n then return nil, merr, mcode end
     end
-    return { seen = #rows, last = last }
-  end)
-  if not ok then   -- fn raised: rolled back; done is the error
-    if getmetatable(done) == Failure then return nil, done.msg end
-    error(done, 0)
   end
-  if not done then return nil, res, code end   -- BEGIN IMMEDIATE or COMMIT failed (busy, I/O): rolled back
-  return res.seen, res.last
+  return #rows, last
 end
 
 ---------------------------------------------------------------------------- relay
@@ -227,6 +223,8 @@ function Relay:poll()
   local published, after = 0, nil
   local failure
   local function take(row)
+    -- published by an earlier poll whose mark failed (the database was busy): mark it only
+    if self.unmarked[row.id] then return true end
     local session = row.session ~= nil and tostring(row.session) or nil
     if session and blocked[session] then return false end
     local etype, payload, popts = prepare(self, row)
@@ -244,11 +242,13 @@ function Relay:poll()
       failure = ("publishing outbox row %s failed: %s"):format(tostring(row.id), tostring(ok and err or id))
       return nil
     end
+    self.unmarked[row.id] = true
     published = published + 1
     return true
   end
   while true do
     local seen, last, code = self.source:batch(after, self.batch, take)
+    if seen ~= nil then self.unmarked = {} end   -- every row taken is marked
     if seen == nil and code == "SQLITE_BUSY" and not failure then
       stats.busy = stats.busy + 1
       log("warn", "outbox relay poll stopped: the outbox database is busy (a writer holds its lock); the next poll "
@@ -322,7 +322,7 @@ function M.start(opts)
   if type(name) ~= "string" or name == "" then error(what .. ": `name` must be a non-empty string", 2) end
   local ok, err = src:check(columns, mark)
   if not ok then error(("%s: the outbox relay cannot start: %s"):format(what, tostring(err)), 2) end
-  local relay = setmetatable({ source = src, columns = columns, batch = batch, reported = {},
+  local relay = setmetatable({ source = src, columns = columns, batch = batch, reported = {}, unmarked = {},
                                stats = { polls = 0, published = 0, failures = 0, busy = 0 } }, Relay)
   relay.handle = every(secs, function() relay:poll() end, name, timeout)
   return relay

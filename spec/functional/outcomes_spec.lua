@@ -52,8 +52,7 @@ describe("an event in a free session", function()
     -- --to addresses one endpoint only, even though both subscribe.
     local only = sb:publish("Ok", { tag = "only-b" }, { session = "s2", to = "EpB" })
     sb:wait_message(only, "Completed", "EpB")
-    local queued = nh.capture(("sqlite3 %s \"SELECT count(*) FROM queue WHERE message_id = '%s'\""):format(nh.q(sb.store), only))
-    assert.equal("0", queued.out:match("%d+"), "no other copy is waiting in a queue")
+    assert.equal(0, sb:queued(("message_id = '%s'"):format(only)), "no other copy is waiting in a queue")
     local copies = nh.where(sb:events(), "message_id", only)
     assert.equal(1, #copies)
     assert.equal("EpB", copies[1].endpoint)
@@ -229,11 +228,7 @@ end)
   end)
 
   describe("nimbus.publish inside a handler", function()
-    local function queued_follow_ups()
-      local r = nh.capture(("sqlite3 %s \"SELECT count(*) FROM queue WHERE event_type = 'Follow'\""):format(nh.q(sb.store)))
-      assert.equal(0, r.code, r.err)
-      return tonumber(r.out:match("%d+"))
-    end
+    local function queued_follow_ups() return sb:queued("event_type = 'Follow'") end
 
     it("is sent when the handler completes, and when it hands off", function()
       sb:start(sb:recorder{ types = { "Ok", "Follow" } })

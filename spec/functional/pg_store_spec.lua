@@ -74,7 +74,8 @@ describe("a PostgreSQL store URL", function()
     assert.truthy(r.err:find("ready:", 1, true), r.err)
     assert.is_nil(r.err:find("migrated", 1, true), r.err)
 
-    refused(run(url, "failures"), "schema is at version 4;", "sqlite store only for now", "--store PATH")
+    refused(run(url, "purge --resolved-before 7d"), "schema is at version 4;", "sqlite store only for now",
+            "--store PATH")
   end)
 
   it("that is malformed, or where nothing listens, is refused with what to write or check", function()

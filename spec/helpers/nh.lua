@@ -575,6 +575,16 @@ function Sandbox:wait_rows(pred, what)
   return last
 end
 
+-- How many messages the store's queue holds (either store: the queue is its table), of
+-- those that `where` (SQL both dialects read alike, such as "event_type = 'Follow'") picks.
+function Sandbox:queued(where)
+  local sql = "SELECT count(*) FROM queue" .. (where and " WHERE " .. where or "")
+  if self.pg_db then return tonumber(require("pg").value(self.store, sql)) end
+  local r = M.capture(("sqlite3 %s %s"):format(q(self.store), q(sql)))
+  assert(r.code == 0, "sqlite3 failed: " .. r.err)
+  return tonumber(r.out:match("%d+"))
+end
+
 -- Waits until an operator command for event_id has been applied: nothing is queued for
 -- it any more, which `show` reveals through its history (the command's
 -- "Requested" entry followed by a later one). Returns the show object.

@@ -39,7 +39,14 @@ int nh_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(
 /* publish on a PostgreSQL store (nh_cli_pgpub.c): m queued for `to` or for every
  * subscriber of its type, in one transaction; prints what the sqlite path prints. given_id:
  * --message-id was given (refused there for now). Returns the exit code. */
-int nh_cli_publish_pg(const char *url, const nh_msg_t *m, const char *to, int given_id);
+/* given_id: m's MessageId is the caller's (--message-id): published once within the window */
+int nh_cli_publish_pg(const char *url, const nh_msg_t *m, const char *to, const char *given_id);
+/* A PostgreSQL store for a command that writes: connected, its schema and the queue's
+ * migrated. NULL after saying why, with *exit_code set. */
+struct nh_pg_db;
+struct nh_pg_db *nh_cli_pg_open(const char *cmd, const char *url, int *exit_code);
+/* publish --message-id found the id published at `at`: says so on stderr */
+void nh_cli_said_published(const char *message_id, int64_t at);
 /* resubmit, skip, handoff of one event on a PostgreSQL store (nh_cli_pg.c); the exit code. */
 struct nh_op_req;
 int nh_cli_submit_pg(const char *cmd, const char *url, const struct nh_op_req *req);
@@ -57,8 +64,11 @@ int nh_cli_valid_utf8(const char *s);
 #define NH_CLI_FILTER_OPTS                                                                          \
   { "--endpoint", 1 }, { "--status", 1 }, { "--type", 1 }, { "--session", 1 }, { "--error", 1 },    \
   { "--group", 1 }, { "--since", 1 }, { "--before", 1 }
-/* s NULL: a PostgreSQL store, whose endpoint and group names are not checked yet. */
+/* s NULL: no store to check the names against. */
 int nh_cli_filter_parse(const nh_args_t *a, const char *cmd, nh_store_t *s, nh_event_filter_t *f);
+/* The same on a PostgreSQL store. */
+struct nh_pg_db;
+int nh_cli_filter_parse_pg(const nh_args_t *a, const char *cmd, struct nh_pg_db *db, nh_event_filter_t *f);
 void nh_cli_filter_describe(const nh_event_filter_t *f, const nh_args_t *a, char *out, size_t len);
 
 /* The admin listener's address and logins: --admin ADDR (else $NIMBUS_ADMIN, else

@@ -1,10 +1,12 @@
 /* Bulk operator actions from the CLI: `resubmit --all` and `skip --all` with the event
  * filters, run by the engine the admin API uses too (dispatch/nh_bulk.h: batches, one
- * store transaction each, resumable after a kill). This file only parses, reports
- * progress and prints. */
+ * store transaction each, resumable after a kill), on sqlite or PostgreSQL. This file only
+ * parses, reports progress and prints. */
 #include "nh_cli.h"
 #include "core/nh_util.h"
 #include "dispatch/nh_bulk.h"
+#include "store/nh_pg.h"
+#include "store/nh_pg_ops.h"
 #include "transport/nh_embedded.h"
 
 #include <stdio.h>
@@ -41,7 +43,9 @@ static int dry_run(nh_bulk_t *b, const char *verb)
   return rc < 0 ? NH_EXIT_FAIL : NH_EXIT_OK;
 }
 
-static void report(const nh_bulk_result_t *r, nh_store_t *s, const char *cmd, const char *store)
+/* The store's `hosts` rows (sqlite's s, or PostgreSQL's pg) say which endpoints no host
+ * serves. */
+static void report(const nh_bulk_result_t *r, nh_store_t *s, nh_pg_db_t *pg, const char *cmd, const char *store)
 {
   printf("queued %lld %s request%s", r->queued, cmd, r->queued == 1 ? "" : "s");
   for (int i = 0; i < r->neps; i++) printf("%s %s (%lld)", i ? "," : " for", r->eps[i].name, r->eps[i].n);
@@ -49,13 +53,14 @@ static void report(const nh_bulk_result_t *r, nh_store_t *s, const char *cmd, co
   if (r->refused) printf("%lld not queued, for example: %s\n", r->refused, r->first_refusal);
   /* a host refreshes its row every 10 s: one silent for 30 s is gone */
   for (int i = 0; i < r->neps; i++)
-    if (nh_store_hosts_serving(s, r->eps[i].name, nh_time_now_ms() - 30000) == 0)
+    if ((pg ? nh_pgs_hosts_serving(pg, r->eps[i].name, nh_time_now_ms() - 30000)
+            : nh_store_hosts_serving(s, r->eps[i].name, nh_time_now_ms() - 30000)) == 0)
       printf("note: no running host serves %s; its requests wait in the store until one starts "
              "(nimbus-host ADAPTER.lua --store %s)\n", r->eps[i].name, store);
 }
 
 /* Runs the whole bulk action; an exit code. */
-static int run(nh_bulk_t *b, nh_store_t *s, const char *cmd, const char *store)
+static int run(nh_bulk_t *b, nh_store_t *s, nh_pg_db_t *pg, const char *cmd, const char *store)
 {
   const nh_bulk_result_t *r = nh_bulk_result(b);
   if (r->resumed) {
@@ -73,11 +78,11 @@ static int run(nh_bulk_t *b, nh_store_t *s, const char *cmd, const char *store)
   progress(tty, r->queued + r->refused, r->total);
   if (tty) fputc('\n', stderr);
   if (nh_bulk_finish(b)) goto failed;
-  report(r, s, cmd, store);
+  report(r, s, pg, cmd, store);
   return NH_EXIT_OK;
 failed:
   fprintf(stderr, "\nnimbus-host %s: store: %s; the batches queued so far stay queued: run the same command again "
-                  "to queue the rest\n", cmd, nh_store_errmsg(s));
+                  "to queue the rest\n", cmd, nh_bulk_errmsg(b));
   return NH_EXIT_FAIL;
 }
 
@@ -92,32 +97,32 @@ int nh_cli_bulk(int kind, const nh_args_t *a)
 
   nh_error_t err = {0};
   nh_store_t *s = NULL;
-  if (nh_store_open(&s, a->store, 0, &err)) {
+  nh_pg_db_t *db = NULL;
+  nh_transport_t *tr = NULL;
+  int rc = NH_EXIT_OK;
+  if (nh_pg_url_is(a->store)) {   /* the requests written through a blocking connection */
+    if (!(db = nh_cli_pg_open(cmd, a->store, &rc))) return rc;
+  } else if (nh_store_open(&s, a->store, 0, &err)) {
     fprintf(stderr, "nimbus-host %s: %s\n", cmd, err.msg);
     return err.code == NH_EFAIL ? NH_EXIT_FAIL : NH_EXIT_USAGE;
   }
   nh_event_filter_t f;
-  int rc = nh_cli_filter_parse(a, cmd, s, &f);
-  if (rc) {
-    nh_store_close(s);
-    return rc;
-  }
   char filters[512], key[600];
+  char host[128] = "localhost", owner[200], emb_owner[64];
+  if ((rc = db ? nh_cli_filter_parse_pg(a, cmd, db, &f) : nh_cli_filter_parse(a, cmd, s, &f))) goto done;
   nh_cli_filter_describe(&f, a, filters, sizeof filters);
   snprintf(key, sizeof key, "%s %s", cmd, filters);
-  char host[128] = "localhost", owner[200], emb_owner[64];
   gethostname(host, sizeof host - 1);
   snprintf(owner, sizeof owner, "%s:%ld:bulk", host, (long)getpid());
   snprintf(emb_owner, sizeof emb_owner, "cli:%ld", (long)getpid());
-  nh_transport_t *tr = nh_embedded_init(nh_store_db(s), emb_owner, &err);
-  if (!tr) {
+  if (s && !(tr = nh_embedded_init(nh_store_db(s), emb_owner, &err))) {
     fprintf(stderr, "nimbus-host %s: %s\n", cmd, err.msg);
-    nh_store_close(s);
-    return NH_EXIT_FAIL;
+    rc = NH_EXIT_FAIL;
+    goto done;
   }
   nh_bulk_opts_t o = { .kind = (nh_op_kind_t)kind, .force = nh_args_has(a, "--force"), .key = key, .owner = owner,
                        .actor = "cli (bulk)", .reason = nh_args_get(a, "--reason") };
-  nh_bulk_t *b = nh_bulk_new(s, tr, &f, &o);
+  nh_bulk_t *b = db ? nh_bulk_new_pg(db, &f, &o) : nh_bulk_new(s, tr, &f, &o);
   if (nh_bulk_prepare(b, &err)) {
     fprintf(stderr, "nimbus-host %s: %s\n", cmd, err.msg);
     rc = NH_EXIT_FAIL;
@@ -126,12 +131,14 @@ int nh_cli_bulk(int kind, const nh_args_t *a)
   } else if (nh_bulk_result(b)->total == 0) {
     printf("no events match %s (nothing to do)\n", filters);
     rc = nh_bulk_nothing(b) ? NH_EXIT_FAIL : NH_EXIT_OK;
-    if (rc) fprintf(stderr, "nimbus-host %s: store: %s\n", cmd, nh_store_errmsg(s));
+    if (rc) fprintf(stderr, "nimbus-host %s: store: %s\n", cmd, nh_bulk_errmsg(b));
   } else {
-    rc = run(b, s, cmd, a->store);
+    rc = run(b, s, db, cmd, a->store);
   }
   nh_bulk_free(b);
-  tr->vt->close(tr);
-  nh_store_close(s);
+done:
+  if (tr) tr->vt->close(tr);
+  if (s) nh_store_close(s);
+  if (db) nh_pg_db_free(db);
   return rc;
 }

@@ -4,6 +4,7 @@
 #include "nh_cli.h"
 #include "core/nh_failgroup.h"
 #include "core/nh_util.h"
+#include "store/nh_pg_ops.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +27,13 @@ static int collect_endpoint(void *data, const char *ep)
   return 0;
 }
 
+static int unknown_endpoint(const char *cmd, const nh_event_filter_t *f, const struct known *k)
+{
+  if (k->found) return NH_EXIT_OK;
+  if (k->n) return nh_usage_error(cmd, "unknown --endpoint %s (this store has events of %s)", f->endpoint, k->list);
+  return nh_usage_error(cmd, "unknown --endpoint %s (this store has no events yet)", f->endpoint);
+}
+
 static int parse_time(const char *cmd, const char *opt, const char *v, int64_t now, int64_t *out)
 {
   if (!v) return NH_EXIT_OK;
@@ -37,7 +45,16 @@ static int parse_time(const char *cmd, const char *opt, const char *v, int64_t n
   return NH_EXIT_OK;
 }
 
-int nh_cli_filter_parse(const nh_args_t *a, const char *cmd, nh_store_t *s, nh_event_filter_t *f)
+/* The store's names the filters are checked against, on either store: the endpoints with
+ * events (each to cb), and the endpoint of a failure group (1, 0: none, NH_EFAIL). */
+typedef struct names {
+  int (*endpoints)(void *ctx, int (*cb)(void *, const char *), void *data);
+  int (*group_endpoint)(void *ctx, const char *group, char *endpoint, size_t len);
+  const char *(*errmsg)(void *ctx);
+  void *ctx;
+} names_t;
+
+static int parse(const nh_args_t *a, const char *cmd, const names_t *names, nh_event_filter_t *f)
 {
   memset(f, 0, sizeof *f);
   f->endpoint = nh_args_get(a, "--endpoint");
@@ -61,20 +78,14 @@ int nh_cli_filter_parse(const nh_args_t *a, const char *cmd, nh_store_t *s, nh_e
     const char *v = nh_args_get(a, empty[i]);
     if (v && !*v) return nh_usage_error(cmd, "%s needs a value", empty[i]);
   }
-  if (!s) {   /* a PostgreSQL store (events): no checks against the store's names yet */
-    if (f->group) return nh_usage_error(cmd, "--group on a PostgreSQL store is not built yet (docs/store-backends.md)");
-    return NH_EXIT_OK;
-  }
+  if (!names) return NH_EXIT_OK;
   if (f->endpoint) {
     struct known k = { .want = f->endpoint };
-    if (nh_store_endpoints(s, collect_endpoint, &k) < 0) {
-      fprintf(stderr, "nimbus-host %s: store: %s\n", cmd, nh_store_errmsg(s));
+    if (names->endpoints(names->ctx, collect_endpoint, &k) < 0) {
+      fprintf(stderr, "nimbus-host %s: store: %s\n", cmd, names->errmsg(names->ctx));
       return NH_EXIT_FAIL;
     }
-    if (!k.found) {
-      if (k.n) return nh_usage_error(cmd, "unknown --endpoint %s (this store has events of %s)", f->endpoint, k.list);
-      return nh_usage_error(cmd, "unknown --endpoint %s (this store has no events yet)", f->endpoint);
-    }
+    if ((rc = unknown_endpoint(cmd, f, &k))) return rc;
   }
   if (f->group) {
     size_t n = strspn(f->group, "0123456789abcdef");
@@ -84,10 +95,10 @@ int nh_cli_filter_parse(const nh_args_t *a, const char *cmd, nh_store_t *s, nh_e
     /* A group is one endpoint's (its id hashes the endpoint in): with the endpoint too,
      * the group's index gives a bulk batch its rows in order, nothing sorted. */
     static char group_ep[256];
-    int g = nh_store_failgroup_endpoint(s, f->group, group_ep, sizeof group_ep);
+    int g = names->group_endpoint(names->ctx, f->group, group_ep, sizeof group_ep);
     if (g == 1 && !f->endpoint) f->endpoint = group_ep;
     if (g < 0) {
-      fprintf(stderr, "nimbus-host %s: store: %s\n", cmd, nh_store_errmsg(s));
+      fprintf(stderr, "nimbus-host %s: store: %s\n", cmd, names->errmsg(names->ctx));
       return NH_EXIT_FAIL;
     }
     /* not an error: a group that was resolved a moment ago is empty, and a script that
@@ -97,6 +108,67 @@ int nh_cli_filter_parse(const nh_args_t *a, const char *cmd, nh_store_t *s, nh_e
                       "nimbus-host failures)\n", f->group);
   }
   return NH_EXIT_OK;
+}
+
+/* ---- sqlite */
+
+static int sqlite_endpoints(void *ctx, int (*cb)(void *, const char *), void *data)
+{
+  return nh_store_endpoints(ctx, cb, data);
+}
+
+static int sqlite_group_endpoint(void *ctx, const char *group, char *endpoint, size_t len)
+{
+  return nh_store_failgroup_endpoint(ctx, group, endpoint, len);
+}
+
+static const char *sqlite_errmsg(void *ctx) { return nh_store_errmsg(ctx); }
+
+int nh_cli_filter_parse(const nh_args_t *a, const char *cmd, nh_store_t *s, nh_event_filter_t *f)
+{
+  names_t names = { sqlite_endpoints, sqlite_group_endpoint, sqlite_errmsg, s };
+  return parse(a, cmd, s ? &names : NULL, f);
+}
+
+/* ---- PostgreSQL */
+
+typedef struct pg_names {
+  nh_pg_db_t *db;
+  nh_error_t err;
+} pg_names_t;
+
+/* The endpoints that have events, in order: a loose index scan of audit_session (endpoint
+ * first), one probe per endpoint, not a pass over every row. */
+static int pg_endpoints(void *ctx, int (*cb)(void *, const char *), void *data)
+{
+  pg_names_t *p = ctx;
+  PGresult *r = PQexec(nh_pg_db_conn(p->db),
+                       "WITH RECURSIVE e AS (SELECT min(endpoint) AS ep FROM audit UNION ALL"
+                       " SELECT (SELECT min(endpoint) FROM audit WHERE endpoint > e.ep) FROM e WHERE e.ep IS NOT NULL)"
+                       " SELECT ep FROM e WHERE ep IS NOT NULL");
+  if (PQresultStatus(r) != PGRES_TUPLES_OK) {
+    nh_error_set(&p->err, NH_EFAIL, "%s", PQresultErrorMessage(r));
+    PQclear(r);
+    return NH_EFAIL;
+  }
+  for (int i = 0; i < PQntuples(r); i++) cb(data, PQgetvalue(r, i, 0));
+  PQclear(r);
+  return NH_OK;
+}
+
+static int pg_group_endpoint(void *ctx, const char *group, char *endpoint, size_t len)
+{
+  pg_names_t *p = ctx;
+  return nh_pgs_failgroup_endpoint(p->db, group, endpoint, len, &p->err);
+}
+
+static const char *pg_errmsg(void *ctx) { return ((pg_names_t *)ctx)->err.msg; }
+
+int nh_cli_filter_parse_pg(const nh_args_t *a, const char *cmd, struct nh_pg_db *db, nh_event_filter_t *f)
+{
+  pg_names_t p = { .db = db };
+  names_t names = { pg_endpoints, pg_group_endpoint, pg_errmsg, &p };
+  return parse(a, cmd, &names, f);
 }
 
 /* Writes the filters given as "--endpoint E --status S ..." for messages and keys. */
@@ -112,3 +184,4 @@ void nh_cli_filter_describe(const nh_event_filter_t *f, const nh_args_t *a, char
     if (v) n += (size_t)snprintf(out + n, len - n, "%s%s %s", n ? " " : "", opts[i], v);
   }
 }
+

@@ -65,16 +65,19 @@ typedef struct amqp_pub {
 
 /* publish --message-id: the MessageId is claimed in the store (in the caller's open
  * transaction); 0 when it was published within the dedup window, after saying so. */
+void nh_cli_said_published(const char *message_id, int64_t at)
+{
+  char when[40];
+  nh_time_iso8601(at, when, sizeof when);
+  fprintf(stderr, "nimbus-host publish: MessageId %s was already published at %s (within the dedup window of "
+                  "24 h): not stored again\n", message_id, when);
+}
+
 static int claim_message_id(nh_store_t *s, const char *message_id)
 {
   int64_t now = nh_time_now_ms(), at = 0;
   int c = nh_store_published_claim(s, message_id, now, now - NH_DEDUP_WINDOW_MS, &at);
-  if (c == 0) {
-    char when[40];
-    nh_time_iso8601(at, when, sizeof when);
-    fprintf(stderr, "nimbus-host publish: MessageId %s was already published at %s (within the dedup window of "
-                    "24 h): not stored again\n", message_id, when);
-  }
+  if (c == 0) nh_cli_said_published(message_id, at);
   return c;
 }
 
@@ -301,7 +304,7 @@ int nh_cmd_publish(int argc, char **argv)
     return rc;
   }
   if (nh_pg_url_is(a.store)) {
-    rc = nh_cli_publish_pg(a.store, &m, nh_args_get(&a, "--to"), given_id != NULL);
+    rc = nh_cli_publish_pg(a.store, &m, nh_args_get(&a, "--to"), given_id);
     free(body);
     return rc;
   }

@@ -299,11 +299,14 @@ static int events_pg(const nh_args_t *a, int limit, int count)
     return nh_usage_error("events", "%s on a PostgreSQL store is not built yet (docs/store-backends.md)",
                           nh_args_has(a, "--follow") ? "--follow" : "--status queued|running");
   nh_event_filter_t f;
-  int rc = nh_cli_filter_parse(a, "events", NULL, &f);
-  if (rc) return rc;
-  f.limit = limit;
   reader_t rd;
-  if ((rc = reader_open(&rd, "events", a->store))) return rc;
+  int rc = reader_open(&rd, "events", a->store);
+  if (rc) return rc;
+  if ((rc = nh_cli_filter_parse_pg(a, "events", rd.pg, &f))) {
+    reader_close(&rd);
+    return rc;
+  }
+  f.limit = limit;
   nh_error_t err = {0};
   if (count) {
     int64_t n = nh_pgs_events_count(rd.pg, &f, &err);
@@ -313,7 +316,7 @@ static int events_pg(const nh_args_t *a, int limit, int count)
     return n < 0 ? (err.code == NH_EUSAGE ? NH_EXIT_USAGE : NH_EXIT_FAIL) : NH_EXIT_OK;
   }
   struct list_ctx c = { .json = nh_args_has(a, "--json") };
-  int n = nh_pgs_events(rd.pg, &f, print_event, &c, &err);
+  int n = nh_pgs_events(rd.pg, &f, print_event, &c, NULL, &err);
   if (n < 0) fprintf(stderr, "nimbus-host events: %s\n", err.msg);
   if (!c.json) table_flush(&c);
   if (n == 0 && !c.json) printf("no events match\n");
@@ -411,17 +414,22 @@ int nh_cmd_failures(int argc, char **argv)
   int rc = nh_args_parse(&a, "failures", argc, argv, 2, specs);
   if (rc) return rc;
   if (a.npos) return nh_usage_error("failures", "unexpected argument %s", a.pos[0]);
-  nh_store_t *s;
-  if ((rc = open_store(&s, "failures", a.store))) return rc;
+  reader_t rd;
+  if ((rc = reader_open(&rd, "failures", a.store))) return rc;
   nh_event_filter_t f;
-  if ((rc = nh_cli_filter_parse(&a, "failures", s, &f))) {
-    nh_store_close(s);
+  if ((rc = rd.pg ? nh_cli_filter_parse_pg(&a, "failures", rd.pg, &f) : nh_cli_filter_parse(&a, "failures", rd.s, &f))) {
+    reader_close(&rd);
     return rc;
   }
   struct fail_ctx c = { nh_args_has(&a, "--json"), 0 };
-  int n = nh_store_failgroups(s, f.endpoint, print_group, &c);
-  nh_store_close(s);
-  if (n < 0) return NH_EXIT_FAIL;
+  nh_error_t err = {0};
+  int n = rd.pg ? nh_pgs_failgroups(rd.pg, f.endpoint, print_group, &c, &err)
+                : nh_store_failgroups(rd.s, f.endpoint, print_group, &c);
+  reader_close(&rd);
+  if (n < 0) {
+    if (err.msg[0]) fprintf(stderr, "nimbus-host failures: %s\n", err.msg);
+    return NH_EXIT_FAIL;
+  }
   if (!c.json && n == 0) printf("no unresolved failures\n");
   else if (!c.json)
     printf("\nresubmit or skip a group: nimbus-host resubmit --all --group GROUP (add --dry-run to see it first)\n");

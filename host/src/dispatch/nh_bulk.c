@@ -1,6 +1,9 @@
-/* The bulk operator engine (nh_bulk.h). */
+/* The bulk operator engine (nh_bulk.h), on either store: sqlite (a batch per transaction)
+ * or PostgreSQL (a command's blocking connection: each event's request a transaction of
+ * its own, as `resubmit EVENT_ID` writes it; the run's record after each batch). */
 #include "nh_bulk.h"
 #include "core/nh_util.h"
+#include "store/nh_pg_ops.h"
 
 #include <signal.h>
 #include <stdio.h>
@@ -12,6 +15,7 @@
 struct nh_bulk {
   nh_store_t *s;
   nh_transport_t *tr;
+  nh_pg_db_t *pg;              /* a PostgreSQL store's (s and tr NULL) */
   nh_bulk_opts_t o;
   nh_op_req_t req;
   nh_event_filter_t pass[2];   /* skip without a status: the parked first, then the rest */
@@ -20,6 +24,7 @@ struct nh_bulk {
   nh_audit_t *rows;
   int n, cap, batches;
   const char *kill_after;      /* the crash test's hook: die like a killed process after K batches */
+  nh_error_t err;              /* PostgreSQL: why a read failed */
   nh_bulk_result_t res;
 };
 
@@ -41,12 +46,9 @@ static void eligible_only(nh_op_kind_t kind, int force, nh_event_filter_t *f)
   f->without_request = 1;
 }
 
-nh_bulk_t *nh_bulk_new(nh_store_t *s, nh_transport_t *tr, const nh_event_filter_t *f, const nh_bulk_opts_t *o)
+static void set_filter(nh_bulk_t *b, const nh_event_filter_t *f)
 {
-  nh_bulk_t *b = nh_xcalloc(1, sizeof *b);
-  b->s = s;
-  b->tr = tr;
-  b->o = *o;
+  const nh_bulk_opts_t *o = &b->o;
   const char *env = getenv("NIMBUS_BULK_BATCH");
   b->cap = env && atoi(env) > 0 ? atoi(env) : NH_BULK_BATCH;
   b->rows = nh_xcalloc((size_t)b->cap, sizeof *b->rows);
@@ -70,14 +72,68 @@ nh_bulk_t *nh_bulk_new(nh_store_t *s, nh_transport_t *tr, const nh_event_filter_
     b->pass[0] = base;
     b->npass = 1;
   }
+}
+
+nh_bulk_t *nh_bulk_new(nh_store_t *s, nh_transport_t *tr, const nh_event_filter_t *f, const nh_bulk_opts_t *o)
+{
+  nh_bulk_t *b = nh_xcalloc(1, sizeof *b);
+  b->s = s;
+  b->tr = tr;
+  b->o = *o;
+  set_filter(b, f);
   return b;
 }
+
+nh_bulk_t *nh_bulk_new_pg(nh_pg_db_t *db, const nh_event_filter_t *f, const nh_bulk_opts_t *o)
+{
+  nh_bulk_t *b = nh_xcalloc(1, sizeof *b);
+  b->pg = db;
+  b->o = *o;
+  set_filter(b, f);
+  return b;
+}
+
+/* ---------------------------------------------------------------- either store */
+
+static int run_get(nh_bulk_t *b, nh_bulk_run_t *prev)
+{
+  return b->pg ? nh_pgs_bulk_get(b->pg, b->o.key, prev) : nh_store_bulk_get(b->s, b->o.key, prev);
+}
+
+/* The run's record written (sqlite: in the open transaction, or one of its own). */
+static int run_put(nh_bulk_t *b, const nh_bulk_run_t *run, int in_tx)
+{
+  if (b->pg) return nh_pgs_bulk_put(b->pg, b->o.key, run);
+  if (in_tx) return nh_store_bulk_put(b->s, b->o.key, run);
+  if (nh_store_begin(b->s) || nh_store_bulk_put(b->s, b->o.key, run) || nh_store_commit(b->s)) {
+    nh_store_rollback(b->s);
+    return NH_EFAIL;
+  }
+  return NH_OK;
+}
+
+static int64_t count(nh_bulk_t *b, const nh_event_filter_t *f)
+{
+  return b->pg ? nh_pgs_events_count(b->pg, f, &b->err) : nh_store_events_count(b->s, f);
+}
+
+static int read_events(nh_bulk_t *b, const nh_event_filter_t *f, nh_audit_cb cb, void *data, int64_t *last)
+{
+  return b->pg ? nh_pgs_events(b->pg, f, cb, data, last, &b->err) : nh_store_events(b->s, f, cb, data, last);
+}
+
+const char *nh_bulk_errmsg(const nh_bulk_t *b)
+{
+  if (!b->pg) return nh_store_errmsg(b->s);
+  return b->err.msg[0] ? b->err.msg : nh_pg_db_error(b->pg)->msg;
+}
+
 
 int nh_bulk_prepare(nh_bulk_t *b, nh_error_t *err)
 {
   nh_bulk_run_t prev = { 0 };
-  int resumed = nh_store_bulk_get(b->s, b->o.key, &prev);
-  if (resumed < 0) return nh_error_set(err, NH_EFAIL, "store: %s", nh_store_errmsg(b->s));
+  int resumed = run_get(b, &prev);
+  if (resumed < 0) return nh_error_set(err, NH_EFAIL, "store: %s", nh_bulk_errmsg(b));
   if (resumed && prev.owner && !nh_owner_dead(prev.owner)) {
     nh_error_set(err, NH_ESTATE, "the same bulk action is already running (%s, since %lld s); wait for it",
                  prev.owner, (long long)((nh_time_now_ms() - prev.started_ms) / 1000));
@@ -95,8 +151,8 @@ int nh_bulk_prepare(nh_bulk_t *b, nh_error_t *err)
   b->res.total = 0;
   for (int i = 0; i < b->npass; i++) {
     b->pass[i].cutoff_ms = cutoff;
-    int64_t n = nh_store_events_count(b->s, &b->pass[i]);
-    if (n < 0) return nh_error_set(err, NH_EFAIL, "store: %s", nh_store_errmsg(b->s));
+    int64_t n = count(b, &b->pass[i]);
+    if (n < 0) return nh_error_set(err, NH_EFAIL, "store: %s", nh_bulk_errmsg(b));
     b->res.total += n;
   }
   return NH_OK;
@@ -108,7 +164,7 @@ int nh_bulk_sample(nh_bulk_t *b, int n, nh_audit_cb cb, void *data)
   for (int i = 0; i < b->npass && got < n; i++) {
     nh_event_filter_t first = b->pass[i];
     first.batch = n - got;   /* the first the real run queues: the same order */
-    int k = nh_store_events(b->s, &first, cb, data, NULL);
+    int k = read_events(b, &first, cb, data, NULL);
     if (k < 0) return NH_EFAIL;
     got += k;
   }
@@ -118,6 +174,7 @@ int nh_bulk_sample(nh_bulk_t *b, int n, nh_audit_cb cb, void *data)
 int nh_bulk_nothing(nh_bulk_t *b)
 {
   if (!b->res.resumed) return NH_OK;
+  if (b->pg) return nh_pgs_bulk_done(b->pg, b->o.key);
   if (nh_store_begin(b->s) || nh_store_bulk_done(b->s, b->o.key) || nh_store_commit(b->s)) {
     nh_store_rollback(b->s);
     return NH_EFAIL;
@@ -125,14 +182,7 @@ int nh_bulk_nothing(nh_bulk_t *b)
   return NH_OK;
 }
 
-int nh_bulk_start(nh_bulk_t *b)
-{
-  if (nh_store_begin(b->s) || nh_store_bulk_put(b->s, b->o.key, &b->run) || nh_store_commit(b->s)) {
-    nh_store_rollback(b->s);
-    return NH_EFAIL;
-  }
-  return NH_OK;
-}
+int nh_bulk_start(nh_bulk_t *b) { return run_put(b, &b->run, 0); }
 
 /* Takes the row (its strings) instead of copying: the store clears what is left. */
 static int take_row(void *data, const nh_audit_t *a)
@@ -161,12 +211,14 @@ static void count_endpoint(nh_bulk_result_t *r, const char *ep)
   r->eps[r->neps++].n = 1;
 }
 
-/* Queues the batch read, under the write lock. */
+/* Queues the batch read: on sqlite under the write lock, on PostgreSQL each event's
+ * request a transaction of its own. */
 static int queue_rows(nh_bulk_t *b, const nh_event_filter_t *f)
 {
   for (int i = 0; i < b->n; i++) {
     nh_audit_t now;
-    int got = nh_store_audit_get(b->s, b->rows[i].endpoint, b->rows[i].event_id, &now);
+    int got = b->pg ? nh_pgs_audit_get(b->pg, b->rows[i].endpoint, b->rows[i].event_id, &now)
+                    : nh_store_audit_get(b->s, b->rows[i].endpoint, b->rows[i].event_id, &now);
     if (got < 0) return NH_EFAIL;
     if (got == 0 || now.updated_at > f->cutoff_ms) {
       if (got) nh_audit_clear(&now);
@@ -176,7 +228,8 @@ static int queue_rows(nh_bulk_t *b, const nh_event_filter_t *f)
     b->rows[i] = now;
     nh_error_t qerr = {0};
     b->req.event_id = b->rows[i].event_id;
-    int q = nh_operator_queue(b->s, b->tr, &b->req, &b->rows[i], &qerr);
+    int q = b->pg ? nh_operator_queue_pg(b->pg, &b->req, &b->rows[i], &qerr)
+                  : nh_operator_queue(b->s, b->tr, &b->req, &b->rows[i], &qerr);
     if (q == NH_EFAIL) return NH_EFAIL;
     if (q) {
       if (!b->res.refused++) snprintf(b->res.first_refusal, sizeof b->res.first_refusal, "%s", qerr.msg);
@@ -197,22 +250,22 @@ int nh_bulk_step(nh_bulk_t *b)
    * again under the lock, and one that changed since the run started is left out, as
    * the cutoff leaves it out of the read. */
   int64_t last_rowid = 0;
-  if (nh_store_events(b->s, f, take_row, b, &last_rowid) < 0) return NH_EFAIL;
+  if (read_events(b, f, take_row, b, &last_rowid) < 0) return NH_EFAIL;
   if (b->n == 0) {
     b->cur++;
     return b->cur < b->npass;
   }
-  if (nh_store_begin(b->s)) return NH_EFAIL;
+  if (!b->pg && nh_store_begin(b->s)) return NH_EFAIL;
   if (queue_rows(b, f)) {
     rows_clear(b);
-    nh_store_rollback(b->s);
+    if (!b->pg) nh_store_rollback(b->s);
     return NH_EFAIL;
   }
   f->after_rowid = last_rowid;   /* keyset: the next batch starts after the last row of this one */
   b->run.queued = b->res.queued;
-  if (nh_store_bulk_put(b->s, b->o.key, &b->run) || nh_store_commit(b->s)) {
+  if (run_put(b, &b->run, 1) || (!b->pg && nh_store_commit(b->s))) {
     rows_clear(b);
-    nh_store_rollback(b->s);
+    if (!b->pg) nh_store_rollback(b->s);
     return NH_EFAIL;
   }
   int last = b->n < b->cap;
@@ -228,6 +281,10 @@ int nh_bulk_finish(nh_bulk_t *b)
   snprintf(detail, sizeof detail, "%lld events (%s)%s%s", b->res.queued, b->o.key, b->o.reason ? ": " : "",
            b->o.reason ? b->o.reason : "");
   const char *action = b->o.kind == NH_OP_RESUBMIT ? "resubmit --all" : "skip --all";
+  if (b->pg)
+    return nh_pgs_bulk_done(b->pg, b->o.key) || nh_pgs_oplog_add(b->pg, b->o.who, action, NULL, NULL, NULL, detail)
+             ? NH_EFAIL
+             : NH_OK;
   if (nh_store_begin(b->s) || nh_store_bulk_done(b->s, b->o.key) ||
       nh_store_oplog_add(b->s, b->o.who, action, NULL, NULL, NULL, detail) || nh_store_commit(b->s)) {
     nh_store_rollback(b->s);
@@ -238,14 +295,10 @@ int nh_bulk_finish(nh_bulk_t *b)
 
 int nh_bulk_abandon(nh_bulk_t *b)
 {
-  nh_store_rollback(b->s);
+  if (!b->pg) nh_store_rollback(b->s);
   nh_bulk_run_t run = b->run;
   run.owner = NULL;
-  if (nh_store_begin(b->s) || nh_store_bulk_put(b->s, b->o.key, &run) || nh_store_commit(b->s)) {
-    nh_store_rollback(b->s);
-    return NH_EFAIL;
-  }
-  return NH_OK;
+  return run_put(b, &run, 0);
 }
 
 const nh_bulk_result_t *nh_bulk_result(const nh_bulk_t *b) { return &b->res; }

@@ -42,6 +42,11 @@ typedef struct nh_bulk_result {
 /* The filter is copied (its strings must outlive the run); only the statuses the action
  * can apply to are kept (as nh_operator_queue would refuse the others). */
 nh_bulk_t *nh_bulk_new(nh_store_t *s, nh_transport_t *tr, const nh_event_filter_t *f, const nh_bulk_opts_t *o);
+/* The same on a PostgreSQL store, through a command's blocking connection. */
+struct nh_pg_db;
+nh_bulk_t *nh_bulk_new_pg(struct nh_pg_db *db, const nh_event_filter_t *f, const nh_bulk_opts_t *o);
+/* Why the last call failed (the store's words). */
+const char *nh_bulk_errmsg(const nh_bulk_t *b);
 /* Picks up an interrupted run of the same key or snapshots now, and counts the events.
  * NH_ESTATE (err says why): the same run is going on in a live process. */
 int nh_bulk_prepare(nh_bulk_t *b, nh_error_t *err);

@@ -432,11 +432,13 @@ static void requeue_front(nh_dispatch_t *d, nh_queue_t *jobs)
  * story and the transport's settlements go with the rollback. */
 static int begin_and_apply(nh_dispatch_t *d, nh_queue_t *applied, nh_queue_t *retry)
 {
+  nh_dispatch_pub_claims_clear(d);
   if (nh_uow_begin(d->uow)) return NH_EFAIL;
   if (apply_fast(d, applied) == NH_OK) return NH_OK;
   nh_uow_rollback(d->uow);
   nh_story_rollback(&d->story, 0);
   requeue_front(d, applied);
+  nh_dispatch_pub_claims_clear(d);
   if (nh_uow_begin(d->uow)) return NH_EFAIL;
   apply_done(d, applied, retry);
   return NH_OK;
@@ -733,8 +735,8 @@ nh_dispatch_t *nh_dispatch_init_pg(uv_loop_t *loop, struct nh_pg_link *link, nh_
 {
   nh_dispatch_t *d = dispatch_new(loop, nh_uow_new_pg(link), transport, lua_dir);
   d->link = link;
-  nh_log_info("dispatch", "PostgreSQL store: not built on it yet: presence rows, store gauges, a handler's publish "
-              "with a MessageId of its own, requests (docs/store-backends.md)");
+  nh_log_info("dispatch", "PostgreSQL store: not built on it yet: the store gauges, the admin API and console "
+              "(docs/store-backends.md)");
   return d;
 }
 
@@ -915,6 +917,7 @@ void nh_dispatch_close(nh_dispatch_t *d)
   free(d->lua_dir);
   d->lua_dir = NULL;
   free(d->owner);
+  nh_dispatch_pub_claims_clear(d);
   d->owner = NULL;
   nh_checkpointer_close(d->ckpt);
   d->ckpt = NULL;

@@ -144,6 +144,8 @@ struct nh_dispatch {
   nh_story_t story;              /* the open transaction's notes (nh_story.h) */
   nh_uow_t *uow;                 /* the state machine's reads in a pump (store/nh_uow.h) */
   struct nh_pg_link *link;       /* a PostgreSQL store's (store == NULL): Lua's store calls (nh_pgcalls.c) */
+  char **pub_claims;             /* PostgreSQL: the MessageIds the open pass claimed (nh_vmhost.c) */
+  int npub_claims;
 };
 
 /* nh_outcome.c: the state machine */
@@ -151,6 +153,7 @@ int nh_dispatch_route(nh_dispatch_t *d, nh_job_t *job);    /* 1: needs a handler
 int nh_dispatch_apply(nh_dispatch_t *d, nh_job_t *job);    /* writes a finished job's effects */
 int nh_dispatch_flush_pubs(nh_dispatch_t *d, nh_job_t *job);
 void nh_job_free(nh_job_t *job);
+void nh_pub_free(nh_pub_t *p);
 
 /* nh_request.c */
 void *nh_dispatch_request(void *data, const char *type, const char *body, size_t len, const char *session,
@@ -189,6 +192,7 @@ void nh_dispatch_job_finished(nh_dispatch_t *d, nh_job_t *job);
 /* nh_vmhost.c: the callbacks Lua calls the host through */
 const nh_vm_host_t *nh_dispatch_vm_host(nh_dispatch_t *d, nh_vm_host_t *out);
 int nh_dispatch_pub_dedup(nh_dispatch_t *d, const char *who, const char *message_id, int claim);
+void nh_dispatch_pub_claims_clear(nh_dispatch_t *d);   /* a pass begins */
 
 /* nh_tell.c: after a commit, the story's log lines, metrics and hooks */
 void nh_dispatch_tell(nh_dispatch_t *d);

@@ -196,6 +196,20 @@ static int pg_add_writes(nh_pg_db_t *db, const nh_op_req_t *r, const nh_audit_t 
  * request, the operator log and the history row as one transaction. A host changing the
  * event in between is caught where the request is applied: the pending row names the
  * status it was made for. */
+int nh_operator_queue_pg(nh_pg_db_t *db, const nh_op_req_t *r, const nh_audit_t *ev, nh_error_t *err)
+{
+  int rc = check_state(pg_session_get, db, r, ev, err);
+  if (rc) return rc;
+  int pending = nh_pgs_oppending_has(db, ev->endpoint, ev->event_id);
+  if (pending < 0) return nh_error_set(err, NH_EFAIL, "store: cannot read the pending requests");
+  if (pending) return already_pending(ev, err);
+  if ((rc = nh_pg_batch_begin(db, err)) || (rc = pg_add_writes(db, r, ev, err))) {
+    nh_pg_batch_abandon(db);
+    return rc;
+  }
+  return nh_pg_batch_commit(db, err);
+}
+
 int nh_operator_submit_pg(nh_pg_db_t *db, const nh_op_req_t *r, nh_audit_t *out, nh_error_t *err)
 {
   nh_audit_t ev;
@@ -203,27 +217,13 @@ int nh_operator_submit_pg(nh_pg_db_t *db, const nh_op_req_t *r, nh_audit_t *out,
   if (!r->event_id || !*r->event_id) return nh_error_set(err, NH_EUSAGE, "no event id given");
   int rc = nh_pgs_audit_find(db, r->event_id, &ev, err);
   if (rc) return rc;
-  if ((rc = coords_match(r, &ev, err)) || (rc = check_state(pg_session_get, db, r, &ev, err))) goto fail;
-  int pending = nh_pgs_oppending_has(db, ev.endpoint, ev.event_id);
-  if (pending < 0) {
-    rc = nh_error_set(err, NH_EFAIL, "store: cannot read the pending requests");
-    goto fail;
+  if ((rc = coords_match(r, &ev, err)) || (rc = nh_operator_queue_pg(db, r, &ev, err))) {
+    nh_audit_clear(&ev);
+    return rc;
   }
-  if (pending) {
-    rc = already_pending(&ev, err);
-    goto fail;
-  }
-  if ((rc = nh_pg_batch_begin(db, err)) || (rc = pg_add_writes(db, r, &ev, err))) {
-    nh_pg_batch_abandon(db);
-    goto fail;
-  }
-  if ((rc = nh_pg_batch_commit(db, err))) goto fail;
   if (out) *out = ev;
   else nh_audit_clear(&ev);
   return NH_OK;
-fail:
-  nh_audit_clear(&ev);
-  return rc ? rc : NH_EFAIL;
 }
 
 /* ---------------------------------------------------------------- on a host's link */

@@ -39,6 +39,9 @@ int nh_operator_queue(nh_store_t *s, nh_transport_t *t, const nh_op_req_t *req, 
 /* The same for a command on a PostgreSQL store (blocking: the CLI's), through db. */
 struct nh_pg_db;
 int nh_operator_submit_pg(struct nh_pg_db *db, const nh_op_req_t *req, nh_audit_t *ev, nh_error_t *err);
+/* nh_operator_queue's checks and writes on PostgreSQL for an event already read, in a
+ * transaction of its own (a bulk run's, one event at a time). */
+int nh_operator_queue_pg(struct nh_pg_db *db, const nh_op_req_t *req, const nh_audit_t *ev, nh_error_t *err);
 /* The same on a host's loop, through its PostgreSQL link (store/nh_pg_link.h): the read,
  * the checks and the write as three batches, none waited for. done runs once, from the
  * loop (ev: the event's row on success, NULL otherwise; err: NULL on success). NH_OK, or

@@ -730,8 +730,18 @@ void nh_job_free(nh_job_t *job)
   while (!nh_queue_empty(&job->pubs)) {
     nh_pub_t *p = nh_queue_data(nh_queue_head(&job->pubs), nh_pub_t, node);
     nh_queue_remove(&p->node);
-    free(p->type); free(p->body); free(p->session); free(p->correlation_id); free(p->to); free(p->given_id);
-    free(p);
+    nh_pub_free(p);
   }
   free(job);
+}
+
+void nh_pub_free(nh_pub_t *p)
+{
+  free(p->type);
+  free(p->body);
+  free(p->session);
+  free(p->correlation_id);
+  free(p->to);
+  free(p->given_id);
+  free(p);
 }

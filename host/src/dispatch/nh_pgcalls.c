@@ -128,7 +128,8 @@ enum { PUB_READ, PUB_WRITE, PUB_RECHECK };
 
 typedef struct pub {
   nh_pg_link_t *link;
-  nh_later_t *later;
+  nh_pgcall_sent_cb done;
+  void *data;
   nh_msg_t m;
   char *to, *given;
   char **eps;                  /* where the copies go: `to`, or the subscribers read */
@@ -192,15 +193,8 @@ static void pub_answer(pub_t *p, int duplicate)
     nh_time_iso8601(p->seen_at, when, sizeof when);
     nh_log_info("dispatch", "publish: MessageId %s was already published at %s (within the dedup window of 24 h): "
                 "not published again", p->given, when);
-  } else if (p->neps == 0) {
-    nh_log_warn("dispatch", "published %s but no endpoint subscribes to it", p->m.event_type);
   }
-  lua_State *co = nh_later_thread(p->later);
-  if (co) {
-    lua_pushstring(co, p->m.message_id);
-    lua_pushboolean(co, duplicate);
-  }
-  nh_later_done(p->later, co ? 2 : 0);
+  p->done(p->data, &p->m, duplicate ? 0 : p->neps, duplicate, NULL);
   pub_free(p);
 }
 
@@ -234,20 +228,17 @@ static void pub_done(void *data, nh_pg_batch_outcome_t outcome, const nh_error_t
     e = p->failed;
     break;
   }
-  nh_later_fail(p->later, &e);
+  p->done(p->data, &p->m, 0, 0, &e);
   pub_free(p);
 }
 
-int nh_pgcall_publish(nh_pg_link_t *link, const nh_msg_t *m, const char *to, const char *given_id,
-                      nh_later_t *later, nh_error_t *err)
+int nh_pgcall_send(nh_pg_link_t *link, const nh_msg_t *m, const char *to, const char *given_id,
+                   nh_pgcall_sent_cb done, void *data, nh_error_t *err)
 {
-  if (!later)
-    return nh_error_set(err, NH_ESTATE, "on a PostgreSQL store, publishing outside a handler is done from a task "
-                        "(a status checker, nimbus.every, nimbus.spawn, an HTTP route), where the answer can be "
-                        "waited for; not inside db:tx, a metamethod or a coroutine of the task's own");
   pub_t *p = nh_xcalloc(1, sizeof *p);
   p->link = link;
-  p->later = later;
+  p->done = done;
+  p->data = data;
   nh_msg_copy(&p->m, m);
   p->given = given_id ? nh_xstrdup(given_id) : NULL;
   p->now = nh_time_now_ms();
@@ -261,5 +252,80 @@ int nh_pgcall_publish(nh_pg_link_t *link, const nh_msg_t *m, const char *to, con
     pub_free(p);
     return err->code;
   }
-  return NH_LATER;
+  return NH_OK;
+}
+
+/* nimbus.publish's answer: (MessageId, duplicate) or (nil, why, code) */
+static void published(void *data, const nh_msg_t *m, int copies, int duplicate, const nh_error_t *err)
+{
+  nh_later_t *later = data;
+  if (err) return nh_later_fail(later, err);
+  if (copies == 0 && !duplicate) nh_log_warn("dispatch", "published %s but no endpoint subscribes to it", m->event_type);
+  lua_State *co = nh_later_thread(later);
+  if (co) {
+    lua_pushstring(co, m->message_id);
+    lua_pushboolean(co, duplicate);
+  }
+  nh_later_done(later, co ? 2 : 0);
+}
+
+int nh_pgcall_publish(nh_pg_link_t *link, const nh_msg_t *m, const char *to, const char *given_id,
+                      nh_later_t *later, nh_error_t *err)
+{
+  if (!later)
+    return nh_error_set(err, NH_ESTATE, "on a PostgreSQL store, publishing outside a handler is done from a task "
+                        "(a status checker, nimbus.every, nimbus.spawn, an HTTP route), where the answer can be "
+                        "waited for; not inside db:tx, a metamethod or a coroutine of the task's own");
+  int rc = nh_pgcall_send(link, m, to, given_id, published, later, err);
+  return rc ? rc : NH_LATER;
+}
+
+/* ---------------------------------------------------------------- a MessageId's last publish */
+
+typedef struct seen {
+  char *message_id;
+  int64_t at;
+  nh_pgcall_seen_cb done;
+  void *data;
+} seen_t;
+
+static void on_seen(void *data, const nh_pg_optab_t *tab, int op, const PGresult *res)
+{
+  seen_t *s = data;
+  (void)tab, (void)op;
+  if (PQntuples(res) > 0) s->at = nh_pg_col_i64(res, 0, 0);
+}
+
+static int seen_build(void *data, nh_pg_db_t *db, nh_error_t *err)
+{
+  seen_t *s = data;
+  nh_pg_args_t a;
+  return nh_pg_batch_add(db, nh_pgargs_published_seen(&a, s->message_id), &a, on_seen, s, err);
+}
+
+static void seen_done(void *data, nh_pg_batch_outcome_t outcome, const nh_error_t *err)
+{
+  seen_t *s = data;
+  nh_error_t e = {0};
+  if (outcome != NH_PG_COMMITTED)
+    nh_error_set(&e, NH_EFAIL, "store: cannot read whether MessageId %s was published: %s", s->message_id,
+                 err && err->msg[0] ? err->msg : "no answer");
+  s->done(s->data, s->at, outcome == NH_PG_COMMITTED ? NULL : &e);
+  free(s->message_id);
+  free(s);
+}
+
+int nh_pgcall_published_at(nh_pg_link_t *link, const char *message_id, nh_pgcall_seen_cb done, void *data,
+                           nh_error_t *err)
+{
+  seen_t *s = nh_xcalloc(1, sizeof *s);
+  s->message_id = nh_xstrdup(message_id);
+  s->done = done;
+  s->data = data;
+  if (nh_pg_link_submit(link, seen_build, seen_done, s, err)) {
+    free(s->message_id);
+    free(s);
+    return err->code;
+  }
+  return NH_OK;
 }

@@ -5,6 +5,7 @@
  * `_reply.<id>`, one session per request; they are matched by correlation id and handed
  * to the waiting task only after the transaction that consumed them commits. */
 #include "nh_dispatch_int.h"
+#include "nh_pgcalls.h"
 #include "core/nh_log.h"
 #include "core/nh_queue.h"
 #include "core/nh_util.h"
@@ -41,15 +42,31 @@ static void req_end(nh_pending_req_t *p)
   uv_close((uv_handle_t *)&p->timer, req_closed);
 }
 
+/* Ends the request with an error for its task. */
+static void req_fail(nh_pending_req_t *p, const char *msg, const char *code)
+{
+  void (*done)(void *, const char *, const char *, const char *) = p->done;
+  void *ud = p->ud;
+  req_end(p);
+  done(ud, NULL, msg, code);
+}
+
 static void req_timeout(uv_timer_t *h)
 {
   nh_pending_req_t *p = h->data;
   char msg[128];
   snprintf(msg, sizeof msg, "no reply within %.3g s", p->timeout_s);
-  void (*done)(void *, const char *, const char *, const char *) = p->done;
-  void *ud = p->ud;
-  req_end(p);
-  done(ud, NULL, msg, "ETIMEDOUT");
+  req_fail(p, msg, "ETIMEDOUT");
+}
+
+/* The waiting request of correlation id corr, NULL when it ended meanwhile. */
+static nh_pending_req_t *req_find(nh_dispatch_t *d, const char *corr)
+{
+  nh_queue_t *q;
+  nh_queue_foreach(q, &d->requests) {
+    if (strcmp(req_of(q)->corr, corr) == 0) return req_of(q);
+  }
+  return NULL;
 }
 
 /* The broker knows no queue for the request type: end the request now rather than at
@@ -60,26 +77,31 @@ typedef struct probe_ctx {
   char *type;
 } probe_ctx_t;
 
+static void no_replier(nh_pending_req_t *p, const char *type)
+{
+  char msg[300];
+  snprintf(msg, sizeof msg, "no endpoint replies to %s (declare one with ep:reply)", type);
+  req_fail(p, msg, "ENOREPLIER");
+}
+
 static void probed(void *data, int found)
 {
   probe_ctx_t *c = data;
-  nh_pending_req_t *p = NULL;
-  nh_queue_t *q;
-  nh_queue_foreach(q, &c->d->requests) {
-    if (strcmp(req_of(q)->corr, c->corr) == 0) {
-      p = req_of(q);
-      break;
-    }
-  }
-  if (p && found == 0 && !p->got) {
-    char msg[300];
-    snprintf(msg, sizeof msg, "no endpoint replies to %s (declare one with ep:reply)", c->type);
-    void (*done)(void *, const char *, const char *, const char *) = p->done;
-    void *ud = p->ud;
-    req_end(p);
-    done(ud, NULL, msg, "ENOREPLIER");
-  }
+  nh_pending_req_t *p = req_find(c->d, c->corr);
+  if (p && found == 0 && !p->got) no_replier(p, c->type);
   free(c->type);
+  free(c);
+}
+
+/* On PostgreSQL the request is queued by a batch of its own (nh_pgcalls.c) while the task
+ * waits: a failure, or no endpoint to reply, ends the request when the batch is done. */
+static void sent_pg(void *data, const nh_msg_t *m, int copies, int duplicate, const nh_error_t *err)
+{
+  probe_ctx_t *c = data;
+  (void)duplicate;
+  nh_pending_req_t *p = req_find(c->d, c->corr);
+  if (p && err) req_fail(p, err->msg, "EIO");
+  else if (p && copies == 0) no_replier(p, m->event_type);
   free(c);
 }
 
@@ -110,11 +132,16 @@ void *nh_dispatch_request(void *data, const char *type, const char *body, size_t
   m.traceparent = tp;
   int copies = 0;
   if (!d->store) {
-    nh_error_set(err, NH_ESTATE, "nimbus.request is not built on a PostgreSQL store yet (docs/store-backends.md)");
-    free(p);
-    return NULL;
-  }
-  if (nh_store_begin(d->store) || d->tr->vt->send(d->tr, &m, NULL, &copies, err) || nh_store_commit(d->store)) {
+    probe_ctx_t *c = nh_xcalloc(1, sizeof *c);
+    c->d = d;
+    memcpy(c->corr, p->corr, sizeof c->corr);
+    if (nh_pgcall_send(d->link, &m, NULL, NULL, sent_pg, c, err)) {
+      free(c);
+      free(p);
+      return NULL;
+    }
+    copies = 1;   /* or not: sent_pg says */
+  } else if (nh_store_begin(d->store) || d->tr->vt->send(d->tr, &m, NULL, &copies, err) || nh_store_commit(d->store)) {
     nh_store_rollback(d->store);
     if (!err->msg[0]) nh_error_set(err, NH_EFAIL, "store: cannot send the request");
     free(p);

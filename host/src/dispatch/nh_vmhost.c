@@ -7,6 +7,7 @@
 #include "nh_pgcalls.h"
 #include "core/nh_log.h"
 #include "core/nh_util.h"
+#include "store/nh_pg_ops.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -38,18 +39,54 @@ static int host_register_endpoint(void *data, nh_vm_t *vm, lua_State *L, const c
   return NH_OK;
 }
 
+void nh_dispatch_pub_claims_clear(nh_dispatch_t *d)
+{
+  for (int i = 0; i < d->npub_claims; i++) free(d->pub_claims[i]);
+  free(d->pub_claims);
+  d->pub_claims = NULL;
+  d->npub_claims = 0;
+}
+
+/* The claim in the pump's unit (PostgreSQL): the MessageId's last publish is a read of the
+ * pass (a miss voids the pass; its empty answer meanwhile is never committed), the claim a
+ * write that fails the whole commit when another host claimed it since the read: the
+ * outcomes are then applied again, and the next pass reads that claim. A MessageId claimed
+ * twice in one pass is a duplicate the second time (the set the pass keeps). 1, 0 or at. */
+static int pg_claim(nh_dispatch_t *d, const char *message_id, int64_t now, int64_t *at)
+{
+  for (int i = 0; i < d->npub_claims; i++)
+    if (strcmp(d->pub_claims[i], message_id) == 0) {
+      *at = now;
+      return 0;
+    }
+  char key[256];
+  snprintf(key, sizeof key, "pub:%.240s", message_id);
+  nh_pg_args_t a;
+  const PGresult *r = NULL;
+  int rc = nh_uow_op_read(d->uow, key, &nh_pg_store_optab, nh_pgargs_published_seen(&a, message_id), &a, &r);
+  if (rc < 0) return NH_EFAIL;
+  if (rc == 1 && PQntuples(r) > 0 && (*at = nh_pg_col_i64(r, 0, 0)) >= now - NH_DEDUP_WINDOW_MS) return 0;
+  nh_error_t err = {0};
+  if (nh_uow_op(d->uow, &nh_pg_store_optab,
+                nh_pgargs_published_claim_or_fail(&a, message_id, now, now - NH_DEDUP_WINDOW_MS), &a, &err))
+    return NH_EFAIL;
+  d->pub_claims = nh_xrealloc(d->pub_claims, sizeof *d->pub_claims * (size_t)(d->npub_claims + 1));
+  d->pub_claims[d->npub_claims++] = nh_xstrdup(message_id);
+  return 1;
+}
+
 /* A MessageId the publisher chose: 1 if it was published within the dedup window
- * (said in the log), 0 if not, NH_EFAIL. claim: record it in the open transaction. */
+ * (said in the log), 0 if not, NH_EFAIL. claim: record it in the open transaction.
+ * On PostgreSQL the claim goes through the pump's unit (pg_claim); the handler was told
+ * by a read of its own (job_pub_seen), or 0 where it could not wait (a coroutine of its
+ * own), and a duplicate is dropped when its outcome commits, said in the log. */
 int nh_dispatch_pub_dedup(nh_dispatch_t *d, const char *who, const char *message_id, int claim)
 {
-  if (!d->store) {
-    nh_log_error("dispatch", "%s: a publish with a MessageId of its own is not built on a PostgreSQL store yet "
-                 "(docs/store-backends.md)", who);
-    return NH_EFAIL;
-  }
   int64_t now = nh_time_now_ms(), at = 0;
-  int rc = claim ? nh_store_published_claim(d->store, message_id, now, now - NH_DEDUP_WINDOW_MS, &at)
-                 : nh_store_published_seen(d->store, message_id, now - NH_DEDUP_WINDOW_MS, &at);
+  if (!d->store && !claim) return 0;
+  int rc = !d->store ? pg_claim(d, message_id, now, &at)
+           : claim   ? nh_store_published_claim(d->store, message_id, now, now - NH_DEDUP_WINDOW_MS, &at)
+                     : nh_store_published_seen(d->store, message_id, now - NH_DEDUP_WINDOW_MS, &at);
   if (rc < 0) return NH_EFAIL;
   int seen = claim ? rc == 0 : rc == 1;
   if (seen) {
@@ -61,6 +98,42 @@ int nh_dispatch_pub_dedup(nh_dispatch_t *d, const char *who, const char *message
   return seen;
 }
 
+/* A handler's publish with a MessageId of its own, on PostgreSQL: the handler waits for
+ * the read of the id's last publish, and is told whether it is a duplicate as on sqlite. */
+typedef struct job_pub {
+  nh_later_t *later;
+  nh_job_t *job;               /* alive while its handler's task is (nh_later_thread) */
+  nh_pub_t *pub;
+} job_pub_t;
+
+static void job_pub_seen(void *data, int64_t at, const nh_error_t *err)
+{
+  job_pub_t *jp = data;
+  lua_State *co = nh_later_thread(jp->later);
+  nh_pub_t *p = jp->pub;
+  int duplicate = at && at >= nh_time_now_ms() - NH_DEDUP_WINDOW_MS;
+  if (err) {
+    nh_later_fail(jp->later, err);
+  } else if (!co) {
+    nh_later_done(jp->later, 0);
+  } else {
+    if (duplicate) {
+      char when[40];
+      nh_time_iso8601(at, when, sizeof when);
+      nh_log_info("dispatch", "%s: MessageId %s was already published at %s (within the dedup window of 24 h): "
+                  "not published again", jp->job->ep->name, p->given_id, when);
+    } else {
+      nh_queue_insert_tail(&jp->job->pubs, &p->node);
+      p = NULL;
+    }
+    lua_pushstring(co, jp->pub->given_id);
+    lua_pushboolean(co, duplicate);
+    nh_later_done(jp->later, 2);
+  }
+  if (p) nh_pub_free(p);
+  free(jp);
+}
+
 static int host_publish(void *data, void *task_data, const char *type, const char *body, size_t body_len,
                         const char *session, const char *correlation_id, const char *to, const char *given_id,
                         char message_id[37], int *duplicate, nh_later_t *later, nh_error_t *err)
@@ -69,12 +142,6 @@ static int host_publish(void *data, void *task_data, const char *type, const cha
   nh_uuid_v7(message_id);
   nh_job_t *job = task_data;
   if (job) {
-    /* The claim is made when the outcome commits (a failed handler claims nothing);
-     * what the caller is told now is whether the id is already taken. */
-    if (given_id && (*duplicate = nh_dispatch_pub_dedup(d, job->ep->name, given_id, 0)) < 0)
-      return nh_error_set(err, NH_EFAIL, "store: %s",
-                          d->store ? nh_store_errmsg(d->store) : "a MessageId of its own needs a sqlite store for now");
-    if (given_id && *duplicate) return NH_OK;
     /* Sent only when the handler's outcome commits: a failed handler publishes nothing. */
     nh_pub_t *p = nh_xcalloc(1, sizeof *p);
     p->type = nh_xstrdup(type);
@@ -85,6 +152,23 @@ static int host_publish(void *data, void *task_data, const char *type, const cha
     p->to = nh_xstrdup(to);
     p->given_id = nh_xstrdup(given_id);
     memcpy(p->message_id, message_id, 37);
+    /* The claim is made when the outcome commits (a failed handler claims nothing);
+     * what the caller is told now is whether the id is already taken. */
+    if (given_id && !d->store && later) {
+      job_pub_t *jp = nh_xcalloc(1, sizeof *jp);
+      *jp = (job_pub_t){ later, job, p };
+      if (nh_pgcall_published_at(d->link, given_id, job_pub_seen, jp, err) == NH_OK) return NH_LATER;
+      free(jp);
+      nh_pub_free(p);
+      return err->code;
+    }
+    if (given_id && (*duplicate = nh_dispatch_pub_dedup(d, job->ep->name, given_id, 0)) != 0) {
+      nh_pub_free(p);
+      if (*duplicate < 0)
+        return nh_error_set(err, NH_EFAIL, "store: %s",
+                            d->store ? nh_store_errmsg(d->store) : "cannot read the dedup claims");
+      return NH_OK;
+    }
     nh_queue_insert_tail(&job->pubs, &p->node);
     return NH_OK;
   }

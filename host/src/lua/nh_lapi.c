@@ -188,7 +188,8 @@ static int l_publish(lua_State *L)
   char mid[37];
   int duplicate = 0;
   nh_error_t err = {0};
-  nh_later_t *later = t ? NULL : later_new(L, publish_fail);   /* a handler's publish is answered now */
+  /* a handler's publish is answered now, but for whether its own MessageId is taken */
+  nh_later_t *later = t && !given ? NULL : later_new(L, publish_fail);
   int rc = vm->host.publish(vm->host.data, t ? nh_task_data(t) : NULL, type, body, len, session, corr, to, given,
                             mid, &duplicate, later, &err);
   if (rc == NH_LATER) return nh_task_yield(L, later->task, &later->op);

@@ -351,8 +351,14 @@ int nh_pgs_history_add_ex(nh_pg_db_t *db, const char *endpoint, const char *even
 int nh_pgs_history_list(nh_pg_db_t *db, const char *endpoint, const char *event_id, nh_history_cb cb, void *data);
 /* events on PostgreSQL (nh_pg_query.c): nh_store_events' reader filters (NH_EUSAGE, said, for
  * the bulk ones not built yet), same order; the count of rows passed to cb, or NH_EFAIL. */
-int nh_pgs_events(nh_pg_db_t *db, const nh_event_filter_t *f, nh_audit_cb cb, void *data, nh_error_t *err);
+/* nh_store_events on PostgreSQL (store/nh_pg_query.c); last_seq (optional): the seq of the
+ * last row passed, a bulk batch's keyset (as sqlite's rowid) */
+int nh_pgs_events(nh_pg_db_t *db, const nh_event_filter_t *f, nh_audit_cb cb, void *data, int64_t *last_seq,
+                  nh_error_t *err);
 int64_t nh_pgs_events_count(nh_pg_db_t *db, const nh_event_filter_t *f, nh_error_t *err);
+/* nh_store_failgroups and nh_store_failgroup_endpoint on PostgreSQL */
+int nh_pgs_failgroups(nh_pg_db_t *db, const char *endpoint, nh_failgroup_cb cb, void *data, nh_error_t *err);
+int nh_pgs_failgroup_endpoint(nh_pg_db_t *db, const char *group, char *endpoint, size_t len, nh_error_t *err);
 int nh_pgs_session_get(nh_pg_db_t *db, const char *endpoint, const char *session, nh_session_state_t *st);
 int nh_pgs_session_put(nh_pg_db_t *db, const char *endpoint, const char *session, const nh_session_state_t *st);
 int nh_pgs_sessions_due(nh_pg_db_t *db, const char *endpoint, int64_t now, int limit, char **cursor,

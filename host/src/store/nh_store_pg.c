@@ -46,9 +46,9 @@ int nh_store_open_pg(const char *url, int flags, nh_error_t *err)
   if (from != to) snprintf(was, sizeof was, ", migrated from version %d", from);
   nh_error_set(err, NH_EUSAGE,
                  "store %s: PostgreSQL answers and the store's schema is at version %d%s; but this command runs "
-                 "on a sqlite store only for now (hosts, `publish`, `events`, `sessions`, `show` and the operator commands "
-                 "on one event run on PostgreSQL; the rest is being built: docs/store-backends.md). Pass --store PATH, a sqlite "
-                 "file, for it",
+                 "on a sqlite store only for now (hosts, `publish`, `events`, `sessions`, `failures`, `show`, `resubmit`, "
+                 "`skip` (one event or --all) and `handoff` run on PostgreSQL; the rest is being built: "
+                 "docs/store-backends.md). Pass --store PATH, a sqlite file, for it",
                  shown, to, was);
   free(shown);
   return NH_EUSAGE;
