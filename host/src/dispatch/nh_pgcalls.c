@@ -1,8 +1,9 @@
 /* Lua's store calls on a PostgreSQL store: a status checker's list of pending hand-offs,
- * settling a hand-off, and a publish outside a handler (docs/store-backends.md). On
- * sqlite they are answered at once (nh_vmhost.c); here each becomes batches on the host's
- * link and the calling task waits for the answer (nh_later_t), so the loop never waits for
- * a round trip.
+ * settling a hand-off, a publish outside a handler (and a request's, nh_request.c), and
+ * the read that tells a handler whether its own MessageId was published (nh_vmhost.c)
+ * (docs/store-backends.md). On sqlite they are answered at once; here each becomes
+ * batches on the host's link and the calling task waits for the answer (nh_later_t), so
+ * the loop never waits for a round trip.
  *
  * Nothing here touches the dispatcher once the call returned: the answers may come while
  * the host stops (the link's close answers every batch), when only the link and the
