@@ -52,11 +52,13 @@ static void report(const nh_bulk_result_t *r, nh_store_t *s, nh_pg_db_t *pg, con
   printf("; the hosts owning the endpoints apply them in session order\n");
   if (r->refused) printf("%lld not queued, for example: %s\n", r->refused, r->first_refusal);
   /* a host refreshes its row every 10 s: one silent for 30 s is gone */
+  char *shown = pg ? nh_pg_url_display(store) : NULL;   /* the password masked */
   for (int i = 0; i < r->neps; i++)
     if ((pg ? nh_pgs_hosts_serving(pg, r->eps[i].name, nh_time_now_ms() - 30000)
             : nh_store_hosts_serving(s, r->eps[i].name, nh_time_now_ms() - 30000)) == 0)
       printf("note: no running host serves %s; its requests wait in the store until one starts "
-             "(nimbus-host ADAPTER.lua --store %s)\n", r->eps[i].name, store);
+             "(nimbus-host ADAPTER.lua --store %s)\n", r->eps[i].name, shown ? shown : store);
+  free(shown);
 }
 
 /* Runs the whole bulk action; an exit code. */
