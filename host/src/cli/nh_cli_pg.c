@@ -98,7 +98,7 @@ int nh_cli_publish_pg(const char *url, const nh_msg_t *m, const char *to, const 
   char (*eids)[37] = nh_xcalloc((size_t)n, sizeof *eids);
   nh_error_t err = {0};
   nh_pg_args_t a;
-  if (at >= since && at) goto duplicate;
+  if (nh_published_recently(at, now)) goto duplicate;
   rc = nh_pg_batch_begin(db, &err);
   if (rc == NH_OK && given_id)
     rc = nh_pg_batch_add(db, nh_pgargs_published_claim_or_fail(&a, given_id, now, since), &a, NULL, NULL, &err);
@@ -106,12 +106,11 @@ int nh_cli_publish_pg(const char *url, const nh_msg_t *m, const char *to, const 
     const char *ep = PQgetvalue(eps, i, 0);
     if (to && m->event_id) snprintf(eids[i], sizeof eids[i], "%s", m->event_id);
     else nh_uuid_v7(eids[i]);   /* each consuming endpoint's copy is its own audit event */
-    rc = nh_pgq_batch_add(db, nh_pgqargs_insert(&a, m, ep, eids[i]), &a, NULL, NULL, &err);
-    if (rc == NH_OK) rc = nh_pgq_batch_add(db, nh_pgqargs_notify(&a, ep), &a, NULL, NULL, &err);
+    rc = nh_pgq_batch_add_copy(db, m, ep, eids[i], &err);
   }
   if (rc == NH_OK) rc = nh_pg_batch_commit(db, &err);
   else nh_pg_batch_abandon(db);
-  if (rc && given_id && (at = published_at(db, given_id)) >= since && at) goto duplicate;
+  if (rc && given_id && nh_published_recently(at = published_at(db, given_id), now)) goto duplicate;
   if (rc) {
     fprintf(stderr, "nimbus-host publish: %s; nothing was queued\n", err.msg);
   } else {

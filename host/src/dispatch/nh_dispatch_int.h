@@ -193,6 +193,8 @@ void nh_dispatch_job_finished(nh_dispatch_t *d, nh_job_t *job);
 const nh_vm_host_t *nh_dispatch_vm_host(nh_dispatch_t *d, nh_vm_host_t *out);
 int nh_dispatch_pub_dedup(nh_dispatch_t *d, const char *who, const char *message_id, int claim);
 void nh_dispatch_pub_claims_clear(nh_dispatch_t *d);   /* a pass begins */
+/* "who: MessageId ... was already published at ...: not published again" */
+void nh_dispatch_log_duplicate(const char *who, const char *message_id, int64_t at);
 
 /* nh_tell.c: after a commit, the story's log lines, metrics and hooks */
 void nh_dispatch_tell(nh_dispatch_t *d);

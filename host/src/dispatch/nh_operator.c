@@ -178,8 +178,7 @@ static int pg_add_writes(nh_pg_db_t *db, const nh_op_req_t *r, const nh_audit_t 
   request_msg(r, ev, mid, &m, detail, sizeof detail);
   nh_pg_args_t a;
   int rc;
-  if ((rc = nh_pgq_batch_add(db, nh_pgqargs_insert(&a, &m, ev->endpoint, ev->event_id), &a, NULL, NULL, err)) ||
-      (rc = nh_pgq_batch_add(db, nh_pgqargs_notify(&a, ev->endpoint), &a, NULL, NULL, err)) ||
+  if ((rc = nh_pgq_batch_add_copy(db, &m, ev->endpoint, ev->event_id, err)) ||
       (rc = nh_pg_batch_add(db, nh_pgargs_oppending_add(&a, mid, ev->endpoint, ev->event_id, op_names[r->kind],
                                                         ev->status),
                             &a, NULL, NULL, err)) ||

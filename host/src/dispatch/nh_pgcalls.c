@@ -10,6 +10,7 @@
  * handle are sure to be there. The hosts that serve the endpoints, this one among them,
  * learn of what was queued from its NOTIFY. */
 #include "nh_bridge.h"
+#include "nh_dispatch_int.h"
 #include "nh_operator.h"
 #include "nh_pgcalls.h"
 #include "core/nh_log.h"
@@ -180,26 +181,19 @@ static int pub_build(void *data, nh_pg_db_t *db, nh_error_t *err)
     char eid[37];
     if (p->to && p->m.event_id) snprintf(eid, sizeof eid, "%s", p->m.event_id);
     else nh_uuid_v7(eid);   /* each consuming endpoint's copy is its own audit event */
-    if ((rc = nh_pgq_batch_add(db, nh_pgqargs_insert(&a, &p->m, p->eps[i], eid), &a, NULL, NULL, err)) ||
-        (rc = nh_pgq_batch_add(db, nh_pgqargs_notify(&a, p->eps[i]), &a, NULL, NULL, err)))
-      return rc;
+    if ((rc = nh_pgq_batch_add_copy(db, &p->m, p->eps[i], eid, err))) return rc;
   }
   return NH_OK;
 }
 
 static void pub_answer(pub_t *p, int duplicate)
 {
-  if (duplicate) {
-    char when[40];
-    nh_time_iso8601(p->seen_at, when, sizeof when);
-    nh_log_info("dispatch", "publish: MessageId %s was already published at %s (within the dedup window of 24 h): "
-                "not published again", p->given, when);
-  }
+  if (duplicate) nh_dispatch_log_duplicate("publish", p->given, p->seen_at);
   p->done(p->data, &p->m, duplicate ? 0 : p->neps, duplicate, NULL);
   pub_free(p);
 }
 
-static int pub_seen(const pub_t *p) { return p->given && p->seen_at && p->seen_at >= p->now - NH_DEDUP_WINDOW_MS; }
+static int pub_seen(const pub_t *p) { return p->given && nh_published_recently(p->seen_at, p->now); }
 
 static void pub_done(void *data, nh_pg_batch_outcome_t outcome, const nh_error_t *err)
 {

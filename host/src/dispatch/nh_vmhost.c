@@ -39,6 +39,14 @@ static int host_register_endpoint(void *data, nh_vm_t *vm, lua_State *L, const c
   return NH_OK;
 }
 
+void nh_dispatch_log_duplicate(const char *who, const char *message_id, int64_t at)
+{
+  char when[40];
+  nh_time_iso8601(at, when, sizeof when);
+  nh_log_info("dispatch", "%s: MessageId %s was already published at %s (within the dedup window of 24 h): "
+              "not published again", who, message_id, when);
+}
+
 void nh_dispatch_pub_claims_clear(nh_dispatch_t *d)
 {
   for (int i = 0; i < d->npub_claims; i++) free(d->pub_claims[i]);
@@ -65,7 +73,7 @@ static int pg_claim(nh_dispatch_t *d, const char *message_id, int64_t now, int64
   const PGresult *r = NULL;
   int rc = nh_uow_op_read(d->uow, key, &nh_pg_store_optab, nh_pgargs_published_seen(&a, message_id), &a, &r);
   if (rc < 0) return NH_EFAIL;
-  if (rc == 1 && PQntuples(r) > 0 && (*at = nh_pg_col_i64(r, 0, 0)) >= now - NH_DEDUP_WINDOW_MS) return 0;
+  if (rc == 1 && PQntuples(r) > 0 && nh_published_recently(*at = nh_pg_col_i64(r, 0, 0), now)) return 0;
   nh_error_t err = {0};
   if (nh_uow_op(d->uow, &nh_pg_store_optab,
                 nh_pgargs_published_claim_or_fail(&a, message_id, now, now - NH_DEDUP_WINDOW_MS), &a, &err))
@@ -89,12 +97,7 @@ int nh_dispatch_pub_dedup(nh_dispatch_t *d, const char *who, const char *message
                      : nh_store_published_seen(d->store, message_id, now - NH_DEDUP_WINDOW_MS, &at);
   if (rc < 0) return NH_EFAIL;
   int seen = claim ? rc == 0 : rc == 1;
-  if (seen) {
-    char when[40];
-    nh_time_iso8601(at, when, sizeof when);
-    nh_log_info("dispatch", "%s: MessageId %s was already published at %s (within the dedup window of 24 h): "
-                "not published again", who, message_id, when);
-  }
+  if (seen) nh_dispatch_log_duplicate(who, message_id, at);
   return seen;
 }
 
@@ -111,17 +114,14 @@ static void job_pub_seen(void *data, int64_t at, const nh_error_t *err)
   job_pub_t *jp = data;
   lua_State *co = nh_later_thread(jp->later);
   nh_pub_t *p = jp->pub;
-  int duplicate = at && at >= nh_time_now_ms() - NH_DEDUP_WINDOW_MS;
+  int duplicate = nh_published_recently(at, nh_time_now_ms());
   if (err) {
     nh_later_fail(jp->later, err);
   } else if (!co) {
     nh_later_done(jp->later, 0);
   } else {
     if (duplicate) {
-      char when[40];
-      nh_time_iso8601(at, when, sizeof when);
-      nh_log_info("dispatch", "%s: MessageId %s was already published at %s (within the dedup window of 24 h): "
-                  "not published again", jp->job->ep->name, p->given_id, when);
+      nh_dispatch_log_duplicate(jp->job->ep->name, p->given_id, at);
     } else {
       nh_queue_insert_tail(&jp->job->pubs, &p->node);
       p = NULL;

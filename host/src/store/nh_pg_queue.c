@@ -389,3 +389,11 @@ int nh_pgq_batch_add(nh_pg_db_t *db, nh_pgqop_t op, nh_pg_args_t *args, nh_pg_re
 {
   return nh_pg_batch_add_op(db, &nh_pgq_optab, (int)op, args, cb, data, err);
 }
+
+int nh_pgq_batch_add_copy(nh_pg_db_t *db, const nh_msg_t *m, const char *endpoint, const char *event_id,
+                          nh_error_t *err)
+{
+  nh_pg_args_t a;
+  int rc = nh_pgq_batch_add(db, nh_pgqargs_insert(&a, m, endpoint, event_id), &a, NULL, NULL, err);
+  return rc ? rc : nh_pgq_batch_add(db, nh_pgqargs_notify(&a, endpoint), &a, NULL, NULL, err);
+}

@@ -138,5 +138,9 @@ int nh_pgq_visible(const PGresult *r, int row, int64_t now);
 int nh_pgq_run(nh_pg_db_t *db, nh_pgqop_t op, nh_pg_args_t *args, PGresult **res, nh_error_t *err);
 int nh_pgq_batch_add(nh_pg_db_t *db, nh_pgqop_t op, nh_pg_args_t *args, nh_pg_result_cb cb, void *data,
                      nh_error_t *err);
+/* m queued for `endpoint` as event `event_id`, and the hosts listening woken at the commit
+ * (INSERT and NOTIFY added to the batch). */
+int nh_pgq_batch_add_copy(nh_pg_db_t *db, const nh_msg_t *m, const char *endpoint, const char *event_id,
+                          nh_error_t *err);
 
 #endif

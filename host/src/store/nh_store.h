@@ -223,6 +223,8 @@ void nh_store_vacuum_step(nh_store_t *s, int pages);
  * publish again), NH_EFAIL. Older claims are replaced (the window has passed). */
 #define NH_DEDUP_WINDOW_MS (24LL * 3600 * 1000)
 int nh_store_published_claim(nh_store_t *s, const char *message_id, int64_t now, int64_t since, int64_t *at);
+/* Whether a MessageId last published at `at` (0: never) is still within the window. */
+static inline int nh_published_recently(int64_t at, int64_t now) { return at > 0 && at >= now - NH_DEDUP_WINDOW_MS; }
 /* 1 if published since `since` (*at gets when), 0 if not, NH_EFAIL; claims nothing. */
 int nh_store_published_seen(nh_store_t *s, const char *message_id, int64_t since, int64_t *at);
 
