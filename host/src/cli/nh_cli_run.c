@@ -29,7 +29,7 @@ typedef struct host {
   nh_transport_t *tr;
   int amqp;
   uv_signal_t sigint, sigterm, sighup;
-  int stopping, signals;
+  int stopping, stopped, signals;
   int status;                    /* exit status */
   const char *store;
   char desc[2048];
@@ -51,7 +51,15 @@ static void close_signals(host_t *h)
 static void on_stopped(void *data)
 {
   host_t *h = data;
-  close_signals(h);
+  h->stopped = 1;
+  /* The signal handles stay open, unreferenced, until the loop is done: closed now, a stop
+   * signal still on its way (`timeout` sends one to the host and one to its process group)
+   * would find the default action and kill the host before it says "stopped". */
+  if (h->signals) {
+    uv_unref((uv_handle_t *)&h->sigint);
+    uv_unref((uv_handle_t *)&h->sigterm);
+    uv_unref((uv_handle_t *)&h->sighup);
+  }
   nh_admin_stop(h->admin);   /* a bulk run still stepping would keep the loop running */
   /* the broker connection outlives the drain: the last settlements go out first */
   if (h->amqp) nh_amqp_stop(h->tr, NULL, NULL);
@@ -114,6 +122,7 @@ static int host_ready(void *data, char *why, size_t len)
 static void on_signal(uv_signal_t *s, int signum)
 {
   host_t *h = s->data;
+  if (h->stopped) return;   /* the dispatcher is done: only closing is left */
   if (signum == SIGHUP) {
     nh_log_info("host", "SIGHUP received: reloading the adapters");
     nh_dispatch_request_reload(h->d);
@@ -306,6 +315,7 @@ int nh_cmd_run(int argc, char **argv, int first)
   } else if (h.amqp) {
     nh_amqp_stop(tr, NULL, NULL);
   }
+  close_signals(&h);
   nh_admin_close(h.admin);
   nh_dispatch_close(h.d);
   if (h.link) nh_pg_link_close(h.link, NULL, NULL);   /* after the dispatcher, whose unit of work uses it */
