@@ -926,6 +926,96 @@ TEST(parity_published_claim_window)
   same_count(b, "published", 1);
 }
 
+/* ---------------------------------------------------------------- purge */
+
+/* A row's time set by hand on both stores (the writers stamp now) */
+static void age_both(pair_t *b, const char *sql)
+{
+  char *msg = NULL;
+  if (sqlite3_exec(lite(b), sql, NULL, NULL, &msg) != SQLITE_OK) FAIL("sqlite %s: %s", sql, msg);
+  nh_pgtest_q1(pgc(b), "%s", sql);
+}
+
+static void purge_counts_both(pair_t *b, int64_t resolved, int64_t inbox, int64_t events, int64_t inbox_n)
+{
+  nh_purge_counts_t l, p;
+  nh_error_t err = { 0 };
+  ASSERT_EQ_INT(nh_store_purge_count(b->lite, resolved, inbox, &l), NH_OK);
+  if (nh_pgs_purge_count(b->pg, resolved, inbox, &p, &err)) FAIL("%s", err.msg);
+  same_i64("events", l.events, p.events);
+  same_i64("inbox", l.inbox, p.inbox);
+  ASSERT_EQ_INT(p.events, events);
+  ASSERT_EQ_INT(p.inbox, inbox_n);
+}
+
+/* `purge` (nh_pg_purge.c): its dry run counts what its deletes take, as sqlite's does;
+ * resolved events with their history, never an unresolved one, a newer one or one with a
+ * request waiting; processed entries by the resolved cutoff, inbox entries by their own. */
+TEST(parity_purge_counts_and_deletes_the_same_rows)
+{
+  pair_t *b = pair_open();
+  static const struct { const char *ep, *id, *status; int64_t at; } rows[] = {
+    { "Erp", "e-c1", NH_ST_COMPLETED, 100 }, { "Erp", "e-c2", NH_ST_SKIPPED, 200 },
+    { "Erp", "e-c3", NH_ST_UNSUPPORTED, 300 }, { "Erp", "e-req", NH_ST_COMPLETED, 400 },
+    { "Erp", "e-new", NH_ST_COMPLETED, 5000 }, { "Erp", "e-f", NH_ST_FAILED, 100 },
+    { "Erp", "e-d", NH_ST_DEFERRED, 100 }, { "Erp", "e-dl", NH_ST_DEADLETTERED, 100 },
+    { "Erp", "e-p", NH_ST_PENDING, 100 }, { "Crm", "e-c1", NH_ST_COMPLETED, 150 }, { "Crm", "e-x", NH_ST_FAILED, 100 },
+  };
+  for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+    nh_audit_t a = audit_of(rows[i].ep, rows[i].id, "s-1", rows[i].status, rows[i].at);
+    put_both(b, &a);
+  }
+  static const char *const hist[][2] = { { "Erp", "e-c1" }, { "Erp", "e-c1" }, { "Crm", "e-c1" }, { "Erp", "e-f" },
+                                         { "Erp", "e-new" } };
+  for (size_t i = 0; i < sizeof hist / sizeof hist[0]; i++)
+    BOTH(nh_store_history_add(b->lite, hist[i][0], hist[i][1], "m-1", "EventRequest", "Completed", NULL),
+         nh_pgs_history_add(b->pg, hist[i][0], hist[i][1], "m-1", "EventRequest", "Completed", NULL));
+  BOTH(nh_store_oppending_add(b->lite, "op-1", "Erp", "e-req", "resubmit", "Completed"),
+       nh_pgs_oppending_add(b->pg, "op-1", "Erp", "e-req", "resubmit", "Completed"));
+  static const char *const inbox[] = { "m-old1", "m-old2", "m-new" };
+  for (size_t i = 0; i < 3; i++)
+    BOTH(nh_store_inbox_add(b->lite, "Erp", inbox[i]), nh_pgs_inbox_add(b->pg, "Erp", inbox[i]));
+  age_both(b, "UPDATE inbox SET at = 100 WHERE message_id <> 'm-new'");
+  /* processed rows are schema 1's, only ever deleted now */
+  age_both(b, "INSERT INTO processed(endpoint, message_id, event_id, at) VALUES ('Erp', 'm-1', 'e-c1', 100),"
+              " ('Erp', 'm-2', 'e-new', 9000)");
+
+  purge_counts_both(b, 1000, 1000, 4, 2);
+  purge_counts_both(b, 0, 1000, 0, 2);
+  purge_counts_both(b, 1000, 0, 4, 0);
+  same_count(b, "audit", 11);   /* counting deleted nothing */
+
+  /* two events a call: the same calls, the same totals */
+  nh_purge_counts_t l = { 0 }, p = { 0 };
+  nh_error_t err = { 0 };
+  for (int call = 0;; call++) {
+    if (call > 10) FAIL("purge does not end");
+    int ln = nh_store_purge(b->lite, 1000, 1000, 2, &l);
+    int pn = nh_pgs_purge(b->pg, 1000, 1000, 2, &p, &err);
+    if (pn < 0) FAIL("%s", err.msg);
+    same_i64("rows deleted by the call", ln, pn);
+    if (pn == 0) break;
+  }
+  same_i64("events", l.events, p.events);
+  same_i64("history", l.history, p.history);
+  same_i64("inbox", l.inbox, p.inbox);
+  same_i64("processed", l.processed, p.processed);
+  ASSERT_EQ_INT(p.events, 4);
+  ASSERT_EQ_INT(p.history, 3);
+  ASSERT_EQ_INT(p.inbox, 2);
+  ASSERT_EQ_INT(p.processed, 1);
+  same_count(b, "audit", 7);
+  same_count(b, "history", 2);
+  same_count(b, "inbox", 1);
+  same_count(b, "processed", 1);
+  same_str("kept", nh_test_q1s(lite(b), "SELECT group_concat(endpoint || '/' || event_id, ',') FROM"
+                                        " (SELECT endpoint, event_id FROM audit ORDER BY endpoint, event_id)"),
+           nh_pgtest_q1(pgc(b), "SELECT string_agg(endpoint || '/' || event_id, ',' ORDER BY endpoint, event_id)"
+                                " FROM audit"));
+  purge_counts_both(b, 1000, 1000, 0, 0);
+  ASSERT_FALSE(nh_pg_db_failed(b->pg));
+}
+
 TEST(parity_hosts_serving)
 {
   pair_t *b = pair_open();

@@ -40,6 +40,13 @@ local function handle(ev, ctx)
     end
     return
   end
+  if ev.hold then   -- in a handler until the file "release" exists
+    while true do
+      local r = io.open(DIR .. "/release", "r")
+      if r then r:close() break end
+      nimbus.sleep(0.05)
+    end
+  end
   if fixed() then return end
   if ev.fail then error(ev.fail, 0) end
   if ev.fail_typed then error({ message = ev.fail_typed, type = ev.error_type }) end
@@ -618,6 +625,39 @@ describe("bulk operator commands", function()
     for i = 1, 2 do sb:wait_message(parked[i], "Completed") end
     assert.same({ "h1", "p1" }, sb:call_tags("s1"))
     assert.same({ "h2", "p2" }, sb:call_tags("s2"))
+  end)
+
+  it("events --status queued|running lists the work not finished yet: in a handler, and waiting behind it", function()
+    local ep = adapter(sb, "EpA", { "Order" })
+    sb:start(ep)
+    local held = sb:publish("Order", { tag = "h1", hold = true }, { session = "s1" })
+    local behind = sb:publish("Order", { tag = "h2" }, { session = "s1" })
+    nh.eventually(function() return #sb:call_tags("s1") == 1 end, nil, "the first handler started")
+    local function listed(status, extra)
+      local args = { "events", "--status", status, "--json" }
+      for _, a in ipairs(extra or {}) do args[#args + 1] = a end
+      return nh.json_lines(sb:cli_ok(args))
+    end
+    local running = listed("running")
+    assert.equal(1, #running, nh.encode(running))
+    assert.equal("Running", running[1].status)
+    assert.equal("s1", running[1].session_id)
+    assert.matches("in a handler on ", running[1].error_text, 1, true)
+    local queued = listed("queued", { "--endpoint", "EpA" })
+    assert.equal(1, #queued, nh.encode(queued))
+    assert.equal("Queued", queued[1].status)
+    assert.equal("s1", queued[1].session_id)
+    assert.equal("1\n", sb:cli_ok({ "events", "--status", "queued", "--count" }))
+    assert.equal("0\n", sb:cli_ok({ "events", "--status", "queued", "--session", "s2", "--count" }))
+    local r = sb:cli({ "events", "--status", "queued", "--since", "1h" })
+    assert.equal(2, r.code)
+    assert.matches("--since applies to the audit trail, not to --status queued", r.err, 1, true)
+
+    nh.write(sb.dir .. "/release", "")
+    sb:wait_message(held, "Completed")
+    sb:wait_message(behind, "Completed")
+    assert.equal("nothing is running\n", sb:cli_ok({ "events", "--status", "running" }))
+    assert.equal("nothing is queued\n", sb:cli_ok({ "events", "--status", "queued" }))
   end)
 
   it("events: --count, --limit, --type, --since, --follow, and unknown --endpoint / --status", function()

@@ -151,7 +151,7 @@ ep:on("Placed", function(event, ctx)
   if event.fail then error("ERP rejected order " .. event.n) end
 end)
 ]]):format(sb.calls_path))
-    sb:spawn(adapter, { store = url, transport = false })
+    local h1 = sb:spawn(adapter, { store = url, transport = false })
     local function pub(session, n, fail)
       sb:cli_ok({ "publish", "Placed", nh.encode({ n = n, fail = fail or nil }), "--session", session },
                 { store = url, transport = false })
@@ -169,6 +169,35 @@ end)
              and status_of(12) == "Deferred"
     end, nh.DEADLINE, "both sessions blocked, their later events parked")
     assert.equal("3", pg.value(url, "SELECT count(*) FROM parked"))
+    -- /metrics tells the store-wide gauges: the host that blocked them, and a second host
+    -- started now, which reads them from the store (its admin API's store routes say they
+    -- are not built on PostgreSQL, and what does it instead)
+    local h2 = sb:spawn(adapter, { store = url, transport = false })
+    local function gauges(h)
+      local port = nh.eventually(function() return h:admin_port() end, nh.DEADLINE, "the admin listener")
+      local r = nh.capture(("curl -sS --max-time 30 http://127.0.0.1:%d/metrics"):format(port))
+      assert.equal(0, r.code, r.err)
+      local m = nh.prom_samples(r.out)
+      return m['nimbus_sessions_blocked{endpoint="Orders"}'], m['nimbus_events_parked{endpoint="Orders"}']
+    end
+    local function gauges_are(blocked, parked)
+      for _, h in ipairs({ h1, h2 }) do
+        nh.eventually(function()
+          local b, p = gauges(h)
+          return b == blocked and p == parked
+        end, nh.DEADLINE, function()
+          local b, p = gauges(h)
+          return ("gauges: blocked %s, parked %s"):format(tostring(b), tostring(p))
+        end)
+      end
+    end
+    gauges_are(2, 3)
+    local status, body = nh.http_json(("http://127.0.0.1:%d/api/v1/events"):format(h2:admin_port()))
+    assert.equal(501, status)
+    assert.truthy(body.error:find("not built on a PostgreSQL store yet", 1, true), body.error)
+    assert.truthy(body.error:find("nimbus-host events", 1, true), body.error)
+    status = nh.http_json(("http://127.0.0.1:%d/readyz"):format(h2:admin_port()))
+    assert.equal(200, status)
     -- the CLI lists them from the same URL
     local failed = sb:cli_ok({ "events", "--status", "failed", "--json" }, { store = url })
     local ids = {}
@@ -191,6 +220,8 @@ end)
     end, nh.DEADLINE, "both sessions released and replayed")
     assert.equal("0", pg.value(url, "SELECT count(*) FROM parked"))
     assert.equal("0", pg.value(url, "SELECT count(*) FROM sessions"))
+    -- whichever host released them, both read the store again (within seconds) and agree
+    gauges_are(0, 0)
     -- per session, the handlers in order (the sessions interleave freely)
     local per = { a = {}, b = {} }
     for session, n in nh.read(sb.calls_path):gmatch("(%S+) (%d+)\n") do table.insert(per[session], n) end

@@ -74,8 +74,13 @@ describe("a PostgreSQL store URL", function()
     assert.truthy(r.err:find("ready:", 1, true), r.err)
     assert.is_nil(r.err:find("migrated", 1, true), r.err)
 
-    refused(run(url, "purge --resolved-before 7d"), "schema is at version 4;", "sqlite store only for now",
-            "--store PATH")
+    -- publishing through a broker keeps its outbox in a sqlite store: not built on PostgreSQL
+    -- (refused before any broker is reached)
+    refused(run(url, "publish Tick --transport amqp://guest:guest@127.0.0.1:5672/"), "schema is at version 4;",
+            "sqlite store only for now", "`purge`", "--store PATH")
+    r = run(url, "purge --resolved-before 7d")   -- built on PostgreSQL since: nothing old enough here
+    assert.equal(0, r.code, r.err)
+    assert.truthy(r.out:find("deleted 0 resolved events", 1, true), r.out)
   end)
 
   it("that is malformed, or where nothing listens, is refused with what to write or check", function()

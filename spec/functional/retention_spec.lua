@@ -88,6 +88,24 @@ describe("retention", function()
     assert.same({ "head", "p1", "p2" }, sb:call_tags("s1"))
   end)
 
+  it("purge deletes old inbox entries with --inbox-before, counted first by --dry-run, and keeps the events", function()
+    sb:start(sb:recorder{ types = { "Ok" }, options = "inbox = true" })
+    local rows = {}
+    for i = 1, 3 do rows[i] = sb:wait_message(sb:publish("Ok", { tag = "i" .. i }, { session = "i" .. i }), "Completed") end
+    -- an age in whole seconds: wait until every entry is more than 1 s old (the inbox row is
+    -- written with its event's outcome, within a moment of its updated_at)
+    local latest = cutoff_after(rows)
+    nh.eventually(function() return now_ms() > latest + 1500 end, 5, "the entries to be older than 1 s")
+
+    local dry = sb:cli_ok({ "purge", "--inbox-before", "1s", "--dry-run" })
+    assert.truthy(dry:find("0 resolved events and 3 inbox entries would be deleted", 1, true), dry)
+    local out = sb:cli_ok({ "purge", "--inbox-before", "1s" })
+    assert.truthy(out:find("deleted 0 resolved events (0 history rows), 3 inbox and 0 processed entries", 1, true), out)
+    assert.same({ Completed = 3 }, statuses(), "--inbox-before alone deletes no event")
+    dry = sb:cli_ok({ "purge", "--inbox-before", "1s", "--dry-run" })
+    assert.truthy(dry:find("0 resolved events and 0 inbox entries would be deleted", 1, true), dry)
+  end)
+
   it("purge refuses bad input with a clear error", function()
     sb:start(sb:recorder{ types = { "Ok" } })
     sb:wait_message(sb:publish("Ok", { tag = "a" }, { session = "a" }), "Completed")

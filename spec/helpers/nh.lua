@@ -282,7 +282,10 @@ function Host:log() return M.read(self.log_path) or "" end
 
 -- The port of the host's admin listener, from its log line (nil before it is logged).
 function Host:admin_port()
-  return tonumber(self:log():match("operator API on http://127%.0%.0%.1:(%d+)/api/v1/") or "")
+  local log = self:log()
+  -- on a PostgreSQL store the listener serves health, readiness and metrics only, and says so
+  return tonumber(log:match("operator API on http://127%.0%.0%.1:(%d+)/api/v1/")
+                  or log:match("%[admin%] on http://127%.0%.0%.1:(%d+)/") or "")
 end
 
 -- The host's exit status, or nil while it runs (the wrapper shell records it).

@@ -1,6 +1,8 @@
 /* The admin listener (nh_admin.h): the route table, who may call what, the listener's
  * life. Routes answer from the store on the loop thread, between pumps (no transaction of
- * the pump is open then); bulk actions step a batch per loop turn. */
+ * the pump is open then); bulk actions step a batch per loop turn. Without a store (a
+ * PostgreSQL one: its reads would wait for the network on the loop) only the routes of the
+ * host's own state answer, the others say so. */
 #include "nh_admin_int.h"
 #include "nh_admin_tokens.h"
 #include "core/nh_log.h"
@@ -50,34 +52,35 @@ typedef struct route {
   need_t need;
   int json;              /* the body must be JSON from this origin (actions, and NimBus's POST reads) */
   nh_admin_route_fn fn;
+  int own;               /* answers without the store (so on a PostgreSQL store too) */
 } route_t;
 
 static const route_t routes[] = {
-  { "GET", "/api/v1/endpoints", READER, 0, nh_admin_get_endpoints },
-  { "GET", "/api/v1/events", READER, 0, nh_admin_get_events },
-  { "GET", "/api/v1/events/{}", READER, 0, nh_admin_get_event },
-  { "GET", "/api/v1/sessions", READER, 0, nh_admin_get_sessions },
-  { "GET", "/api/v1/failures", READER, 0, nh_admin_get_failures },
-  { "GET", "/api/v1/whoami", READER, 0, nh_admin_get_whoami },
-  { "GET", "/api/v1/stream", READER, 0, nh_admin_get_stream },
-  { "GET", "/api/v1/openapi.json", PUBLIC, 0, nh_admin_get_openapi },
-  { "POST", "/api/v1/events/{}/resubmit", OPERATOR, 1, nh_admin_post_resubmit },
-  { "POST", "/api/v1/events/{}/skip", OPERATOR, 1, nh_admin_post_skip },
-  { "POST", "/api/v1/events/{}/handoff/complete", OPERATOR, 1, nh_admin_post_handoff_complete },
-  { "POST", "/api/v1/events/{}/handoff/fail", OPERATOR, 1, nh_admin_post_handoff_fail },
-  { "POST", "/api/v1/bulk/resubmit", OPERATOR, 1, nh_admin_post_bulk_resubmit },
-  { "POST", "/api/v1/bulk/skip", OPERATOR, 1, nh_admin_post_bulk_skip },
+  { "GET", "/api/v1/endpoints", READER, 0, nh_admin_get_endpoints, 0 },
+  { "GET", "/api/v1/events", READER, 0, nh_admin_get_events, 0 },
+  { "GET", "/api/v1/events/{}", READER, 0, nh_admin_get_event, 0 },
+  { "GET", "/api/v1/sessions", READER, 0, nh_admin_get_sessions, 0 },
+  { "GET", "/api/v1/failures", READER, 0, nh_admin_get_failures, 0 },
+  { "GET", "/api/v1/whoami", READER, 0, nh_admin_get_whoami, 1 },
+  { "GET", "/api/v1/stream", READER, 0, nh_admin_get_stream, 0 },
+  { "GET", "/api/v1/openapi.json", PUBLIC, 0, nh_admin_get_openapi, 1 },
+  { "POST", "/api/v1/events/{}/resubmit", OPERATOR, 1, nh_admin_post_resubmit, 0 },
+  { "POST", "/api/v1/events/{}/skip", OPERATOR, 1, nh_admin_post_skip, 0 },
+  { "POST", "/api/v1/events/{}/handoff/complete", OPERATOR, 1, nh_admin_post_handoff_complete, 0 },
+  { "POST", "/api/v1/events/{}/handoff/fail", OPERATOR, 1, nh_admin_post_handoff_fail, 0 },
+  { "POST", "/api/v1/bulk/resubmit", OPERATOR, 1, nh_admin_post_bulk_resubmit, 0 },
+  { "POST", "/api/v1/bulk/skip", OPERATOR, 1, nh_admin_post_bulk_skip, 0 },
   /* NimBus's operator API (docs/admin-api.md) */
-  { "POST", "/api/endpoint/status/count", READER, 1, nh_admin_nimbus_status_count },
-  { "POST", "/api/event/{}/getByFilter", READER, 1, nh_admin_nimbus_get_by_filter },
-  { "POST", "/api/event/resubmit/{}/{}", OPERATOR, 1, nh_admin_nimbus_resubmit },
-  { "POST", "/api/event/skip/{}/{}", OPERATOR, 1, nh_admin_nimbus_skip },
-  { "GET", "/healthz", PUBLIC, 0, nh_admin_get_health },
-  { "GET", "/metrics", READER, 0, nh_admin_get_metrics },
-  { "GET", "/readyz", PUBLIC, 0, nh_admin_get_ready },
-  { "GET", "/", PUBLIC, 0, nh_admin_get_static },
-  { "GET", "/console", PUBLIC, 0, nh_admin_get_static },
-  { "GET", "/console/*", PUBLIC, 0, nh_admin_get_static },
+  { "POST", "/api/endpoint/status/count", READER, 1, nh_admin_nimbus_status_count, 0 },
+  { "POST", "/api/event/{}/getByFilter", READER, 1, nh_admin_nimbus_get_by_filter, 0 },
+  { "POST", "/api/event/resubmit/{}/{}", OPERATOR, 1, nh_admin_nimbus_resubmit, 0 },
+  { "POST", "/api/event/skip/{}/{}", OPERATOR, 1, nh_admin_nimbus_skip, 0 },
+  { "GET", "/healthz", PUBLIC, 0, nh_admin_get_health, 1 },
+  { "GET", "/metrics", READER, 0, nh_admin_get_metrics, 1 },
+  { "GET", "/readyz", PUBLIC, 0, nh_admin_get_ready, 1 },
+  { "GET", "/", PUBLIC, 0, nh_admin_get_static, 0 },
+  { "GET", "/console", PUBLIC, 0, nh_admin_get_static, 0 },
+  { "GET", "/console/*", PUBLIC, 0, nh_admin_get_static, 0 },
 };
 
 /* Matches path against pattern, filling c->cap with the {} segments (still escaped). */
@@ -216,7 +219,16 @@ static void on_request(void *data, nh_httpd_req_t *r)
   } else if (!hit) {
     nh_admin_error(r, 404, NULL, "no route %s %s (the API is under /api/v1, described by /api/v1/openapi.json; "
                    "the console is at /console/)", c.method, c.path);
-  } else if (!refuse(&c, hit->need) && (!hit->json || same_origin_json(&c))) {
+  } else if (refuse(&c, hit->need) || (hit->json && !same_origin_json(&c))) {
+    /* answered */
+  } else if (!c.a->store && !hit->own) {
+    /* a PostgreSQL store: the host's own state answers; what reads or writes the store
+     * is not built on it yet, and the CLI does it (docs/store-backends.md) */
+    nh_admin_error(r, 501, NULL, "%s %s: the operator API's reads and actions and the console are not built on a "
+                   "PostgreSQL store yet (docs/store-backends.md); /healthz, /readyz and /metrics are. The CLI "
+                   "does the rest with --store URL: nimbus-host events | show | sessions | failures | resubmit | "
+                   "skip | handoff", c.method, c.path);
+  } else {
     match(hit->pattern, c.path, &c, 1);
     hit->fn(&c);
   }
@@ -289,8 +301,7 @@ nh_admin_t *nh_admin_start(uv_loop_t *loop, nh_store_t *store, const nh_admin_op
   }
   char owner[64];
   snprintf(owner, sizeof owner, "admin:%ld", (long)getpid());
-  a->queue = nh_embedded_init(nh_store_db(store), owner, err);
-  if (!a->queue) {
+  if (store && !(a->queue = nh_embedded_init(nh_store_db(store), owner, err))) {
     nh_admin_tokens_free(a->tokens);
     free(a);
     return NULL;
@@ -306,13 +317,18 @@ nh_admin_t *nh_admin_start(uv_loop_t *loop, nh_store_t *store, const nh_admin_op
     nh_error_set(err, NH_EUSAGE, "--admin %s:%d: %s%s", opts->host, opts->port, why,
                  strcmp(code, "EADDRINUSE") == 0 ? " (another nimbus-host has the console there? give another port "
                                                    "with --admin 127.0.0.1:PORT, or --admin off)" : "");
-    a->queue->vt->close(a->queue);
+    if (a->queue) a->queue->vt->close(a->queue);
     nh_admin_tokens_free(a->tokens);
     free(a->console_dir);
     free(a);
     return NULL;
   }
   a->port = nh_httpd_port(a->h);
+  if (!store) {
+    nh_log_info("admin", "on http://%s:%d/: /healthz, /readyz and /metrics; the operator API's reads and actions "
+                "and the console are not built on a PostgreSQL store yet (docs/store-backends.md)", opts->host, a->port);
+    return a;
+  }
   nh_log_info("admin", "operator API on http://%s:%d/api/v1/, console http://%s:%d/console/ (%s%s)", opts->host,
               a->port, opts->host, a->port, a->console_dir ? "files in " : "its files were not found: set NIMBUS_CONSOLE_DIR",
               a->console_dir ? a->console_dir : "");
@@ -338,7 +354,7 @@ void nh_admin_close(nh_admin_t *a)
   nh_admin_bulk_close(a);
   nh_admin_stream_close(a);
   nh_httpd_close(a->h);
-  a->queue->vt->close(a->queue);
+  if (a->queue) a->queue->vt->close(a->queue);
   nh_admin_tokens_free(a->tokens);
   nh_admin_cache_clear(&a->endpoints_cache);
   nh_admin_cache_clear(&a->failures_cache);

@@ -1,10 +1,14 @@
 /* `nimbus-host purge`: retention by hand. Deletes resolved events (Completed, Skipped,
  * Unsupported) last changed before a time, with their history, and old inbox entries,
  * in small transactions (a running host keeps working between them); never an
- * unresolved event. The freed pages are given back (stores created with incremental
- * vacuum) or reused (older stores). */
+ * unresolved event. On sqlite the freed pages are given back (stores created with
+ * incremental vacuum) or reused (older stores); on PostgreSQL the same deletes as the
+ * hosts' retention run on a blocking connection, and the space is PostgreSQL's to reuse
+ * (autovacuum). */
 #include "nh_cli.h"
 #include "core/nh_util.h"
+#include "store/nh_pg.h"
+#include "store/nh_pg_ops.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -37,6 +41,60 @@ static double file_mb(const char *path)
   return mb / (1024.0 * 1024.0);
 }
 
+static void said_dry_run(const nh_purge_counts_t *c)
+{
+  printf("%lld resolved events and %lld inbox entries would be deleted (dry run: nothing was deleted)\n",
+         (long long)c->events, (long long)c->inbox);
+}
+
+/* One sentence for both stores (scripts read "deleted N resolved events"); mb < 0: the
+ * size could not be read, the rows are said alone. */
+static void said_deleted(const nh_purge_counts_t *c, double mb, double before_mb)
+{
+  printf("deleted %lld resolved events (%lld history rows), %lld inbox and %lld processed entries",
+         (long long)c->events, (long long)c->history, (long long)c->inbox, (long long)c->processed);
+  if (mb >= 0 && before_mb >= 0) printf("; store %.1f MB (was %.1f MB)", mb, before_mb);
+  printf("\n");
+}
+
+/* A batch failed: the ones before it were committed, each its own transaction. */
+static void said_failed(const char *prefix, const char *why)
+{
+  fprintf(stderr, "nimbus-host purge: %s%s; what was deleted so far stays deleted, run it again for the rest\n",
+          prefix, why);
+}
+
+static double pg_mb(nh_pg_db_t *db)
+{
+  int64_t n = nh_pgs_database_bytes(db);
+  return n < 0 ? -1 : (double)n / (1024.0 * 1024.0);
+}
+
+/* On PostgreSQL: each batch its own transaction, committed before the next, so hosts
+ * serving the store wait for none of it for long; rows a host's retention is deleting at
+ * the same time are skipped, not waited for (the statements' SKIP LOCKED). */
+static int purge_pg(const char *url, int64_t resolved, int64_t inbox, int dry)
+{
+  int rc = NH_EXIT_OK;
+  nh_pg_db_t *db = nh_cli_pg_open("purge", url, &rc);
+  if (!db) return rc;
+  nh_error_t err = {0};
+  nh_purge_counts_t c = { 0 };
+  if (dry) {
+    if (nh_pgs_purge_count(db, resolved, inbox, &c, &err) == NH_OK) said_dry_run(&c);
+    else fprintf(stderr, "nimbus-host purge: %s\n", err.msg);
+    nh_pg_db_free(db);
+    return err.code ? NH_EXIT_FAIL : NH_EXIT_OK;
+  }
+  double before_mb = pg_mb(db);
+  int n;
+  while ((n = nh_pgs_purge(db, resolved, inbox, NH_PURGE_BATCH, &c, &err)) > 0) {}
+  if (n < 0) said_failed("", err.msg);   /* the message names the store (password masked) */
+  else said_deleted(&c, pg_mb(db), before_mb);
+  nh_pg_db_free(db);
+  return n < 0 ? NH_EXIT_FAIL : NH_EXIT_OK;
+}
+
 int nh_cmd_purge(int argc, char **argv)
 {
   static const nh_opt_spec_t specs[] = { { "--resolved-before", 1 }, { "--inbox-before", 1 }, { "--dry-run", 0 },
@@ -51,6 +109,8 @@ int nh_cmd_purge(int argc, char **argv)
   if ((rc = parse_before("--resolved-before", rb, now, &resolved)) || (rc = parse_before("--inbox-before", ib, now, &inbox)))
     return rc;
 
+  if (nh_pg_url_is(a.store)) return purge_pg(a.store, resolved, inbox, nh_args_has(&a, "--dry-run"));
+
   nh_error_t err = {0};
   nh_store_t *s = NULL;
   if (nh_store_open(&s, a.store, 0, &err)) {
@@ -60,9 +120,7 @@ int nh_cmd_purge(int argc, char **argv)
   nh_purge_counts_t c = { 0 };
   if (nh_args_has(&a, "--dry-run")) {
     rc = nh_store_purge_count(s, resolved, inbox, &c);
-    if (rc == NH_OK)
-      printf("%lld resolved events and %lld inbox entries would be deleted (dry run: nothing was deleted)\n",
-             (long long)c.events, (long long)c.inbox);
+    if (rc == NH_OK) said_dry_run(&c);
     else fprintf(stderr, "nimbus-host purge: store: %s\n", nh_store_errmsg(s));
     nh_store_close(s);
     return rc == NH_OK ? NH_EXIT_OK : NH_EXIT_FAIL;
@@ -73,8 +131,7 @@ int nh_cmd_purge(int argc, char **argv)
     int n = nh_store_purge(s, resolved, inbox, NH_PURGE_BATCH, &c);
     if (n < 0 || nh_store_commit(s)) {
       nh_store_rollback(s);
-      fprintf(stderr, "nimbus-host purge: store: %s; what was deleted so far stays deleted, run it again for the "
-                      "rest\n", nh_store_errmsg(s));
+      said_failed("store: ", nh_store_errmsg(s));
       nh_store_close(s);
       return NH_EXIT_FAIL;
     }
@@ -83,9 +140,7 @@ int nh_cmd_purge(int argc, char **argv)
   }
   if (!rb) c.events = c.history = 0;
   nh_store_checkpoint(s);
-  printf("deleted %lld resolved events (%lld history rows), %lld inbox and %lld processed entries; store %.1f MB "
-         "(was %.1f MB)\n", (long long)c.events, (long long)c.history, (long long)c.inbox, (long long)c.processed,
-         file_mb(a.store), before_mb);
+  said_deleted(&c, file_mb(a.store), before_mb);
   nh_store_close(s);
   return NH_EXIT_OK;
 }

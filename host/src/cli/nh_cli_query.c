@@ -2,6 +2,7 @@
 #include "nh_cli.h"
 #include "admin/nh_views.h"
 #include "core/nh_failgroup.h"
+#include "core/nh_idcursor.h"
 #include "core/nh_trace.h"
 #include "core/nh_util.h"
 #include "store/nh_pg.h"
@@ -223,6 +224,63 @@ static int follow(nh_store_t *s, const nh_event_filter_t *f, struct list_ctx *c,
   return NH_EXIT_OK;
 }
 
+/* --follow on PostgreSQL. History ids commit out of order there (two hosts, or a pump and
+ * an operator request, each its own transaction), so the cursor waits for the gaps below
+ * what it read (core/nh_idcursor.h), and a row is printed once, when it first shows. */
+#define NH_FOLLOW_GAP_MS 30000   /* far longer than any transaction of the host's */
+#define NH_FOLLOW_BACK 1000      /* ids below the listing's last one that may still come */
+
+struct follow_pg_ctx {
+  nh_idcursor_t cur;
+  const nh_event_filter_t *f;
+  struct list_ctx *list;
+  int64_t now, seed_to, read_to;
+};
+
+static void follow_pg_row(void *data, int64_t id, const nh_audit_t *a)
+{
+  struct follow_pg_ctx *fc = data;
+  if (nh_idcursor_take(&fc->cur, id, fc->now) && a && nh_event_filter_match(fc->f, a)) print_event(fc->list, a);
+}
+
+/* the ids up to the listing's last one that are there already: taken without printing
+ * (the listing showed their events), so that only the late ones below it print */
+static void follow_pg_seed(void *data, int64_t id, const nh_audit_t *a)
+{
+  (void)a;
+  struct follow_pg_ctx *fc = data;
+  if (id <= fc->seed_to) nh_idcursor_take(&fc->cur, id, fc->now);
+  fc->read_to = id;
+}
+
+static int follow_pg(nh_pg_db_t *db, const nh_event_filter_t *f, struct list_ctx *c, int64_t from_id)
+{
+  signal(SIGINT, on_follow_signal);
+  signal(SIGTERM, on_follow_signal);
+  struct follow_pg_ctx fc = { .f = f, .list = c, .now = nh_time_now_ms(), .seed_to = from_id };
+  fc.read_to = from_id > NH_FOLLOW_BACK ? from_id - NH_FOLLOW_BACK : 0;
+  nh_idcursor_init(&fc.cur, fc.read_to, NH_FOLLOW_GAP_MS);
+  nh_error_t err = {0};
+  int rc = NH_EXIT_OK, n = 1000;
+  while (n == 1000 && fc.read_to < from_id)
+    n = nh_pgs_history_after(db, fc.read_to, NULL, 0, 1000, follow_pg_seed, &fc, &err);
+  while (!follow_stop && n >= 0) {
+    fc.now = nh_time_now_ms();
+    nh_idcursor_advance(&fc.cur, fc.now);
+    int64_t gaps[2 * 16];
+    int ngaps = nh_idcursor_gaps(&fc.cur, gaps, 16);
+    n = nh_pgs_history_after(db, nh_idcursor_top(&fc.cur), gaps, ngaps, 1000, follow_pg_row, &fc, &err);
+    fflush(stdout);
+    if (n >= 0 && n < 1000) usleep(250 * 1000);   /* a poll of the history tail, as on sqlite */
+  }
+  if (n < 0) {
+    fprintf(stderr, "nimbus-host events: --follow: %s\n", err.msg);
+    rc = NH_EXIT_FAIL;
+  }
+  nh_idcursor_free(&fc.cur);
+  return rc;
+}
+
 /* ---- events --status queued|running: the embedded queue ---- */
 
 struct unfinished_ctx {
@@ -267,16 +325,23 @@ static int print_unfinished(void *data, const nh_queued_row_t *r)
   return 0;
 }
 
-static int list_unfinished(nh_store_t *s, const nh_args_t *a, int running, int limit, int count)
+static int list_unfinished(reader_t *rd, const nh_args_t *a, int running, int limit, int count)
 {
   struct list_ctx c = { .json = nh_args_has(a, "--json") };
   struct unfinished_ctx u = { &c, nh_args_get(a, "--type"), 0, count };
-  int n = nh_embedded_list(nh_store_db(s), nh_args_get(a, "--endpoint"), nh_args_get(a, "--session"), running,
-                           nh_time_now_ms(), u.type ? 0 : limit, print_unfinished, &u);
-  if (n < 0) {
+  const char *endpoint = nh_args_get(a, "--endpoint"), *session = nh_args_get(a, "--session");
+  int64_t now = nh_time_now_ms();
+  if (rd->pg) {
+    nh_error_t err = {0};
+    if (nh_pgq_unfinished(rd->pg, endpoint, session, running, now, u.type ? 0 : limit, print_unfinished, &u, &err) < 0) {
+      fprintf(stderr, "nimbus-host events: %s\n", err.msg);
+      return NH_EXIT_FAIL;
+    }
+  } else if (nh_embedded_list(nh_store_db(rd->s), endpoint, session, running, now, u.type ? 0 : limit,
+                              print_unfinished, &u) < 0) {
     /* a store no host has run on yet has no queue table */
-    if (strstr(nh_store_errmsg(s), "no such table") == NULL) {
-      fprintf(stderr, "nimbus-host events: store: %s\n", nh_store_errmsg(s));
+    if (strstr(nh_store_errmsg(rd->s), "no such table") == NULL) {
+      fprintf(stderr, "nimbus-host events: store: %s\n", nh_store_errmsg(rd->s));
       return NH_EXIT_FAIL;
     }
   }
@@ -289,15 +354,10 @@ static int list_unfinished(nh_store_t *s, const nh_args_t *a, int running, int l
   return NH_EXIT_OK;
 }
 
-/* events on a PostgreSQL store: the audit trail with the reader's filters (not yet: the
- * queue's --status queued|running, --follow, --group, --payload). */
+/* events on a PostgreSQL store: the audit trail with the reader's filters, then (--follow)
+ * every change. */
 static int events_pg(const nh_args_t *a, int limit, int count)
 {
-  const char *status = nh_args_get(a, "--status");
-  if (nh_args_has(a, "--follow") ||
-      (status && (strcasecmp(status, "queued") == 0 || strcasecmp(status, "running") == 0)))
-    return nh_usage_error("events", "%s on a PostgreSQL store is not built yet (docs/store-backends.md)",
-                          nh_args_has(a, "--follow") ? "--follow" : "--status queued|running");
   nh_event_filter_t f;
   reader_t rd;
   int rc = reader_open(&rd, "events", a->store);
@@ -315,13 +375,21 @@ static int events_pg(const nh_args_t *a, int limit, int count)
     reader_close(&rd);
     return n < 0 ? (err.code == NH_EUSAGE ? NH_EXIT_USAGE : NH_EXIT_FAIL) : NH_EXIT_OK;
   }
+  int follow_on = nh_args_has(a, "--follow");
+  int64_t from = follow_on ? nh_pgs_history_last_id(rd.pg, &err) : 0;
   struct list_ctx c = { .json = nh_args_has(a, "--json") };
-  int n = nh_pgs_events(rd.pg, &f, print_event, &c, NULL, &err);
+  int n = from < 0 ? NH_EFAIL : nh_pgs_events(rd.pg, &f, print_event, &c, NULL, &err);
   if (n < 0) fprintf(stderr, "nimbus-host events: %s\n", err.msg);
   if (!c.json) table_flush(&c);
-  if (n == 0 && !c.json) printf("no events match\n");
+  if (n == 0 && !c.json && !follow_on) printf("no events match\n");
+  rc = n < 0 ? (err.code == NH_EUSAGE ? NH_EXIT_USAGE : NH_EXIT_FAIL) : NH_EXIT_OK;
+  if (!rc && follow_on) {
+    fflush(stdout);
+    f.limit = 0;
+    rc = follow_pg(rd.pg, &f, &c, from);
+  }
   reader_close(&rd);
-  return n < 0 ? (err.code == NH_EUSAGE ? NH_EXIT_USAGE : NH_EXIT_FAIL) : NH_EXIT_OK;
+  return rc;
 }
 
 int nh_cmd_events(int argc, char **argv)
@@ -344,18 +412,19 @@ int nh_cmd_events(int argc, char **argv)
   int count = nh_args_has(&a, "--count"), follow_on = nh_args_has(&a, "--follow");
   if (count && (follow_on || lim)) return nh_usage_error("events", "--count prints a number; it takes no --limit or --follow");
   const char *status = nh_args_get(&a, "--status");
-  if (nh_pg_url_is(a.store)) return events_pg(&a, limit, count);
-  nh_store_t *s;
   if (status && (strcasecmp(status, "queued") == 0 || strcasecmp(status, "running") == 0)) {
     static const char *const audit_only[] = { "--error", "--group", "--since", "--before", "--follow", NULL };
     for (int i = 0; audit_only[i]; i++)
       if (nh_args_has(&a, audit_only[i]))
         return nh_usage_error("events", "%s applies to the audit trail, not to --status %s", audit_only[i], status);
-    if ((rc = open_store(&s, "events", a.store))) return rc;
-    rc = list_unfinished(s, &a, strcasecmp(status, "running") == 0, limit, count);
-    nh_store_close(s);
+    reader_t rd;
+    if ((rc = reader_open(&rd, "events", a.store))) return rc;
+    rc = list_unfinished(&rd, &a, strcasecmp(status, "running") == 0, limit, count);
+    reader_close(&rd);
     return rc;
   }
+  if (nh_pg_url_is(a.store)) return events_pg(&a, limit, count);
+  nh_store_t *s;
   if ((rc = open_store(&s, "events", a.store))) return rc;
   nh_event_filter_t f;
   if ((rc = nh_cli_filter_parse(&a, "events", s, &f))) {

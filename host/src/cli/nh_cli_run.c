@@ -289,10 +289,8 @@ int nh_cmd_run(int argc, char **argv, int first)
     fprintf(stderr, "nimbus-host: %s\n", err.msg);
     status = NH_EXIT_FAIL;
   }
-  if (status == NH_EXIT_OK && !admin.off && pg) {
-    nh_log_warn("host", "the admin API and the console are not built on a PostgreSQL store yet "
-                "(docs/store-backends.md): not started");
-  } else if (status == NH_EXIT_OK && !admin.off && !(h.admin = nh_admin_start(loop, store, &admin.opts, &err))) {
+  /* on PostgreSQL without the store: health, readiness and metrics (nh_admin.c) */
+  if (status == NH_EXIT_OK && !admin.off && !(h.admin = nh_admin_start(loop, pg ? NULL : store, &admin.opts, &err))) {
     fprintf(stderr, "nimbus-host: %s\n", err.msg);
     status = NH_EXIT_USAGE;
   }

@@ -67,4 +67,15 @@ typedef struct nh_msg_ids { char session[37], correlation[37]; } nh_msg_ids_t;
 void nh_msg_event(nh_msg_t *m, nh_msg_ids_t *ids, const char *type, const char *body, size_t body_len,
                   const char *session, const char *correlation_id, const char *message_id);
 
+/* A message of the embedded queue not finished yet, for `events --status queued|running`
+ * (on sqlite nh_embedded_list, on PostgreSQL nh_pgq_unfinished): on the AMQP transport only
+ * operator requests wait there; the broker holds the rest. `running` is a session's head
+ * while a live owner holds the session's lock; `queued` is everything else, `owner` is NULL
+ * then and `visible_at` may lie ahead. */
+typedef struct nh_queued_row {
+  const char *endpoint, *session_id, *event_id, *event_type, *message_type, *owner;
+  int64_t enqueued_at, visible_at;
+  int running, delivery_count;
+} nh_queued_row_t;
+
 #endif

@@ -735,8 +735,6 @@ nh_dispatch_t *nh_dispatch_init_pg(uv_loop_t *loop, struct nh_pg_link *link, nh_
 {
   nh_dispatch_t *d = dispatch_new(loop, nh_uow_new_pg(link), transport, lua_dir);
   d->link = link;
-  nh_log_info("dispatch", "PostgreSQL store: not built on it yet: the store gauges, the admin API and console "
-              "(docs/store-backends.md)");
   return d;
 }
 

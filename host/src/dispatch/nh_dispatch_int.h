@@ -139,6 +139,8 @@ struct nh_dispatch {
   uv_timer_t presence_timer;     /* nh_presence.c */
   uv_timer_t overdue_timer;      /* nh_overdue.c */
   int overdue_scanning;          /* PostgreSQL: a scan's batches are out on the link */
+  int gauges_reading;            /* PostgreSQL: the store-wide gauges' read is out on the link */
+  int64_t gauges_read_at;        /* when it was sent last (nh_gauges_pg.c) */
   char *owner;                   /* "host:pid:tag", NULL: not registered in `hosts` */
   int64_t started_ms;
   nh_story_t story;              /* the open transaction's notes (nh_story.h) */
@@ -203,6 +205,10 @@ void nh_dispatch_tell_story(nh_dispatch_t *d, nh_story_t *s);
 void nh_dispatch_metrics_start(nh_dispatch_t *d);   /* gauges read from the store, collectors */
 void nh_dispatch_metrics_stop(nh_dispatch_t *d);
 void nh_dispatch_count_lock_lost(const char *endpoint);
+/* The store-wide gauges of an endpoint, as read (nh_tell.c) */
+void nh_dispatch_gauges_set(const char *endpoint, int64_t blocked, int64_t pending, int64_t parked);
+/* nh_gauges_pg.c: reads them on a PostgreSQL store (at most every 10 s; no-op on sqlite) */
+void nh_dispatch_gauges_pg(nh_dispatch_t *d);
 
 /* nh_spans.c: traces (docs/observability.md) */
 void nh_dispatch_spans_start(void);                              /* its counter shows from the start */

@@ -39,42 +39,13 @@ typedef struct purge {
   nh_purge_counts_t c;
 } purge_t;
 
-static void on_purged(void *data, const nh_pg_optab_t *tab, int op, const PGresult *res)
-{
-  purge_t *p = data;
-  (void)tab;
-  int64_t n = nh_pg_col_i64(res, 0, 0);
-  switch (op) {
-  case NH_PGOP_PURGE_RESOLVED:
-    p->c.events += n;
-    p->c.history += nh_pg_col_i64(res, 0, 1);
-    break;
-  case NH_PGOP_PURGE_PROCESSED: p->c.processed += n; break;
-  case NH_PGOP_PURGE_INBOX: p->c.inbox += n; break;
-  default: break;
-  }
-}
-
 static int purge_build(void *data, nh_pg_db_t *db, nh_error_t *err)
 {
   purge_t *p = data;
   nh_dispatch_t *d = p->d;
   int64_t now = nh_time_now_ms();
-  nh_pg_args_t a;
-  int rc = NH_OK;
-  if (d->retention_resolved_ms > 0 &&
-      ((rc = nh_pg_batch_add(db, nh_pgargs_purge(&a, NH_PGOP_PURGE_RESOLVED, now - d->retention_resolved_ms,
-                                                 NH_RETENTION_BATCH), &a, on_purged, p, err)) ||
-       (rc = nh_pg_batch_add(db, nh_pgargs_purge(&a, NH_PGOP_PURGE_PROCESSED, now - d->retention_resolved_ms, 1000),
-                             &a, on_purged, p, err))))
-    return rc;
-  if (d->retention_inbox_ms > 0 &&
-      (rc = nh_pg_batch_add(db, nh_pgargs_purge(&a, NH_PGOP_PURGE_INBOX, now - d->retention_inbox_ms, 1000), &a,
-                            on_purged, p, err)))
-    return rc;
-  /* claims past the dedup window guard nothing any more */
-  return nh_pg_batch_add(db, nh_pgargs_purge(&a, NH_PGOP_PURGE_PUBLISHED, now - NH_DEDUP_WINDOW_MS, 1000), &a,
-                         on_purged, p, err);
+  return nh_pg_purge_add(db, d->retention_resolved_ms > 0 ? now - d->retention_resolved_ms : 0,
+                         d->retention_inbox_ms > 0 ? now - d->retention_inbox_ms : 0, NH_RETENTION_BATCH, &p->c, err);
 }
 
 static void purge_done(void *data, nh_pg_batch_outcome_t outcome, const nh_error_t *err)

@@ -2,7 +2,8 @@
  * hear of (docs/observability.md, "Log lines"), the metrics, and the lifecycle hooks.
  * Also the dispatcher's gauges: the store-wide ones (blocked sessions, parked events,
  * pending hand-offs) are read from the store once per endpoint and then kept in step by
- * the notes, so a scrape never scans the store. */
+ * the notes, so a scrape never scans the store (on PostgreSQL, shared by hosts on several
+ * machines, read again now and then: nh_gauges_pg.c). */
 #include "nh_dispatch_int.h"
 #include "core/nh_log.h"
 #include "core/nh_metrics.h"
@@ -283,6 +284,13 @@ void nh_dispatch_count_lock_lost(const char *endpoint) { nh_metric_add(&m_locks_
 /* ---------------------------------------------------------------- gauges */
 
 /* The store-wide gauges of endpoints not read yet (at start, after a reload). */
+void nh_dispatch_gauges_set(const char *endpoint, int64_t blocked, int64_t pending, int64_t parked)
+{
+  nh_metric_set(&g_blocked, (double)blocked, endpoint);
+  nh_metric_set(&g_pending, (double)pending, endpoint);
+  nh_metric_set(&g_parked, (double)parked, endpoint);
+}
+
 static void seed(nh_dispatch_t *d)
 {
   int64_t now = nh_time_now_ms();
@@ -290,13 +298,16 @@ static void seed(nh_dispatch_t *d)
     if (ep->metrics_seeded || ep->retired) continue;
     ep->metrics_seeded = 1;
     nh_endpoint_stats_t st;
-    if (!d->store) continue;   /* PostgreSQL: the gauges are not read yet */
-    if (nh_store_endpoint_stats(d->store, ep->name, now, &st) == NH_OK) {
-      nh_metric_set(&g_blocked, (double)st.blocked_sessions, ep->name);
-      nh_metric_set(&g_pending, (double)st.handoffs_pending, ep->name);
+    if (!d->store) {
+      d->gauges_read_at = 0;   /* PostgreSQL: read now, on the link (nh_gauges_pg.c) */
+    } else {
+      if (nh_store_endpoint_stats(d->store, ep->name, now, &st) == NH_OK) {
+        nh_metric_set(&g_blocked, (double)st.blocked_sessions, ep->name);
+        nh_metric_set(&g_pending, (double)st.handoffs_pending, ep->name);
+      }
+      int64_t parked = nh_store_endpoint_parked(d->store, ep->name);
+      if (parked >= 0) nh_metric_set(&g_parked, (double)parked, ep->name);
     }
-    int64_t parked = nh_store_endpoint_parked(d->store, ep->name);
-    if (parked >= 0) nh_metric_set(&g_parked, (double)parked, ep->name);
     /* every endpoint shows its counters from the start, not after its first event */
     nh_metric_add(&m_blocks, 0, ep->name);
     nh_metric_add(&m_unblocks, 0, ep->name);
@@ -309,6 +320,7 @@ static void collect(void *data)
 {
   nh_dispatch_t *d = data;
   seed(d);
+  nh_dispatch_gauges_pg(d);   /* on PostgreSQL: the store's figures again, now and then */
   for (nh_endpoint_t *ep = d->endpoints; ep; ep = ep->next)
     if (!ep->retired) nh_metric_set(&g_in_flight, ep->in_flight, ep->name);
   nh_metric_clear(&g_lua_mem);   /* adapters come and go with reloads */
@@ -333,7 +345,8 @@ static void collect(void *data)
   nh_metric_set(&m_pumps, (double)d->pumps);
   nh_metric_set(&m_fetched, (double)d->pumped);
   int64_t db = 0, wal = 0;
-  if (d->store) nh_store_file_sizes(d->store, &db, &wal);
+  if (!d->store) return;   /* PostgreSQL: its size is the server's to report (pg_database_size) */
+  nh_store_file_sizes(d->store, &db, &wal);
   nh_metric_set(&g_store_bytes, (double)db, "db");
   nh_metric_set(&g_store_bytes, (double)wal, "wal");
 }
@@ -341,6 +354,7 @@ static void collect(void *data)
 void nh_dispatch_metrics_start(nh_dispatch_t *d)
 {
   seed(d);
+  nh_dispatch_gauges_pg(d);
   nh_dispatch_spans_start();
   nh_metrics_on_collect(collect, d);
 }

@@ -21,6 +21,14 @@
 /* The audit columns in the order nh_pgrow_audit reads them: the sqlite store's. */
 #define AUDIT_COLS NH_AUDIT_COLS
 
+/* An audit row (alias a) that retention may delete: resolved (Completed, Skipped,
+ * Unsupported), last changed before `before`, no operator request waiting for it. The
+ * deletes and the dry run's count share it, so a dry run counts what a purge deletes. */
+#define PURGEABLE(before)                                                            \
+  "status IN ('Completed', 'Skipped', 'Unsupported') AND updated_at < " before          \
+  " AND NOT EXISTS (SELECT 1 FROM operator_pending p WHERE p.event_id = a.event_id"     \
+  " AND p.endpoint = a.endpoint)"
+
 static const nh_pg_opdef_t ops[NH_PGOP_COUNT] = {
   [NH_PGOP_AUDIT_PUT] = { "nh_audit_put",
     "INSERT INTO audit(endpoint, event_id, session_id, event_type, status, sub_status, error_text, error_type,"
@@ -176,9 +184,8 @@ static const nh_pg_opdef_t ops[NH_PGOP_COUNT] = {
   /* resolved: nothing left for anyone to do (nh_store_query.c says which); rows another
    * host is deleting are skipped, not waited for */
   [NH_PGOP_PURGE_RESOLVED] = { "nh_purge_resolved",
-    "WITH pick AS (SELECT endpoint, event_id FROM audit a WHERE status IN ('Completed', 'Skipped', 'Unsupported')"
-    "  AND updated_at < $1 AND NOT EXISTS (SELECT 1 FROM operator_pending p WHERE p.event_id = a.event_id"
-    "  AND p.endpoint = a.endpoint) ORDER BY updated_at LIMIT $2 FOR UPDATE SKIP LOCKED),"
+    "WITH pick AS (SELECT endpoint, event_id FROM audit a WHERE " PURGEABLE("$1")
+    "  ORDER BY updated_at LIMIT $2 FOR UPDATE SKIP LOCKED),"
     " h AS (DELETE FROM history x USING pick WHERE x.event_id = pick.event_id AND x.endpoint = pick.endpoint"
     "  RETURNING 1),"
     " d AS (DELETE FROM audit x USING pick WHERE x.event_id = pick.event_id AND x.endpoint = pick.endpoint"
@@ -193,6 +200,17 @@ static const nh_pg_opdef_t ops[NH_PGOP_COUNT] = {
   [NH_PGOP_PURGE_INBOX] = { "nh_purge_inbox",
     "WITH d AS (DELETE FROM inbox WHERE ctid IN (SELECT ctid FROM inbox WHERE at < $1 LIMIT $2) RETURNING 1)"
     " SELECT count(*) FROM d", 2 },
+  /* `purge --dry-run`: what PURGE_RESOLVED and PURGE_INBOX would delete in all, by the
+   * same conditions (PURGEABLE), none locked */
+  [NH_PGOP_PURGE_COUNT] = { "nh_purge_count",
+    "SELECT (SELECT count(*) FROM audit a WHERE " PURGEABLE("$1") "),"
+    " (SELECT count(*) FROM inbox WHERE at < $2)", 2 },
+  /* sqlite's three counts (nh_store_console.c), by the same indexes: sessions' key
+   * starts with the endpoint, audit_status is (endpoint, status), parked's key too */
+  [NH_PGOP_ENDPOINT_GAUGES] = { "nh_endpoint_gauges",
+    "SELECT (SELECT count(*) FROM sessions WHERE endpoint = $1 AND blocked_by IS NOT NULL),"
+    " (SELECT count(*) FROM audit WHERE endpoint = $1 AND status = 'Pending' AND sub_status = 'Handoff'),"
+    " (SELECT count(*) FROM parked WHERE endpoint = $1)", 1 },
 };
 
 const nh_pg_optab_t nh_pg_store_optab = { "store", 3, ops, NH_PGOP_COUNT };   /* "nh_" */
@@ -881,4 +899,19 @@ nh_pgop_t nh_pgargs_purge(nh_pg_args_t *a, nh_pgop_t op, int64_t before, int lim
   I64(before);
   I64(limit);
   return op;
+}
+
+nh_pgop_t nh_pgargs_purge_count(nh_pg_args_t *a, int64_t resolved_before, int64_t inbox_before)
+{
+  nh_pg_args_reset(a);
+  I64(resolved_before);
+  I64(inbox_before);
+  return NH_PGOP_PURGE_COUNT;
+}
+
+nh_pgop_t nh_pgargs_endpoint_gauges(nh_pg_args_t *a, const char *endpoint)
+{
+  nh_pg_args_reset(a);
+  KEY(endpoint);
+  return NH_PGOP_ENDPOINT_GAUGES;
 }

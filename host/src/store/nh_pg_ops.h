@@ -71,12 +71,16 @@ typedef enum nh_pgop {
   NH_PGOP_PUBLISHED_CLAIM_OR_FAIL,   /* PUBLISHED_CLAIM that fails its transaction when the id is taken */
   /* the overdue scan (dispatch/nh_overdue.c) */
   NH_PGOP_HANDOFF_OVERDUE_MARK,      /* HANDOFF_FLAG_OVERDUE and its history row, one statement: a row back if flagged */
-  /* retention (dispatch/nh_retention.c): nh_store_purge's deletes, each one statement
-   * answering (rows deleted[, history rows deleted]) */
+  /* retention (dispatch/nh_retention.c) and `purge` (nh_pg_purge.c): nh_store_purge's
+   * deletes, each one statement answering (rows deleted[, history rows deleted]) */
   NH_PGOP_PURGE_RESOLVED,
   NH_PGOP_PURGE_PROCESSED,
   NH_PGOP_PURGE_PUBLISHED,
   NH_PGOP_PURGE_INBOX,
+  NH_PGOP_PURGE_COUNT,         /* purge --dry-run: (events, inbox entries) PURGE_RESOLVED and PURGE_INBOX would take */
+  /* the store-wide gauges (dispatch/nh_gauges_pg.c): an endpoint's (blocked sessions,
+   * pending hand-offs, parked events), nh_store_endpoint_stats and _parked in one row */
+  NH_PGOP_ENDPOINT_GAUGES,
   NH_PGOP_COUNT
 } nh_pgop_t;
 
@@ -200,6 +204,9 @@ nh_pgop_t nh_pgargs_handoffs_pending(nh_pg_args_t *a, const char *endpoint);
 nh_pgop_t nh_pgargs_published_claim_or_fail(nh_pg_args_t *a, const char *message_id, int64_t now, int64_t since);
 /* purge: PURGE_RESOLVED with a row limit, the others 1,000 rows a statement */
 nh_pgop_t nh_pgargs_purge(nh_pg_args_t *a, nh_pgop_t op, int64_t before, int limit);
+/* purge --dry-run: 0 for either time counts none of its kind */
+nh_pgop_t nh_pgargs_purge_count(nh_pg_args_t *a, int64_t resolved_before, int64_t inbox_before);
+nh_pgop_t nh_pgargs_endpoint_gauges(nh_pg_args_t *a, const char *endpoint);
 nh_pgop_t nh_pgargs_handoff_overdue_mark(nh_pg_args_t *a, const char *endpoint, const char *event_id, int64_t at,
                                          const char *detail);
 
@@ -356,6 +363,19 @@ int nh_pgs_history_list(nh_pg_db_t *db, const char *endpoint, const char *event_
 int nh_pgs_events(nh_pg_db_t *db, const nh_event_filter_t *f, nh_audit_cb cb, void *data, int64_t *last_seq,
                   nh_error_t *err);
 int64_t nh_pgs_events_count(nh_pg_db_t *db, const nh_event_filter_t *f, nh_error_t *err);
+/* `events --follow` on PostgreSQL (nh_pg_query.c): the last history id (0: none), and the
+ * history rows after `after_id` or inside one of `ngaps` gaps (ids strictly between
+ * gaps[2k] and gaps[2k+1]), oldest first, at most `limit`, each with its event as it is
+ * now (NULL: deleted since). Ids commit out of order here: the caller reads them with a
+ * cursor that waits for gaps (core/nh_idcursor.h). Returns the rows read or NH_EFAIL. */
+typedef void (*nh_history_follow_cb)(void *data, int64_t id, const nh_audit_t *a);
+int64_t nh_pgs_history_last_id(nh_pg_db_t *db, nh_error_t *err);
+int nh_pgs_history_after(nh_pg_db_t *db, int64_t after_id, const int64_t *gaps, int ngaps, int limit,
+                         nh_history_follow_cb cb, void *data, nh_error_t *err);
+/* nh_embedded_list on PostgreSQL (nh_pg_query.c): the queue's unfinished work, same rows,
+ * same order (a store no host ran on yet has no queue: 0 rows). */
+int nh_pgq_unfinished(nh_pg_db_t *db, const char *endpoint, const char *session, int want_running, int64_t now,
+                      int limit, int (*cb)(void *data, const nh_queued_row_t *r), void *data, nh_error_t *err);
 /* nh_store_failgroups and nh_store_failgroup_endpoint on PostgreSQL */
 int nh_pgs_failgroups(nh_pg_db_t *db, const char *endpoint, nh_failgroup_cb cb, void *data, nh_error_t *err);
 int nh_pgs_failgroup_endpoint(nh_pg_db_t *db, const char *group, char *endpoint, size_t len, nh_error_t *err);
@@ -387,5 +407,24 @@ int nh_pgs_hosts_serving(nh_pg_db_t *db, const char *endpoint, int64_t since);
 int nh_pgs_bulk_get(nh_pg_db_t *db, const char *key, nh_bulk_run_t *out);
 int nh_pgs_bulk_put(nh_pg_db_t *db, const char *key, const nh_bulk_run_t *run);
 int nh_pgs_bulk_done(nh_pg_db_t *db, const char *key);
+
+/* Retention's deletes on PostgreSQL (nh_pg_purge.c), added to the batch being built: the
+ * resolved events before resolved_before (at most max_rows, with their history) and the
+ * processed entries, when resolved_before > 0; the inbox entries before inbox_before, when
+ * > 0; the MessageId claims past the dedup window. Once the batch commits, *counts has
+ * what each deleted added to it. */
+int nh_pg_purge_add(nh_pg_db_t *db, int64_t resolved_before, int64_t inbox_before, int max_rows,
+                    nh_purge_counts_t *counts, nh_error_t *err);
+/* purge on PostgreSQL (nh_pg_purge.c). One transaction of nh_store_purge's deletes (the
+ * same rows, the same limits: at most max_rows resolved events), committed; the rows
+ * deleted (0: nothing left) added to *counts, or NH_EFAIL with err said (nothing of this
+ * transaction deleted). */
+int nh_pgs_purge(nh_pg_db_t *db, int64_t resolved_before, int64_t inbox_before, int max_rows,
+                 nh_purge_counts_t *counts, nh_error_t *err);
+/* nh_store_purge_count: what nh_pgs_purge would delete in all (events and inbox entries). */
+int nh_pgs_purge_count(nh_pg_db_t *db, int64_t resolved_before, int64_t inbox_before, nh_purge_counts_t *counts,
+                       nh_error_t *err);
+/* The database's size in bytes (pg_database_size), or -1 if it cannot be read. */
+int64_t nh_pgs_database_bytes(nh_pg_db_t *db);
 
 #endif

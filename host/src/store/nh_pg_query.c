@@ -2,11 +2,13 @@
  * nh_store_query.c that a reader uses (status, endpoint, session, type, event id, error
  * text, updated_at range, the newest N) and those of a bulk run (its snapshot, the statuses
  * it leaves out, events with a payload and without a waiting request, batches after a
- * seq), in its order, read back with nh_pgrow_audit. The
+ * seq), in its order, read back with nh_pgrow_audit; `events --follow`'s history reads;
+ * and the embedded queue's unfinished work (`events --status queued|running`). The
  * statement is built per call from the filters that are set, as sqlite's is, so the planner
  * can use the index of the most selective one. */
 #include "nh_pg_ops.h"
 #include "nh_store_int.h"
+#include "core/nh_strset.h"
 #include "core/nh_util.h"
 
 #include <stdarg.h>
@@ -154,6 +156,108 @@ int64_t nh_pgs_events_count(nh_pg_db_t *db, const nh_event_filter_t *f, nh_error
   PGresult *r = exec_query(db, &q, err);
   if (!r) return NH_EFAIL;
   int64_t n = nh_pg_col_i64(r, 0, 0);
+  PQclear(r);
+  return n;
+}
+
+/* ---- --follow: history rows after a cursor, with their event as it is now ---- */
+
+int64_t nh_pgs_history_last_id(nh_pg_db_t *db, nh_error_t *err)
+{
+  query_t q = { .len = 0 };
+  nh_pg_args_reset(&q.args);
+  add(&q, "SELECT coalesce(max(id), 0) FROM history");
+  PGresult *r = exec_query(db, &q, err);
+  if (!r) return NH_EFAIL;
+  int64_t id = nh_pg_col_i64(r, 0, 0);
+  PQclear(r);
+  return id;
+}
+
+int nh_pgs_history_after(nh_pg_db_t *db, int64_t after_id, const int64_t *gaps, int ngaps, int limit,
+                         nh_history_follow_cb cb, void *data, nh_error_t *err)
+{
+  /* one statement a poll, not one a row: the event of each row read beside it (NULL
+   * columns when it was deleted since) */
+  query_t q = { .len = 0 };
+  nh_pg_args_reset(&q.args);
+  add(&q, "SELECT a.*, h.id FROM history h LEFT JOIN LATERAL (SELECT " NH_AUDIT_COLS " FROM audit"
+          " WHERE audit.endpoint = h.endpoint AND audit.event_id = h.event_id) a ON true");
+  i64_is(&q, " WHERE h.id > $%d", after_id);
+  for (int g = 0; g < ngaps; g++) {
+    i64_is(&q, " OR (h.id > $%d", gaps[2 * g]);
+    i64_is(&q, " AND h.id < $%d)", gaps[2 * g + 1]);
+  }
+  i64_is(&q, " ORDER BY h.id LIMIT $%d", limit);
+  PGresult *r = exec_query(db, &q, err);
+  if (!r) return NH_EFAIL;
+  int n = PQntuples(r), last = PQnfields(r) - 1;
+  for (int i = 0; i < n; i++) {
+    int64_t id = nh_pg_col_i64(r, i, last);
+    if (PQgetisnull(r, i, 0)) {
+      cb(data, id, NULL);
+      continue;
+    }
+    nh_audit_t a;
+    nh_pgrow_audit(r, i, &a);
+    cb(data, id, &a);
+    nh_audit_clear(&a);
+  }
+  PQclear(r);
+  return n;
+}
+
+/* ---- events --status queued|running: the embedded queue ---- */
+
+int nh_pgq_unfinished(nh_pg_db_t *db, const char *endpoint, const char *session, int want_running, int64_t now,
+                      int limit, int (*cb)(void *data, const nh_queued_row_t *r), void *data, nh_error_t *err)
+{
+  /* as sqlite's nh_embedded_list: a live lock with an owner means the session's head is
+   * in a handler, and the head is the first row of a locked session this scan meets (it
+   * reads in seq order); `locked` remembers the locked sessions met */
+  query_t q = { .len = 0 };
+  nh_pg_args_reset(&q.args);
+  nh_pg_args_i64(&q.args, now);
+  add(&q, "SELECT q.endpoint, q.session_id, q.event_id, q.event_type, q.message_type, l.owner, q.enqueued_at,"
+          " q.visible_at, q.delivery_count FROM queue q LEFT JOIN session_locks l ON l.endpoint = q.endpoint"
+          " AND l.session_id = q.session_id AND l.locked_until > $1 WHERE true");
+  if (endpoint) key_is(&q, "q.endpoint", endpoint);
+  else add(&q, " AND q.endpoint NOT LIKE '\\_reply.%%' ESCAPE '\\'");
+  if (session) key_is(&q, "q.session_id", session);
+  add(&q, " ORDER BY q.seq");
+  PGresult *r = PQexecParams(nh_pg_db_conn(db), q.sql, q.args.n, NULL, q.args.values, q.args.lengths,
+                             q.args.formats, 1);
+  nh_pg_args_release(&q.args);
+  if (PQresultStatus(r) != PGRES_TUPLES_OK) {
+    const char *state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
+    int none = state && strcmp(state, "42P01") == 0;   /* no host has run on this store: no queue yet */
+    if (!none) nh_error_set(err, NH_EFAIL, "store: the queue query failed: %s", PQresultErrorMessage(r));
+    PQclear(r);
+    return none ? 0 : NH_EFAIL;
+  }
+  int n = 0;
+  nh_strset_t locked;
+  nh_strset_init(&locked, 64);
+  for (int i = 0; i < PQntuples(r); i++) {
+    nh_queued_row_t row = {
+      .endpoint = nh_pg_col_text(r, i, 0), .session_id = nh_pg_col_text(r, i, 1),
+      .event_id = nh_pg_col_text(r, i, 2), .event_type = nh_pg_col_text(r, i, 3),
+      .message_type = nh_pg_col_text(r, i, 4), .enqueued_at = nh_pg_col_i64(r, i, 6),
+      .visible_at = nh_pg_col_i64(r, i, 7), .delivery_count = (int)nh_pg_col_i64(r, i, 8),
+    };
+    if (!PQgetisnull(r, i, 5)) {
+      size_t len = strlen(row.endpoint) + strlen(row.session_id) + 2;
+      char *key = nh_xmalloc(len);
+      snprintf(key, len, "%s\x1f%s", row.endpoint, row.session_id);
+      row.running = nh_strset_add(&locked, key);
+      free(key);
+    }
+    row.owner = row.running ? nh_pg_col_text(r, i, 5) : NULL;
+    if (row.running != want_running) continue;
+    n++;
+    if (cb(data, &row) || (limit > 0 && n >= limit)) break;
+  }
+  nh_strset_free(&locked);
   PQclear(r);
   return n;
 }

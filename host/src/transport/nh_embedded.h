@@ -28,16 +28,8 @@ void nh_embedded_on_sent(nh_transport_t *t, nh_embedded_sent_cb cb, void *data);
  * "A, B"), NH_EFAIL. */
 int nh_embedded_endpoint_known(sqlite3 *db, const char *endpoint, char *known, size_t len);
 
-/* Work not finished yet, for `events --status queued|running`: the messages in the queue
- * table (on the AMQP transport only operator requests wait there; the broker holds the
- * rest). `running` is a session's head while a live owner holds the session's lock;
- * `queued` is everything else, `owner` is NULL then and `visible_at` may lie ahead. */
-typedef struct nh_queued_row {
-  const char *endpoint, *session_id, *event_id, *event_type, *message_type, *owner;
-  int64_t enqueued_at, visible_at;
-  int running, delivery_count;
-} nh_queued_row_t;
-/* endpoint may be NULL (all). want_running: 1 running only, 0 queued only. Stops when cb
+/* Work not finished yet, for `events --status queued|running` (nh_queued_row_t,
+ * core/nh_msg.h): endpoint may be NULL (all). want_running: 1 running only, 0 queued only. Stops when cb
  * returns non-zero or after `limit` rows (0: no limit). Returns the count or NH_EFAIL. */
 int nh_embedded_list(sqlite3 *db, const char *endpoint, const char *session, int want_running, int64_t now, int limit,
                      int (*cb)(void *data, const nh_queued_row_t *r), void *data);
