@@ -7,7 +7,8 @@
 --    on PostgreSQL the events per pump transaction (the host's own count at stop).
 -- 2. Consume only, on PostgreSQL: N events pre-loaded, then drained by one host and by three
 --    hosts at once (on a 2-core machine this shows the overhead, not the scaling).
--- BENCH_PG_HOST_N events (default 20000) over BENCH_SESSIONS (1000) sessions.
+-- BENCH_PG_HOST_N events (default 20000) over BENCH_SESSIONS (1000) sessions; BENCH_PG_CONSUME=0
+-- runs part 1 only.
 local B = dofile((arg[0]:match("^(.*)/[^/]*$") or ".") .. "/benchlib.lua")
 local cjson = require("cjson")
 local system = require("system")
@@ -77,14 +78,27 @@ local function per_transaction(h)
   return n and tonumber(n) / math.max(1, tonumber(t)) or 0
 end
 
-local function e2e(name, store)
+-- CPU seconds of the cluster's processes now (the server's side of a run: its backends,
+-- WAL writer, checkpointer; a backend that exits takes its share with it, so read it while
+-- the host's connections are open)
+local function server_cpu()
+  local main = (B.read_file(build .. "/postgres/data/postmaster.pid") or ""):match("^(%d+)")
+  if not main then return 0 end
+  local sum = B.proc_cpu(main) or 0
+  for pid in B.sh("pgrep -P " .. main .. " 2>/dev/null"):gmatch("%d+") do sum = sum + (B.proc_cpu(pid) or 0) end
+  return sum
+end
+
+local function e2e(name, store, pg)
   local h = start_host(name, "e2e", store)
   local cpu0 = B.proc_cpu(h.pid)
+  local scpu0 = pg and server_cpu()
   B.publish(HOST, store, "BenchStart", "{}", "bench-producer")
   local r = wait_result(h, 300)
+  local scpu = pg and (server_cpu() - scpu0) * 1e6 / r.count or 0
   hosts:check_stop(h)
   return { rate = r.count / (r.t_last - r.t_first_publish), cpu = (h.cpu_done - cpu0) * 1e6 / r.count,
-           p99 = r.p99_ms, per_tx = per_transaction(h) }
+           server_cpu = scpu, p99 = r.p99_ms, per_tx = per_transaction(h) }
 end
 
 -- N events pre-loaded into a fresh database, then drained by `n` consumer hosts at once;
@@ -113,11 +127,12 @@ local function main()
   if code ~= 0 then B.die("scripts/postgres.sh start failed: " .. out) end
   print(("hosts end to end, sqlite and PostgreSQL stores: %d events over %d sessions, medians of %d alternating runs")
         :format(N, SESSIONS, ROUNDS))
-  local got = { sqlite = { rate = {}, cpu = {}, p99 = {}, per_tx = {} }, pg = { rate = {}, cpu = {}, p99 = {}, per_tx = {} } }
+  local got = { sqlite = { rate = {}, cpu = {}, server_cpu = {}, p99 = {}, per_tx = {} },
+                pg = { rate = {}, cpu = {}, server_cpu = {}, p99 = {}, per_tx = {} } }
   for round = 1, ROUNDS do
     for _, which in ipairs({ "sqlite", "pg" }) do
       local store = which == "sqlite" and ("%s/e2e-%d.db"):format(TMP, round) or fresh_db("nh_bench_e2e_" .. round)
-      local r = e2e(which .. "-" .. round, store)
+      local r = e2e(which .. "-" .. round, store, which == "pg")
       for k, v in pairs(r) do got[which][k][round] = v end
     end
   end
@@ -127,7 +142,9 @@ local function main()
           :format(which == "pg" and "postgresql" or which, median(g.rate), median(g.cpu), median(g.p99), median(g.per_tx)))
   end
   local ratio = median(got.pg.rate) / median(got.sqlite.rate)
-  print(("  ratio      %.2fx sqlite's rate on PostgreSQL (target 0.5x)"):format(ratio))
+  print(("  ratio      %.2fx sqlite's rate on PostgreSQL (target 0.5x); PostgreSQL's own CPU %.1f ms per 1,000 events")
+        :format(ratio, median(got.pg.server_cpu)))
+  if os.getenv("BENCH_PG_CONSUME") == "0" then return 0 end   -- part 1 only (profiling the server)
   local one, three = {}, {}
   for round = 1, ROUNDS do
     one[round] = consume(1, round)

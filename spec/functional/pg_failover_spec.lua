@@ -2,7 +2,8 @@
 -- standing in for three machines share one store; 20,000 events over 500 sessions with
 -- failures (retried, then blocking their session), hand-offs and flaky handlers that pass on
 -- their retry. One host is killed with SIGKILL mid-stream and a fourth starts; then every
--- host is restarted, one at a time. Afterwards nothing is lost, every outcome is recorded
+-- host is restarted, one at a time, each while work is still to come (the producer waits at
+-- gates the test opens one restart at a time). Afterwards nothing is lost, every outcome is recorded
 -- once, each session's handlers ran in order across hosts, the blocked sessions are blocked
 -- with their later events parked, and they are released from the CLI. Runs as ctest
 -- functional_pg_failover against the cluster of the fixture "postgres".
@@ -18,7 +19,7 @@ local function flaky(i) return i % 53 == 0 end        -- fails its first attempt
 local function adapter_source(sb)
   return ([[
 local nimbus = require("nimbus")
-local CALLS, N, SESSIONS, CHUNK = %q, %d, %d, %d
+local CALLS, N, SESSIONS, CHUNK, DIR = %q, %d, %d, %d, %q
 local TAG = os.getenv("NH_HOST_TAG") or "-"
 local function log(phase, ctx, i)
   local f = assert(io.open(CALLS, "a"))
@@ -26,8 +27,18 @@ local function log(phase, ctx, i)
   f:close()
 end
 -- the producer: each Go publishes a chunk of Work and the next Go (all with its outcome)
+-- A chunk that starts at a gate (GATES: its first i) waits until the test opens it (the file
+-- gate-<i>), so the test can restart a host while work is still to come.
 local feeder = nimbus.endpoint("Feeder", { concurrency = 1 })
+local GATES = { [10001] = true, [13001] = true, [16001] = true, [19001] = true }
 feeder:on("Go", function(ev)
+  if GATES[ev.from] then
+    while true do
+      local f = io.open(DIR .. "/gate-" .. ev.from, "r")
+      if f then f:close() break end
+      nimbus.sleep(0.05)
+    end
+  end
   local to = math.min(ev.from + CHUNK - 1, N)
   for i = ev.from, to do
     nimbus.publish("Work", { i = i }, { session = "s" .. (i %% SESSIONS) })
@@ -50,7 +61,7 @@ sink:on("Work", function(ev, ctx)
   end
   log("end", ctx, ev.i)
 end)
-]]):format(sb.calls_path, N, SESSIONS, CHUNK)
+]]):format(sb.calls_path, N, SESSIONS, CHUNK, sb.dir)
 end
 
 -- What the store must end with: per session, events in order until the first blocker
@@ -131,13 +142,17 @@ describe("hosts on one PostgreSQL store", function()
     hosts.B:signal("KILL")
     hosts.B:wait_exit(10)
     start("D")
-    nh.eventually(function() return resolved() >= N / 2 end, nh.DEADLINE, "half resolved")
-    for _, tag in ipairs({ "A", "C", "D" }) do   -- a rolling restart
+    nh.eventually(function() return resolved() >= N / 2 end, nh.DEADLINE, "half resolved (the first gate)")
+    -- a rolling restart, each host while work is still to come: the next gate is shut
+    for k, tag in ipairs({ "A", "C", "D" }) do
+      nh.write(sb:path("gate-" .. ({ 10001, 13001, 16001 })[k]), "")
       hosts[tag]:signal("TERM")
       hosts[tag]:wait_exit(30)
       assert.equal(0, hosts[tag]:exit_code(), hosts[tag]:log())
+      assert.is_true(resolved() < N, "the stream ended before the restart of " .. tag)
       start(tag)
     end
+    nh.write(sb:path("gate-19001"), "")
     local want_status, first_blocker = model()
     local want = counts(want_status)
     nh.eventually(function() return same_counts(store_counts(url), want) end, 180,
