@@ -287,6 +287,52 @@ end)
     assert.is_true(nh.count(rows, function(r) return r.tag == "B" end) > 0, "host B took no work")
   end)
 
+  it("are followed by events --follow, a change whose transaction commits after a later one's included", function()
+    -- PostgreSQL hands history ids out at insert, not at commit: a row can become visible
+    -- below the last id the follow read. Here a psql session holds such a row uncommitted
+    -- while a later event completes, then commits it.
+    local _, url = pg.createdb("follow")
+    local adapter = sb:adapter("follow.lua", [[
+local nimbus = require("nimbus")
+nimbus.endpoint("Orders"):on("Placed", function() end)
+]])
+    sb:spawn(adapter, { store = url, transport = false })
+    local function publish(session)
+      local mid = "m-" .. session
+      sb:cli_ok({ "publish", "Placed", "{}", "--session", session, "--message-id", mid }, { store = url, transport = false })
+      local id
+      nh.eventually(function()
+        id = pg.value(url, ("SELECT event_id FROM audit WHERE session_id = '%s' AND status = 'Completed'"):format(session))
+        return id ~= ""
+      end, nh.DEADLINE, session .. " completed")
+      return id
+    end
+    local first = publish("a")
+    local follow = sb:spawn({ "events", "--follow", "--json" }, { store = url, wait = false, transport = false })
+    local function seen(id)
+      local n = 0
+      for _, r in ipairs(nh.json_lines(follow:log())) do if r.event_id == id then n = n + 1 end end
+      return n
+    end
+    nh.eventually(function() return seen(first) == 1 end, nh.DEADLINE, "the listing")
+    local held = assert(io.popen(("psql -X -q -v ON_ERROR_STOP=1 %s >/dev/null 2>&1"):format(nh.q(url)), "w"))
+    held:write(("BEGIN;\nINSERT INTO history(endpoint, event_id, message_type, status, detail, at)"
+                .. " VALUES ('Orders', '%s', 'Note', 'Completed', 'late', 0);\n"):format(first))
+    held:flush()
+    nh.eventually(function()
+      return pg.value(url, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                           .. " AND state = 'idle in transaction'") == "1"
+    end, nh.DEADLINE, "the held insert")
+    local second = publish("b")
+    nh.eventually(function() return seen(second) >= 1 end, nh.DEADLINE, "the later event followed")
+    assert.equal(1, seen(first), follow:log())
+    held:write("COMMIT;\n")
+    held:close()
+    nh.eventually(function() return seen(first) == 2 end, nh.DEADLINE,
+      function() return "the late change never followed:\n" .. follow:log() end)
+    assert.equal(0, follow:stop())
+  end)
+
   it("flag an overdue hand-off once among two hosts and delete resolved events with --retention", function()
     local _, url = pg.createdb("chores")
     local adapter = sb:adapter("chores.lua", ([[
