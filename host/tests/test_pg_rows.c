@@ -371,7 +371,7 @@ TEST(parity_audit_result_keeps_bytes_that_are_not_utf8)
   /* the server holds the bytes themselves, not a cleaned copy */
   ASSERT_EQ_STR(nh_pgtest_q1(pgc(b), "SELECT encode(result, 'hex') FROM audit WHERE event_id = 'r-bad'"),
                 "7b22646f6e65223a22fffe8020c0af20e282227d");
-  char len[16];
+  char len[24];
   snprintf(len, sizeof len, "%zu", strlen(r[1].result));
   ASSERT_EQ_STR(nh_pgtest_q1(pgc(b), "SELECT octet_length(result) FROM audit WHERE event_id = 'r-utf8'"), len);
   /* the other readers of audit rows too */
@@ -893,6 +893,505 @@ TEST(parity_operator_requests_and_log)
   ASSERT_EQ_STR(nh_pgtest_q1(pgc(b), "SELECT actor FROM operator_log WHERE id = 1"), user ? user : "operator");
   int64_t at = atoll(nh_pgtest_q1(pgc(b), "SELECT at FROM operator_log WHERE id = 2"));
   ASSERT_TRUE(at >= t0 && at <= t1);
+}
+
+/* ---------------------------------------------------------------- the operator API's reads */
+
+/* What a read passed to its callback, a line per row, compared line by line. */
+typedef struct row_log {
+  int n, stop_after;
+  char line[96][200];
+} row_log_t;
+
+static void same_rows(const char *what, const row_log_t *l, const row_log_t *p)
+{
+  if (l->n != p->n) FAIL("%s: %d rows on sqlite, %d on PostgreSQL", what, l->n, p->n);
+  for (int i = 0; i < l->n; i++) same_str(what, l->line[i], p->line[i]);
+}
+
+static int log_event(void *data, const nh_audit_t *a)
+{
+  row_log_t *g = data;
+  char body[64] = "NULL";
+  if (a->payload) hex(a->payload, nh_audit_payload_len(a), body, sizeof body);
+  snprintf(g->line[g->n++], sizeof g->line[0], "%s/%s %s s=%s t=%s u=%lld p=%s", a->endpoint, a->event_id, a->status,
+           a->session_id, a->event_type ? a->event_type : "NULL", (long long)a->updated_at, body);
+  return g->stop_after && g->n >= g->stop_after;
+}
+
+/* 40 events over two endpoints in insert order: statuses, sessions and types in turn,
+ * payloads with a needle, its other case, LIKE's wildcards, a NUL and bytes that are not
+ * UTF-8, none; then every seventh changed again (an upsert: it keeps its place in insert
+ * order, and uses up an identity value on PostgreSQL), then 5 more, whose seqs are not
+ * sqlite's rowids: the two stores' cursors differ while their rows may not. */
+static void fill_events(pair_t *b)
+{
+  static const char *const statuses[] = { NH_ST_FAILED, NH_ST_COMPLETED, NH_ST_FAILED, NH_ST_DEFERRED,
+                                          NH_ST_PENDING };
+  static const char *const payloads[] = { "{\"order\":\"order-42\"}", "{\"order\":\"Order-42\"}",
+                                          "{\"n\":\"100%_done\"}", NULL, "{\"x\":1}" };
+  for (int i = 0; i < 40; i++) {
+    char id[16], session[16];
+    snprintf(id, sizeof id, "e-%02d", i);
+    snprintf(session, sizeof session, "s-%d", i % 6);
+    nh_audit_t a = audit_of(i % 4 == 3 ? "Crm" : "Erp", id, session, statuses[i % 5], 1000 + i);
+    a.event_type = i % 3 ? "OrderPlaced" : "CustomerChanged";
+    if (i % 11 == 10) {
+      a.payload = (char *)body_bytes;
+      a.payload_len = BODY_LEN;
+    } else {
+      a.payload = (char *)payloads[i % 5];
+    }
+    if (a.status[0] == 'F') a.error_text = "order not found";
+    put_both(b, &a);
+  }
+  for (int i = 0; i < 40; i += 7) {
+    char id[16], session[16];
+    snprintf(id, sizeof id, "e-%02d", i);
+    snprintf(session, sizeof session, "s-%d", i % 6);
+    nh_audit_t a = audit_of(i % 4 == 3 ? "Crm" : "Erp", id, session, NH_ST_FAILED, 5000 + i);
+    a.event_type = i % 3 ? "OrderPlaced" : "CustomerChanged";
+    a.payload = "{\"order\":\"order-42\",\"again\":true}";
+    a.error_text = "still not found";
+    put_both(b, &a);
+  }
+  for (int i = 40; i < 45; i++) {   /* after the gaps on PostgreSQL */
+    char id[16];
+    snprintf(id, sizeof id, "e-%02d", i);
+    nh_audit_t a = audit_of("Erp", id, "s-late", NH_ST_COMPLETED, 6000 + i);
+    a.payload = "{\"late\":true}";
+    put_both(b, &a);
+  }
+}
+
+/* The filter's rows on both stores, all at once (no page): the same, in *all (sqlite's),
+ * with the count of both stores agreeing. */
+static void events_both(pair_t *b, const nh_event_filter_t *f, row_log_t *all)
+{
+  static row_log_t p;
+  memset(all, 0, sizeof *all);
+  memset(&p, 0, sizeof p);
+  nh_error_t err = { 0 };
+  int n = nh_pgs_events(b->pg, f, log_event, &p, NULL, &err);
+  if (n < 0) FAIL("PostgreSQL: %s", err.msg);
+  both("rows", nh_store_events(b->lite, f, log_event, all, NULL), n);
+  same_rows("events", all, &p);
+  int64_t pc = nh_pgs_events_count(b->pg, f, &err);
+  if (pc < 0) FAIL("PostgreSQL count: %s", err.msg);
+  same_i64("count", nh_store_events_count(b->lite, f), pc);
+  ASSERT_EQ_INT(pc, all->n);
+}
+
+/* The API's pages (nh_admin_get_events: batch, page, after, desc) through every row the
+ * filter matches, `size` a page, each store with its own cursor: each page the same on
+ * both, a full page followed by the next, and together the rows of `all` in insert order
+ * (newest first when desc). Returns the pages read. */
+static int pages_both(pair_t *b, const nh_event_filter_t *base, int size, int desc, const row_log_t *all)
+{
+  static row_log_t l, p, seen;
+  memset(&seen, 0, sizeof seen);
+  int64_t lcur = 0, pcur = 0;
+  int pages = 0;
+  for (;;) {
+    nh_event_filter_t lf = *base, pf = *base;
+    lf.batch = pf.batch = size;
+    lf.page = pf.page = 1;
+    lf.desc = pf.desc = desc;
+    lf.after_rowid = lcur;
+    pf.after_rowid = pcur;
+    memset(&l, 0, sizeof l);
+    memset(&p, 0, sizeof p);
+    nh_error_t err = { 0 };
+    int pn = nh_pgs_events(b->pg, &pf, log_event, &p, &pcur, &err);
+    if (pn < 0) FAIL("PostgreSQL page: %s", err.msg);
+    both("rows of the page", nh_store_events(b->lite, &lf, log_event, &l, &lcur), pn);
+    same_rows("page", &l, &p);
+    pages++;
+    for (int i = 0; i < l.n; i++) memcpy(seen.line[seen.n++], l.line[i], sizeof l.line[0]);
+    if (l.n < size) break;
+    if (pages > 60) FAIL("the pages do not end");
+  }
+  ASSERT_EQ_INT(seen.n, all->n);
+  for (int i = 0; i < all->n; i++) same_str("paged row", all->line[desc ? all->n - 1 - i : i], seen.line[i]);
+  return pages;
+}
+
+TEST(parity_api_event_pages_either_way_with_a_cursor)
+{
+  pair_t *b = pair_open();
+  fill_events(b);
+  static row_log_t all;
+  /* insert order: a bulk batch of everything, which pages must add up to */
+  nh_event_filter_t every = { .batch = 1000 };
+  events_both(b, &every, &all);
+  ASSERT_EQ_INT(all.n, 45);
+  ASSERT_CONTAINS(all.line[0], "Erp/e-00 Failed");   /* changed again, still first */
+  ASSERT_EQ_INT(pages_both(b, &(nh_event_filter_t){ 0 }, 7, 0, &all), 7);
+  ASSERT_EQ_INT(pages_both(b, &(nh_event_filter_t){ 0 }, 7, 1, &all), 7);
+  ASSERT_EQ_INT(pages_both(b, &(nh_event_filter_t){ 0 }, 9, 0, &all), 6);   /* the last page empty */
+  ASSERT_EQ_INT(pages_both(b, &(nh_event_filter_t){ 0 }, 9, 1, &all), 6);
+  ASSERT_EQ_INT(pages_both(b, &(nh_event_filter_t){ 0 }, 1000, 1, &all), 1);
+
+  /* the reader's filters, with the statuses of the API (a list: sqlite's page planner
+   * probes, then walks or reads the index; the rows are the same either way) */
+  nh_event_filter_t fs[] = {
+    { .status_in = { NH_ST_FAILED } },
+    { .status_in = { NH_ST_FAILED, NH_ST_DEFERRED }, .endpoint = "Erp" },
+    { .endpoint = "Crm", .type_in = { "OrderPlaced" } },
+    { .session = "s-2", .since_ms = 1010, .before_ms = 5000 },
+    { .error = "NOT FOUND", .endpoint = "Erp" },
+    { .status_in = { NH_ST_FAILED }, .payload = "order-42", .endpoint = "Erp" },
+  };
+  for (size_t i = 0; i < sizeof fs / sizeof fs[0]; i++) {
+    nh_event_filter_t f = fs[i];
+    f.batch = 1000;
+    events_both(b, &f, &all);
+    if (!all.n) FAIL("filter %zu matches nothing: the test proves nothing", i);
+    for (int desc = 0; desc < 2; desc++) {
+      pages_both(b, &fs[i], 2, desc, &all);
+      pages_both(b, &fs[i], 3, desc, &all);
+    }
+  }
+
+  /* newest first from the start: the newest row inserted comes first on both */
+  static row_log_t l, p;
+  memset(&l, 0, sizeof l);
+  memset(&p, 0, sizeof p);
+  nh_event_filter_t newest = { .batch = 1, .page = 1, .desc = 1 };
+  nh_error_t err = { 0 };
+  BOTH(nh_store_events(b->lite, &newest, log_event, &l, NULL), nh_pgs_events(b->pg, &newest, log_event, &p, NULL, &err));
+  same_rows("newest", &l, &p);
+  ASSERT_CONTAINS(p.line[0], "Erp/e-44 ");
+
+  /* a callback that stops, and the NimBus route's probe after a full page (batch 1, no
+   * page flag, after the last row): nothing left on either */
+  memset(&l, 0, sizeof l);
+  memset(&p, 0, sizeof p);
+  l.stop_after = p.stop_after = 3;
+  int64_t lcur = 0, pcur = 0;
+  nh_event_filter_t page = { .batch = 10, .page = 1 };
+  ASSERT_EQ_INT(BOTH(nh_store_events(b->lite, &page, log_event, &l, &lcur),
+                     nh_pgs_events(b->pg, &page, log_event, &p, &pcur, &err)), 3);
+  same_rows("stopped", &l, &p);
+  nh_event_filter_t lprobe = { .batch = 1, .after_rowid = nh_test_q1i(lite(b), "SELECT max(rowid) FROM audit") };
+  nh_event_filter_t pprobe = { .batch = 1, .after_rowid = atoll(nh_pgtest_q1(pgc(b), "SELECT max(seq) FROM audit")) };
+  ASSERT_EQ_INT(BOTH(nh_store_events(b->lite, &lprobe, log_event, &l, NULL),
+                     nh_pgs_events(b->pg, &pprobe, log_event, &p, NULL, &err)), 0);
+  /* the seqs are not sqlite's rowids (the upserts used some up): the cursor is each store's own */
+  ASSERT_TRUE(pprobe.after_rowid > lprobe.after_rowid);
+
+  /* sqlite's page planner probe is no filter of PostgreSQL's: refused, said */
+  nh_event_filter_t probe = { .rowid_from = 1, .rowid_to = 10 };
+  memset(&err, 0, sizeof err);
+  ASSERT_EQ_INT(nh_pgs_events(b->pg, &probe, log_event, &p, NULL, &err), NH_EFAIL);
+  ASSERT_EQ_INT(err.code, NH_EUSAGE);
+  ASSERT_CONTAINS(err.msg, "page planner");
+}
+
+TEST(parity_api_payload_substring)
+{
+  pair_t *b = pair_open();
+  fill_events(b);
+  static row_log_t all;
+  /* each needle: what it must match on both (sqlite's instr), by the API's page and a
+   * NimBus batch (no page flag) */
+  static const struct { const char *needle; int want; } cases[] = {
+    { "order-42", 11 },          /* 7 of their own, 4 more changed again */
+    { "Order-42", 7 },           /* case-sensitive */
+    { "100%_done", 6 },          /* LIKE's wildcards are plain characters here */
+    { "%", 6 },
+    { "_", 6 },
+    { "b\xff\xfe", 2 },          /* after a NUL, bytes that are not UTF-8 */
+    { "\"k\":\"a", 2 },
+    { "no such text", 0 },
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    nh_event_filter_t f = { .payload = cases[i].needle, .batch = 1000 };
+    events_both(b, &f, &all);
+    if (all.n != cases[i].want) FAIL("payload %s: %d rows, expected %d", cases[i].needle, all.n, cases[i].want);
+    nh_event_filter_t pf = { .payload = cases[i].needle };
+    pages_both(b, &pf, 5, 0, &all);
+    pages_both(b, &pf, 5, 1, &all);
+    /* with the endpoint and an unpaged read (the CLI's and follow's order) too */
+    nh_event_filter_t ef = { .payload = cases[i].needle, .endpoint = "Erp" };
+    events_both(b, &ef, &all);
+  }
+}
+
+static int log_oplog(void *data, const nh_oplog_row_t *r)
+{
+  row_log_t *g = data;
+  snprintf(g->line[g->n++], sizeof g->line[0], "%s|%s|%s", r->actor ? r->actor : "NULL", r->action,
+           r->detail ? r->detail : "NULL");
+  return g->stop_after && g->n >= g->stop_after;
+}
+
+static int64_t oplog_at_lo, oplog_at_hi;
+
+static int check_oplog_at(void *data, const nh_oplog_row_t *r)
+{
+  (void)data;
+  if (r->at < oplog_at_lo || r->at > oplog_at_hi)
+    FAIL("operator log at %lld, not within [%lld, %lld]", (long long)r->at, (long long)oplog_at_lo,
+         (long long)oplog_at_hi);
+  return 0;
+}
+
+TEST(parity_api_operator_log)
+{
+  pair_t *b = pair_open();
+  oplog_at_lo = nh_time_now_ms();
+  struct { const char *actor, *action, *ep, *id, *detail; } rows[] = {
+    { "cli (alice)", "resubmit", "Erp", "e-1", "{\"body\":1}" },
+    { "admin API (token ops-1)", "skip", "Crm", "e-1", NULL },        /* another endpoint's e-1 */
+    { NULL, "skip", "Erp", "e-1", NULL },                             /* the OS user */
+    { "cli (bob)", "resubmit --all", "Erp", NULL, "{\"count\":3}" },  /* a bulk run's row */
+    { "cli (bob)", "handoff complete", "Erp", "e-2", "détail" },
+    { "cli (carol)", "resubmit", "Erp", "e-1", "third" },
+  };
+  for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
+    BOTH(nh_store_oplog_add(b->lite, rows[i].actor, rows[i].action, rows[i].ep, rows[i].id, "s-1", rows[i].detail),
+         nh_pgs_oplog_add(b->pg, rows[i].actor, rows[i].action, rows[i].ep, rows[i].id, "s-1", rows[i].detail));
+  oplog_at_hi = nh_time_now_ms();
+  static row_log_t l, p;
+  static const char *const asks[][2] = { { "Erp", "e-1" }, { "Crm", "e-1" }, { "Erp", "e-2" }, { "Erp", "e-9" },
+                                         { "Shop", "e-1" } };
+  static const int want[] = { 3, 1, 1, 0, 0 };
+  for (size_t i = 0; i < sizeof asks / sizeof asks[0]; i++) {
+    memset(&l, 0, sizeof l);
+    memset(&p, 0, sizeof p);
+    ASSERT_EQ_INT(BOTH(nh_store_oplog_list(b->lite, asks[i][0], asks[i][1], log_oplog, &l),
+                       nh_pgs_oplog_list(b->pg, asks[i][0], asks[i][1], log_oplog, &p)), want[i]);
+    same_rows("operator log", &l, &p);
+  }
+  /* oldest first; the times are each store's clock, within the writes */
+  memset(&p, 0, sizeof p);
+  nh_pgs_oplog_list(b->pg, "Erp", "e-1", log_oplog, &p);
+  ASSERT_CONTAINS(p.line[0], "cli (alice)|resubmit|");
+  ASSERT_CONTAINS(p.line[2], "cli (carol)|resubmit|third");
+  ASSERT_EQ_INT(nh_pgs_oplog_list(b->pg, "Erp", "e-1", check_oplog_at, NULL), 3);
+  ASSERT_EQ_INT(nh_store_oplog_list(b->lite, "Erp", "e-1", check_oplog_at, NULL), 3);
+  /* a callback that stops */
+  memset(&l, 0, sizeof l);
+  memset(&p, 0, sizeof p);
+  l.stop_after = p.stop_after = 2;
+  ASSERT_EQ_INT(BOTH(nh_store_oplog_list(b->lite, "Erp", "e-1", log_oplog, &l),
+                     nh_pgs_oplog_list(b->pg, "Erp", "e-1", log_oplog, &p)), 2);
+  same_rows("operator log", &l, &p);
+  ASSERT_FALSE(nh_pg_db_failed(b->pg));
+}
+
+static int log_blocked(void *data, const nh_blocked_row_t *r)
+{
+  row_log_t *g = data;
+#define N(s) ((s) ? (s) : "NULL")
+  snprintf(g->line[g->n++], sizeof g->line[0], "%s/%s by=%s due=%lld st=%s sub=%s t=%s err=%s hr=%s since=%lld parked=%lld",
+           N(r->endpoint), N(r->session_id), N(r->blocked_by), (long long)r->retry_due, N(r->status),
+           N(r->sub_status), N(r->event_type), N(r->error_text), N(r->handoff_reason), (long long)r->since,
+           (long long)r->parked);
+#undef N
+  return g->stop_after && g->n >= g->stop_after;
+}
+
+/* Blocked sessions a page of `limit` at a time from the cursor of the last row (the
+ * API's), each page the same on both; every row in the end, in *all (sqlite's). */
+static int blocked_pages_both(pair_t *b, const char *endpoint, int limit, row_log_t *all)
+{
+  static row_log_t l, p;
+  static char ep[64], session[64];
+  const char *after_ep = NULL, *after_s = NULL;
+  memset(all, 0, sizeof *all);
+  int pages = 0;
+  for (;;) {
+    memset(&l, 0, sizeof l);
+    memset(&p, 0, sizeof p);
+    int n = BOTH(nh_store_blocked_sessions(b->lite, endpoint, after_ep, after_s, limit, log_blocked, &l),
+                 nh_pgs_blocked_sessions(b->pg, endpoint, after_ep, after_s, limit, log_blocked, &p));
+    same_rows("blocked sessions", &l, &p);
+    pages++;
+    for (int i = 0; i < l.n; i++) memcpy(all->line[all->n++], l.line[i], sizeof l.line[0]);
+    if (n < limit) break;
+    /* the cursor: the last row's endpoint and session, as collect_session keeps them */
+    if (sscanf(l.line[l.n - 1], "%63[^/]/%63[^ ]", ep, session) != 2) FAIL("row %s", l.line[l.n - 1]);
+    after_ep = ep;
+    after_s = session;
+  }
+  return pages;
+}
+
+TEST(parity_api_blocked_sessions)
+{
+  pair_t *b = pair_open();
+  /* blockers: a failure, a hand-off, a retry due, one whose audit row is gone; the
+   * sessions of two endpoints, one draining (not blocked), parked messages behind some */
+  nh_audit_t f = audit_of("Erp", "e-1", "s-1", NH_ST_FAILED, 2000);
+  f.error_text = "order 4711 not found";
+  put_both(b, &f);
+  nh_audit_t h = audit_of("Erp", "e-2", "s-2", NH_ST_PENDING, 3000);
+  h.sub_status = "Handoff";
+  h.handoff_reason = "waiting for the import";
+  put_both(b, &h);
+  nh_audit_t r = audit_of("Crm", "e-3", "s-1", NH_ST_PENDING, 4000);
+  r.sub_status = NH_SUB_RETRYING;
+  r.error_text = "timeout";
+  put_both(b, &r);
+  nh_audit_t other = audit_of("Crm", "e-1", "s-9", NH_ST_COMPLETED, 4500);   /* Crm's e-1: not Erp's blocker */
+  put_both(b, &other);
+  put_session(b, "Erp", "s-1", "e-1", 0, 0, 4);
+  put_session(b, "Erp", "s-2", "e-2", 0, 0, 2);
+  put_session(b, "Erp", "s-3", "e-gone", 0, 0, 1);
+  put_session(b, "Erp", "S-0", "e-1", 0, 0, 1);     /* byte order: upper case first */
+  put_session(b, "Erp", "s-ä", "e-2", 0, 0, 1);
+  put_session(b, "Erp", "d-1", NULL, 1, 0, 3);      /* draining: not blocked */
+  put_session(b, "Crm", "s-1", "e-3", 0, 9000, 2);
+  put_session(b, "Crm", "s-2", "e-1", 0, 0, 1);
+  put_session(b, "Erp-2", "s-1", "e-1", 0, 0, 1);   /* an endpoint after Erp, none of its events */
+  for (int i = 1; i <= 3; i++) {
+    nh_msg_t m = msg_of("s-1", i == 1 ? "p-1" : i == 2 ? "p-2" : "p-3", "{}", 2);
+    BOTH(nh_store_park(b->lite, &m, i), nh_pgs_park(b->pg, &m, i));
+  }
+  nh_msg_t m = msg_of("d-1", "p-4", "{}", 2);
+  BOTH(nh_store_park(b->lite, &m, 1), nh_pgs_park(b->pg, &m, 1));
+  m = msg_of("s-2", "p-5", NULL, 0);
+  BOTH(nh_store_park(b->lite, &m, 1), nh_pgs_park(b->pg, &m, 1));
+
+  static row_log_t all, again;
+  ASSERT_EQ_INT(blocked_pages_both(b, NULL, 100, &all), 1);
+  ASSERT_EQ_INT(all.n, 8);
+  ASSERT_CONTAINS(all.line[0], "Crm/s-1 by=e-3 due=9000 st=Pending sub=Retrying t=CustomerChanged err=timeout");
+  ASSERT_CONTAINS(all.line[1], "Crm/s-2 by=e-1 due=0 st=Completed");
+  ASSERT_CONTAINS(all.line[2], "Erp/S-0 by=e-1");
+  ASSERT_CONTAINS(all.line[3], "Erp/s-1 by=e-1 due=0 st=Failed sub=NULL t=CustomerChanged err=order 4711 not found "
+                               "hr=NULL since=2000 parked=3");
+  ASSERT_CONTAINS(all.line[4], "Erp/s-2 by=e-2 due=0 st=Pending sub=Handoff t=CustomerChanged err=NULL "
+                               "hr=waiting for the import since=3000 parked=1");
+  ASSERT_CONTAINS(all.line[5], "Erp/s-3 by=e-gone due=0 st=NULL sub=NULL t=NULL err=NULL hr=NULL since=0 parked=0");
+  ASSERT_CONTAINS(all.line[6], "Erp/s-ä ");
+  ASSERT_CONTAINS(all.line[7], "Erp-2/s-1 ");
+  /* pages of 1, 2, 3 with the cursor: the same rows, in the same order */
+  for (int limit = 1; limit <= 3; limit++) {
+    blocked_pages_both(b, NULL, limit, &again);
+    same_rows("paged blocked sessions", &all, &again);
+  }
+  /* one endpoint, paged too */
+  ASSERT_EQ_INT(blocked_pages_both(b, "Erp", 2, &again), 3);
+  ASSERT_EQ_INT(again.n, 5);
+  ASSERT_CONTAINS(again.line[0], "Erp/S-0 ");
+  blocked_pages_both(b, "Nobody", 2, &again);
+  ASSERT_EQ_INT(again.n, 0);
+
+  /* a cursor with a session and no endpoint (the endpoint is "" then), limit 0, and a
+   * callback that stops */
+  static row_log_t l, p;
+  memset(&l, 0, sizeof l);
+  memset(&p, 0, sizeof p);
+  ASSERT_EQ_INT(BOTH(nh_store_blocked_sessions(b->lite, NULL, NULL, "s-1", 100, log_blocked, &l),
+                     nh_pgs_blocked_sessions(b->pg, NULL, NULL, "s-1", 100, log_blocked, &p)), 8);
+  same_rows("cursor without an endpoint", &l, &p);
+  ASSERT_EQ_INT(BOTH(nh_store_blocked_sessions(b->lite, NULL, NULL, NULL, 0, log_blocked, &l),
+                     nh_pgs_blocked_sessions(b->pg, NULL, NULL, NULL, 0, log_blocked, &p)), 0);
+  memset(&l, 0, sizeof l);
+  memset(&p, 0, sizeof p);
+  l.stop_after = p.stop_after = 2;
+  ASSERT_EQ_INT(BOTH(nh_store_blocked_sessions(b->lite, "Erp", "Erp", "S-0", 100, log_blocked, &l),
+                     nh_pgs_blocked_sessions(b->pg, "Erp", "Erp", "S-0", 100, log_blocked, &p)), 2);
+  same_rows("stopped", &l, &p);
+  ASSERT_CONTAINS(p.line[0], "Erp/s-1 ");
+  ASSERT_FALSE(nh_pg_db_failed(b->pg));
+}
+
+static int log_endpoint(void *data, const char *endpoint)
+{
+  row_log_t *g = data;
+  snprintf(g->line[g->n++], sizeof g->line[0], "%s", endpoint);
+  return g->stop_after && g->n >= g->stop_after;
+}
+
+TEST(parity_api_endpoints)
+{
+  pair_t *b = pair_open();
+  static row_log_t l, p;
+  memset(&l, 0, sizeof l);
+  memset(&p, 0, sizeof p);
+  ASSERT_EQ_INT(BOTH(nh_store_endpoints(b->lite, log_endpoint, &l), nh_pgs_endpoints(b->pg, log_endpoint, &p)), 0);
+  static const char *const eps[] = { "Erp", "Crm", "erp", "Erp-2", "Zoo", "Ärger", "Crm", "Erp" };
+  for (size_t i = 0; i < sizeof eps / sizeof eps[0]; i++) {
+    char id[16];
+    snprintf(id, sizeof id, "e-%zu", i);
+    nh_audit_t a = audit_of(eps[i], id, "s-1", NH_ST_COMPLETED, 1000);
+    put_both(b, &a);
+  }
+  /* only sessions, no events: not an endpoint of these reads */
+  put_session(b, "Shop", "s-1", "e-1", 0, 0, 1);
+  ASSERT_EQ_INT(BOTH(nh_store_endpoints(b->lite, log_endpoint, &l), nh_pgs_endpoints(b->pg, log_endpoint, &p)), 6);
+  same_rows("endpoints", &l, &p);
+  ASSERT_EQ_STR(p.line[0], "Crm");   /* byte order */
+  ASSERT_EQ_STR(p.line[1], "Erp");
+  ASSERT_EQ_STR(p.line[2], "Erp-2");
+  ASSERT_EQ_STR(p.line[3], "Zoo");
+  ASSERT_EQ_STR(p.line[4], "erp");
+  ASSERT_EQ_STR(p.line[5], "Ärger");
+  memset(&l, 0, sizeof l);
+  memset(&p, 0, sizeof p);
+  l.stop_after = p.stop_after = 2;
+  ASSERT_EQ_INT(BOTH(nh_store_endpoints(b->lite, log_endpoint, &l), nh_pgs_endpoints(b->pg, log_endpoint, &p)), 2);
+  same_rows("endpoints", &l, &p);
+}
+
+static void same_stats(pair_t *b, const char *endpoint, int64_t now, int64_t blocked, int64_t pending,
+                       int64_t overdue, int64_t parked)
+{
+  nh_endpoint_stats_t l, p;
+  BOTH(nh_store_endpoint_stats(b->lite, endpoint, now, &l), nh_pgs_endpoint_stats(b->pg, endpoint, now, &p));
+  same_i64("blocked_sessions", l.blocked_sessions, p.blocked_sessions);
+  same_i64("handoffs_pending", l.handoffs_pending, p.handoffs_pending);
+  same_i64("handoffs_overdue", l.handoffs_overdue, p.handoffs_overdue);
+  same_i64("parked", nh_store_endpoint_parked(b->lite, endpoint), nh_pgs_endpoint_parked(b->pg, endpoint));
+  ASSERT_EQ_INT(p.blocked_sessions, blocked);
+  ASSERT_EQ_INT(p.handoffs_pending, pending);
+  ASSERT_EQ_INT(p.handoffs_overdue, overdue);
+  ASSERT_EQ_INT(nh_pgs_endpoint_parked(b->pg, endpoint), parked);
+}
+
+TEST(parity_api_endpoint_stats)
+{
+  pair_t *b = pair_open();
+  same_stats(b, "Erp", 5000, 0, 0, 0, 0);
+  /* hand-offs: due at 4000, due at 6000, no deadline, one flagged overdue already (still
+   * counted: the figure is expected_by against now), Pending but retrying, another
+   * endpoint's, and a completed one that had a deadline */
+  struct { const char *ep, *id, *status, *sub; int64_t expected_by, overdue_at; } rows[] = {
+    { "Erp", "h-1", NH_ST_PENDING, "Handoff", 4000, 0 },
+    { "Erp", "h-2", NH_ST_PENDING, "Handoff", 6000, 0 },
+    { "Erp", "h-3", NH_ST_PENDING, "Handoff", 0, 0 },
+    { "Erp", "h-4", NH_ST_PENDING, "Handoff", 1000, 1500 },
+    { "Erp", "r-1", NH_ST_PENDING, NH_SUB_RETRYING, 1000, 0 },
+    { "Crm", "h-1", NH_ST_PENDING, "Handoff", 1000, 0 },
+    { "Erp", "c-1", NH_ST_COMPLETED, NULL, 1000, 0 },
+  };
+  for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+    nh_audit_t a = audit_of(rows[i].ep, rows[i].id, "s-1", rows[i].status, 1000);
+    a.sub_status = (char *)rows[i].sub;
+    a.expected_by = rows[i].expected_by;
+    a.overdue_at = rows[i].overdue_at;
+    put_both(b, &a);
+  }
+  put_session(b, "Erp", "s-1", "h-1", 0, 0, 3);
+  put_session(b, "Erp", "s-2", "h-2", 0, 7000, 1);
+  put_session(b, "Erp", "s-3", NULL, 1, 0, 1);   /* draining */
+  put_session(b, "Crm", "s-1", "h-1", 0, 0, 1);
+  for (int i = 1; i <= 2; i++) {
+    nh_msg_t m = msg_of("s-1", i == 1 ? "p-1" : "p-2", "{}", 2);
+    BOTH(nh_store_park(b->lite, &m, i), nh_pgs_park(b->pg, &m, i));
+  }
+  nh_msg_t m = msg_of("s-3", "p-3", "{}", 2);
+  BOTH(nh_store_park(b->lite, &m, 1), nh_pgs_park(b->pg, &m, 1));
+  same_stats(b, "Erp", 5000, 2, 4, 2, 3);
+  same_stats(b, "Erp", 4000, 2, 4, 1, 3);   /* expected_by < now, not <= */
+  same_stats(b, "Erp", 9000, 2, 4, 3, 3);
+  same_stats(b, "Crm", 5000, 1, 1, 1, 0);
+  same_stats(b, "Nobody", 5000, 0, 0, 0, 0);
+  ASSERT_FALSE(nh_pg_db_failed(b->pg));
 }
 
 /* ---------------------------------------------------------------- published, hosts, bulk runs */

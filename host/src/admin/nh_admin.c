@@ -52,35 +52,36 @@ typedef struct route {
   need_t need;
   int json;              /* the body must be JSON from this origin (actions, and NimBus's POST reads) */
   nh_admin_route_fn fn;
-  int own;               /* answers without the store (so on a PostgreSQL store too) */
+  enum { SQLITE, OWN, ANY } store;   /* what it reads: the sqlite store only (for now), nothing of
+                                      * the store, either store (on PostgreSQL on the pool) */
 } route_t;
 
 static const route_t routes[] = {
-  { "GET", "/api/v1/endpoints", READER, 0, nh_admin_get_endpoints, 0 },
-  { "GET", "/api/v1/events", READER, 0, nh_admin_get_events, 0 },
-  { "GET", "/api/v1/events/{}", READER, 0, nh_admin_get_event, 0 },
-  { "GET", "/api/v1/sessions", READER, 0, nh_admin_get_sessions, 0 },
-  { "GET", "/api/v1/failures", READER, 0, nh_admin_get_failures, 0 },
-  { "GET", "/api/v1/whoami", READER, 0, nh_admin_get_whoami, 1 },
-  { "GET", "/api/v1/stream", READER, 0, nh_admin_get_stream, 0 },
-  { "GET", "/api/v1/openapi.json", PUBLIC, 0, nh_admin_get_openapi, 1 },
-  { "POST", "/api/v1/events/{}/resubmit", OPERATOR, 1, nh_admin_post_resubmit, 0 },
-  { "POST", "/api/v1/events/{}/skip", OPERATOR, 1, nh_admin_post_skip, 0 },
-  { "POST", "/api/v1/events/{}/handoff/complete", OPERATOR, 1, nh_admin_post_handoff_complete, 0 },
-  { "POST", "/api/v1/events/{}/handoff/fail", OPERATOR, 1, nh_admin_post_handoff_fail, 0 },
-  { "POST", "/api/v1/bulk/resubmit", OPERATOR, 1, nh_admin_post_bulk_resubmit, 0 },
-  { "POST", "/api/v1/bulk/skip", OPERATOR, 1, nh_admin_post_bulk_skip, 0 },
+  { "GET", "/api/v1/endpoints", READER, 0, nh_admin_get_endpoints, ANY },
+  { "GET", "/api/v1/events", READER, 0, nh_admin_get_events, ANY },
+  { "GET", "/api/v1/events/{}", READER, 0, nh_admin_get_event, ANY },
+  { "GET", "/api/v1/sessions", READER, 0, nh_admin_get_sessions, ANY },
+  { "GET", "/api/v1/failures", READER, 0, nh_admin_get_failures, ANY },
+  { "GET", "/api/v1/whoami", READER, 0, nh_admin_get_whoami, OWN },
+  { "GET", "/api/v1/stream", READER, 0, nh_admin_get_stream, SQLITE },
+  { "GET", "/api/v1/openapi.json", PUBLIC, 0, nh_admin_get_openapi, OWN },
+  { "POST", "/api/v1/events/{}/resubmit", OPERATOR, 1, nh_admin_post_resubmit, SQLITE },
+  { "POST", "/api/v1/events/{}/skip", OPERATOR, 1, nh_admin_post_skip, SQLITE },
+  { "POST", "/api/v1/events/{}/handoff/complete", OPERATOR, 1, nh_admin_post_handoff_complete, SQLITE },
+  { "POST", "/api/v1/events/{}/handoff/fail", OPERATOR, 1, nh_admin_post_handoff_fail, SQLITE },
+  { "POST", "/api/v1/bulk/resubmit", OPERATOR, 1, nh_admin_post_bulk_resubmit, SQLITE },
+  { "POST", "/api/v1/bulk/skip", OPERATOR, 1, nh_admin_post_bulk_skip, SQLITE },
   /* NimBus's operator API (docs/admin-api.md) */
-  { "POST", "/api/endpoint/status/count", READER, 1, nh_admin_nimbus_status_count, 0 },
-  { "POST", "/api/event/{}/getByFilter", READER, 1, nh_admin_nimbus_get_by_filter, 0 },
-  { "POST", "/api/event/resubmit/{}/{}", OPERATOR, 1, nh_admin_nimbus_resubmit, 0 },
-  { "POST", "/api/event/skip/{}/{}", OPERATOR, 1, nh_admin_nimbus_skip, 0 },
-  { "GET", "/healthz", PUBLIC, 0, nh_admin_get_health, 1 },
-  { "GET", "/metrics", READER, 0, nh_admin_get_metrics, 1 },
-  { "GET", "/readyz", PUBLIC, 0, nh_admin_get_ready, 1 },
-  { "GET", "/", PUBLIC, 0, nh_admin_get_static, 0 },
-  { "GET", "/console", PUBLIC, 0, nh_admin_get_static, 0 },
-  { "GET", "/console/*", PUBLIC, 0, nh_admin_get_static, 0 },
+  { "POST", "/api/endpoint/status/count", READER, 1, nh_admin_nimbus_status_count, ANY },
+  { "POST", "/api/event/{}/getByFilter", READER, 1, nh_admin_nimbus_get_by_filter, ANY },
+  { "POST", "/api/event/resubmit/{}/{}", OPERATOR, 1, nh_admin_nimbus_resubmit, SQLITE },
+  { "POST", "/api/event/skip/{}/{}", OPERATOR, 1, nh_admin_nimbus_skip, SQLITE },
+  { "GET", "/healthz", PUBLIC, 0, nh_admin_get_health, OWN },
+  { "GET", "/metrics", READER, 0, nh_admin_get_metrics, OWN },
+  { "GET", "/readyz", PUBLIC, 0, nh_admin_get_ready, OWN },
+  { "GET", "/", PUBLIC, 0, nh_admin_get_static, OWN },
+  { "GET", "/console", PUBLIC, 0, nh_admin_get_static, OWN },
+  { "GET", "/console/*", PUBLIC, 0, nh_admin_get_static, OWN },
 };
 
 /* Matches path against pattern, filling c->cap with the {} segments (still escaped). */
@@ -116,7 +117,7 @@ static void on_param(void *ud, const char *key, size_t klen, const char *val, si
   q->n++;
 }
 
-static void call_clear(nh_admin_call_t *c)
+void nh_admin_call_clear(nh_admin_call_t *c)
 {
   for (int i = 0; i < c->q.n; i++) {
     free(c->q.key[i]);
@@ -221,18 +222,18 @@ static void on_request(void *data, nh_httpd_req_t *r)
                    "the console is at /console/)", c.method, c.path);
   } else if (refuse(&c, hit->need) || (hit->json && !same_origin_json(&c))) {
     /* answered */
-  } else if (!c.a->store && !hit->own) {
-    /* a PostgreSQL store: the host's own state answers; what reads or writes the store
-     * is not built on it yet, and the CLI does it (docs/store-backends.md) */
-    nh_admin_error(r, 501, NULL, "%s %s: the operator API's reads and actions and the console are not built on a "
-                   "PostgreSQL store yet (docs/store-backends.md); /healthz, /readyz and /metrics are. The CLI "
-                   "does the rest with --store URL: nimbus-host events | show | sessions | failures | resubmit | "
-                   "skip | handoff", c.method, c.path);
+  } else if (!c.a->store && hit->store == SQLITE) {
+    /* a PostgreSQL store: what is not built on it yet says so, and names the CLI command
+     * that does it (docs/store-backends.md) */
+    nh_admin_error(r, 501, NULL, "%s %s: not built on a PostgreSQL store yet (docs/store-backends.md): the "
+                   "console's reads are, its actions and live updates are not. The CLI does them with --store "
+                   "URL: nimbus-host resubmit | skip | handoff | events --follow", c.method, c.path);
   } else {
     match(hit->pattern, c.path, &c, 1);
-    hit->fn(&c);
+    if (!c.a->store && hit->store == ANY) nh_admin_pg_defer(&c, hit->fn);
+    else hit->fn(&c);
   }
-  call_clear(&c);
+  nh_admin_call_clear(&c);
 }
 
 void nh_admin_get_health(nh_admin_call_t *c)
@@ -276,6 +277,9 @@ void nh_admin_get_whoami(nh_admin_call_t *c)
   json_object_set_new(o, "role", json_string(c->role == NH_ROLE_OPERATOR ? "operator" : "reader"));
   json_object_set_new(o, "login_required", json_boolean(c->a->tokens != NULL));
   json_object_set_new(o, "console_only", json_boolean(c->a->console_only));
+  /* on a PostgreSQL store the console reads; it acts and follows live on sqlite only, for now */
+  json_object_set_new(o, "store", json_string(c->a->store ? "sqlite" : "postgresql"));
+  json_object_set_new(o, "actions", json_boolean(c->a->store != NULL));
   nh_admin_answer(c->r, 200, o);
 }
 
@@ -325,8 +329,10 @@ nh_admin_t *nh_admin_start(uv_loop_t *loop, nh_store_t *store, const nh_admin_op
   }
   a->port = nh_httpd_port(a->h);
   if (!store) {
-    nh_log_info("admin", "on http://%s:%d/: /healthz, /readyz and /metrics; the operator API's reads and actions "
-                "and the console are not built on a PostgreSQL store yet (docs/store-backends.md)", opts->host, a->port);
+    a->pg = nh_admin_pg_new(opts->pg_url);
+    nh_log_info("admin", "operator API on http://%s:%d/api/v1/, console http://%s:%d/console/: on a PostgreSQL "
+                "store its reads (actions and live updates are not built on it yet: docs/store-backends.md)",
+                opts->host, a->port, opts->host, a->port);
     return a;
   }
   nh_log_info("admin", "operator API on http://%s:%d/api/v1/, console http://%s:%d/console/ (%s%s)", opts->host,
@@ -359,5 +365,7 @@ void nh_admin_close(nh_admin_t *a)
   nh_admin_cache_clear(&a->endpoints_cache);
   nh_admin_cache_clear(&a->failures_cache);
   free(a->console_dir);
+  a->console_dir = NULL;
+  if (nh_admin_pg_close(a->pg)) return;   /* reads still out on the pool: the last one frees it */
   free(a);
 }

@@ -24,6 +24,7 @@ typedef struct nh_admin_opts {
   int port;
   const char *token_file;   /* --admin-token-file: required off loopback */
   int console_only;         /* `nimbus-host console`: no adapters in this process */
+  const char *pg_url;       /* a PostgreSQL store (store NULL): the reads it serves run on the thread pool */
 } nh_admin_opts_t;
 
 /* Listens (a port in use is an error naming it and what to do). */

@@ -50,7 +50,7 @@ void nh_admin_submit(nh_admin_call_t *c, nh_op_req_t *req)
   json_t *o = json_object();
   json_object_set_new(o, "queued", json_string(nh_operator_name(req->kind)));
   json_object_set_new(o, "event", nh_view_audit(&ev));
-  json_object_set_new(o, "live_hosts", json_integer(nh_admin_live_hosts(a, ev.endpoint)));
+  json_object_set_new(o, "live_hosts", json_integer(nh_admin_live_hosts(c, ev.endpoint)));
   nh_audit_clear(&ev);
   nh_admin_answer(c->r, 202, o);
 }
@@ -244,6 +244,7 @@ static void run_end(bulk_run_t *run, unsigned status, json_t *answer)
 
 static json_t *result_json(nh_admin_t *a, const nh_bulk_result_t *r)
 {
+  nh_admin_call_t on = { .a = a };   /* the run's own reads, on the loop (sqlite) */
   json_t *o = json_object(), *eps = json_array();
   json_object_set_new(o, "matched", json_integer(r->total));
   json_object_set_new(o, "queued", json_integer(r->queued));
@@ -252,7 +253,7 @@ static json_t *result_json(nh_admin_t *a, const nh_bulk_result_t *r)
   for (int i = 0; i < r->neps; i++)
     json_array_append_new(eps, json_pack("{s:s,s:I,s:i}", "endpoint", r->eps[i].name, "queued",
                                          (json_int_t)r->eps[i].n, "live_hosts",
-                                         nh_admin_live_hosts(a, r->eps[i].name)));
+                                         nh_admin_live_hosts(&on, r->eps[i].name)));
   json_object_set_new(o, "endpoints", eps);
   return o;
 }

@@ -20,10 +20,10 @@ static int match_endpoint(void *data, const char *endpoint)
   return k->found;
 }
 
-int nh_admin_endpoint_known(nh_admin_t *a, const char *endpoint)
+int nh_admin_endpoint_known(nh_admin_call_t *c, const char *endpoint)
 {
   struct known_ep k = { endpoint, 0 };
-  return nh_store_endpoints(a->store, match_endpoint, &k) < 0 ? NH_EFAIL : k.found;
+  return nh_admin_rd_endpoints(c, match_endpoint, &k) < 0 ? NH_EFAIL : k.found;
 }
 
 /* A string member, or NULL; 400 when it is there but not a non-empty string. */
@@ -116,7 +116,7 @@ int nh_admin_filter_parse(nh_admin_call_t *c, json_t *from, nh_admin_filter_t *o
     return 1;
   }
   if (f->endpoint) {
-    int known = nh_admin_endpoint_known(c->a, f->endpoint);
+    int known = nh_admin_endpoint_known(c, f->endpoint);
     if (known < 0) {
       nh_admin_store_error(c);
       return 1;
@@ -129,7 +129,7 @@ int nh_admin_filter_parse(nh_admin_call_t *c, json_t *from, nh_admin_filter_t *o
   /* a group names one endpoint: its index is (endpoint, fail_group) */
   char ep[256];
   if (f->group && !f->endpoint) {
-    int got = nh_store_failgroup_endpoint(c->a->store, f->group, ep, sizeof ep);
+    int got = nh_admin_rd_failgroup_endpoint(c, f->group, ep, sizeof ep);
     if (got < 0) {
       nh_admin_store_error(c);
       return 1;

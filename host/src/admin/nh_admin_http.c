@@ -12,6 +12,13 @@
 
 void nh_admin_answer(nh_httpd_req_t *r, unsigned status, json_t *body)
 {
+  nh_admin_answer_t *kept = nh_admin_capturing();
+  if (kept) {   /* on the pool: the loop sends it (nh_admin_pg.c) */
+    json_decref(kept->body);
+    kept->status = status;
+    kept->body = body;
+    return;
+  }
   char *s = json_dumps(body, JSON_COMPACT | JSON_PRESERVE_ORDER);
   json_decref(body);
   static const nh_httpd_header_t hdrs[] = { { "Content-Type", "application/json" },
@@ -37,7 +44,7 @@ void nh_admin_error(nh_httpd_req_t *r, unsigned status, const char *field, const
 
 void nh_admin_store_error(nh_admin_call_t *c)
 {
-  nh_admin_error(c->r, 500, NULL, "store: %s", nh_store_errmsg(c->a->store));
+  nh_admin_error(c->r, 500, NULL, "store: %s", c->pg ? c->pg_err : nh_store_errmsg(c->a->store));
 }
 
 char *nh_admin_unescape(const char *s, size_t len)
@@ -143,10 +150,6 @@ int nh_admin_parse_long(nh_admin_call_t *c, const char *field, const char *s, lo
   return 0;
 }
 
-int nh_admin_live_hosts(nh_admin_t *a, const char *endpoint)
-{
-  return nh_store_hosts_serving(a->store, endpoint, nh_time_now_ms() - NH_ADMIN_LIVE_MS);
-}
 
 /* What identifies the store's state: this connection's changes, and data_version, which
  * moves when another connection (another host, the CLI) commits. */

@@ -19,6 +19,8 @@
 typedef enum { NH_ROLE_NONE, NH_ROLE_READER, NH_ROLE_OPERATOR } nh_admin_role_t;
 
 struct nh_admin_stream;
+struct nh_pg_db;
+typedef struct nh_admin_pg nh_admin_pg_t;
 
 /* An answer kept until the store changes, and at most NH_ADMIN_CACHE_MS: the overview
  * counts a million rows' index in 60 ms, and every console and stream asks for it. Never
@@ -48,6 +50,7 @@ struct nh_admin {
   void *ready_data;
   nh_admin_cached_t endpoints_cache, failures_cache;
   int console_only;                 /* `nimbus-host console`: no adapters here */
+  nh_admin_pg_t *pg;                /* a PostgreSQL store: its reads run on the pool (nh_admin_pg.c) */
 };
 
 typedef struct nh_admin_params {
@@ -64,9 +67,24 @@ typedef struct nh_admin_call {
   char *cap[NH_ADMIN_CAPTURES];        /* the {} segments of the route's pattern, unescaped */
   nh_admin_role_t role;                /* what the caller may do */
   char who[128];                       /* who it is, for the operator log */
+  struct nh_pg_db *pg;                 /* set while the route runs on the pool (a PostgreSQL store) */
+  char pg_err[512];                    /* the last PostgreSQL read's error (nh_admin_store.c) */
 } nh_admin_call_t;
 
 typedef void (*nh_admin_route_fn)(nh_admin_call_t *c);
+void nh_admin_call_clear(nh_admin_call_t *c);   /* frees its parameters and captures */
+
+/* ---- routes on a PostgreSQL store (nh_admin_pg.c): run on libuv's thread pool, each on a
+ * blocking connection of a small pool, the answer captured and sent from the loop */
+typedef struct nh_admin_answer {
+  unsigned status;
+  json_t *body;
+} nh_admin_answer_t;
+nh_admin_pg_t *nh_admin_pg_new(const char *url);
+void nh_admin_pg_defer(nh_admin_call_t *c, nh_admin_route_fn fn);   /* takes c's parameters and captures */
+nh_admin_answer_t *nh_admin_capturing(void);   /* non-NULL on the pool: answers are kept there */
+/* 1 if routes are still out: the last one frees the pool and the listener. */
+int nh_admin_pg_close(nh_admin_pg_t *p);
 
 /* ---- answers (nh_admin_http.c) */
 void nh_admin_answer(nh_httpd_req_t *r, unsigned status, json_t *body);   /* takes body */
@@ -87,9 +105,25 @@ int nh_admin_fields_check(nh_admin_call_t *c, json_t *in, const char *const *kno
 /* Parses a whole number in [lo, hi]; 400 naming `field` otherwise. 1 if it answered. */
 int nh_admin_parse_long(nh_admin_call_t *c, const char *field, const char *s, long lo, long hi, long *out);
 /* 1 if the store has events of the endpoint, 0 if not, NH_EFAIL. */
-int nh_admin_endpoint_known(nh_admin_t *a, const char *endpoint);
+int nh_admin_endpoint_known(nh_admin_call_t *c, const char *endpoint);
+
+/* ---- the store reads of the routes, on either store (nh_admin_store.c): the sqlite
+ * store's nh_store_* or, when c->pg is set, their PostgreSQL twins (nh_pgs_*) */
+int nh_admin_rd_events(nh_admin_call_t *c, const nh_event_filter_t *f, nh_audit_cb cb, void *data, int64_t *last);
+int64_t nh_admin_rd_events_count(nh_admin_call_t *c, const nh_event_filter_t *f);
+int nh_admin_rd_endpoints(nh_admin_call_t *c, int (*cb)(void *data, const char *endpoint), void *data);
+int nh_admin_rd_endpoint_stats(nh_admin_call_t *c, const char *endpoint, int64_t now, nh_endpoint_stats_t *out);
+int nh_admin_rd_audit_find(nh_admin_call_t *c, const char *id, nh_audit_t *ev, nh_error_t *err);
+int nh_admin_rd_history_list(nh_admin_call_t *c, const char *endpoint, const char *event_id, nh_history_cb cb,
+                             void *data);
+int nh_admin_rd_oplog_list(nh_admin_call_t *c, const char *endpoint, const char *event_id, nh_oplog_cb cb, void *data);
+int nh_admin_rd_oppending_has(nh_admin_call_t *c, const char *endpoint, const char *event_id);
+int nh_admin_rd_blocked_sessions(nh_admin_call_t *c, const char *endpoint, const char *after_endpoint,
+                                 const char *after_session, int limit, nh_blocked_cb cb, void *data);
+int nh_admin_rd_failgroups(nh_admin_call_t *c, const char *endpoint, nh_failgroup_cb cb, void *data);
+int nh_admin_rd_failgroup_endpoint(nh_admin_call_t *c, const char *group, char *endpoint, size_t len);
 /* The number of live hosts serving an endpoint. */
-int nh_admin_live_hosts(nh_admin_t *a, const char *endpoint);
+int nh_admin_live_hosts(nh_admin_call_t *c, const char *endpoint);
 
 /* The cached value (a new reference) when the store has not changed since and it is
  * young enough; NULL otherwise, and the store's key then is what nh_admin_cache_put
@@ -101,7 +135,7 @@ void nh_admin_cache_clear(nh_admin_cached_t *c);
 
 /* The answer of GET /api/v1/endpoints ({"endpoints": [...]}), or NULL when the store
  * failed (the stream's counts event sends the same). */
-json_t *nh_admin_endpoints_json(nh_admin_t *a);
+json_t *nh_admin_endpoints_json(nh_admin_call_t *c);
 
 /* ---- routes */
 void nh_admin_get_endpoints(nh_admin_call_t *c);

@@ -104,7 +104,7 @@ void nh_admin_nimbus_status_count(nh_admin_call_t *c)
   if (refused(c)) return;
   json_t *names = endpoint_list(c);
   if (!names) return;
-  json_t *all = nh_admin_endpoints_json(c->a);   /* the same counts as GET /api/v1/endpoints */
+  json_t *all = nh_admin_endpoints_json(c);   /* the same counts as GET /api/v1/endpoints */
   if (!all) {
     json_decref(names);
     nh_admin_store_error(c);
@@ -277,13 +277,13 @@ static int read_page(nh_admin_call_t *c, nh_event_filter_t *f, long max, int64_t
   f->batch = (int)max;
   f->after_rowid = after;
   int64_t last = 0;
-  int n = nh_store_events(c->a->store, f, collect, events, &last);
+  int n = nh_admin_rd_events(c, f, collect, events, &last);
   if (n < 0) return 1;
   int more = 0;
   if (n == max) {
     f->batch = 1;
     f->after_rowid = last;
-    if (nh_store_events(c->a->store, f, stop_at_first, &more, NULL) < 0) return 1;
+    if (nh_admin_rd_events(c, f, stop_at_first, &more, NULL) < 0) return 1;
   }
   char next[32];
   snprintf(next, sizeof next, "%lld", (long long)last);
@@ -294,7 +294,7 @@ static int read_page(nh_admin_call_t *c, nh_event_filter_t *f, long max, int64_t
 /* 1 with 404 answered when the store has no event of `endpoint` (the path names it). */
 static int endpoint_unknown(nh_admin_call_t *c, const char *endpoint)
 {
-  int known = nh_admin_endpoint_known(c->a, endpoint);
+  int known = nh_admin_endpoint_known(c, endpoint);
   if (known < 0) nh_admin_store_error(c);
   else if (!known) nh_admin_error(c->r, 404, NULL, "unknown endpoint %s (GET /api/v1/endpoints lists them)", endpoint);
   return known != 1;

@@ -12,7 +12,7 @@
 #define NH_ADMIN_PAGE_MAX 1000
 
 struct ep_ctx {
-  nh_admin_t *a;
+  nh_admin_call_t *c;
   json_t *arr;
   int failed;
 };
@@ -24,14 +24,14 @@ static int endpoint_row(void *data, const char *endpoint)
   json_object_set_new(o, "endpoint", json_string(endpoint));
   for (int i = 0; nh_store_statuses[i]; i++) {
     nh_event_filter_t f = { .endpoint = endpoint, .status = nh_store_statuses[i] };
-    int64_t n = nh_store_events_count(c->a->store, &f);
+    int64_t n = nh_admin_rd_events_count(c->c, &f);
     if (n < 0) c->failed = 1;
     json_object_set_new(counts, nh_store_statuses[i], json_integer(n < 0 ? 0 : n));
   }
   json_object_set_new(o, "counts", counts);
-  json_object_set_new(o, "live_hosts", json_integer(nh_admin_live_hosts(c->a, endpoint)));
+  json_object_set_new(o, "live_hosts", json_integer(nh_admin_live_hosts(c->c, endpoint)));
   nh_endpoint_stats_t st;
-  if (nh_store_endpoint_stats(c->a->store, endpoint, nh_time_now_ms(), &st)) c->failed = 1;
+  if (nh_admin_rd_endpoint_stats(c->c, endpoint, nh_time_now_ms(), &st)) c->failed = 1;
   json_object_set_new(o, "blocked_sessions", json_integer(st.blocked_sessions));
   json_object_set_new(o, "handoffs_pending", json_integer(st.handoffs_pending));
   json_object_set_new(o, "handoffs_overdue", json_integer(st.handoffs_overdue));
@@ -39,18 +39,20 @@ static int endpoint_row(void *data, const char *endpoint)
   return c->failed;
 }
 
-json_t *nh_admin_endpoints_json(nh_admin_t *a)
+json_t *nh_admin_endpoints_json(nh_admin_call_t *call)
 {
-  json_t *cached = nh_admin_cache_get(a, &a->endpoints_cache);
+  nh_admin_t *a = call->a;
+  /* the cache is the loop's: a route on the pool (PostgreSQL) reads every time */
+  json_t *cached = call->pg ? NULL : nh_admin_cache_get(a, &a->endpoints_cache);
   if (cached) return cached;
-  struct ep_ctx c = { a, json_array(), 0 };
-  if (nh_store_endpoints(a->store, endpoint_row, &c) < 0 || c.failed) {
+  struct ep_ctx c = { call, json_array(), 0 };
+  if (nh_admin_rd_endpoints(call, endpoint_row, &c) < 0 || c.failed) {
     json_decref(c.arr);
     return NULL;
   }
   json_t *o = json_object();
   json_object_set_new(o, "endpoints", c.arr);
-  nh_admin_cache_put(a, &a->endpoints_cache, o);
+  if (!call->pg) nh_admin_cache_put(a, &a->endpoints_cache, o);
   return o;
 }
 
@@ -58,7 +60,7 @@ void nh_admin_get_endpoints(nh_admin_call_t *c)
 {
   static const char *const known[] = { NULL };
   if (nh_admin_params_check(c, known)) return;
-  json_t *o = nh_admin_endpoints_json(c->a);
+  json_t *o = nh_admin_endpoints_json(c);
   if (!o) {
     nh_admin_store_error(c);
     return;
@@ -142,7 +144,7 @@ void nh_admin_get_events(nh_admin_call_t *c)
   af.f.desc = order && strcmp(order, "newest") == 0;
   json_t *events = json_array();
   int64_t last = 0;
-  int n = nh_store_events(c->a->store, &af.f, collect_event, events, &last);
+  int n = nh_admin_rd_events(c, &af.f, collect_event, events, &last);
   nh_admin_filter_clear(&af);
   if (n < 0) {
     json_decref(events);
@@ -180,7 +182,7 @@ void nh_admin_get_event(nh_admin_call_t *c)
   nh_audit_t ev;
   memset(&ev, 0, sizeof ev);
   nh_error_t err = {0};
-  if (nh_store_audit_find(c->a->store, c->cap[0], &ev, &err)) {
+  if (nh_admin_rd_audit_find(c, c->cap[0], &ev, &err)) {
     nh_admin_error(c->r, err.code == NH_ENOTFOUND ? 404 : err.code == NH_EUSAGE ? 400 : 500, NULL, "%s", err.msg);
     return;
   }
@@ -191,11 +193,11 @@ void nh_admin_get_event(nh_admin_call_t *c)
   json_object_set_new(o, "payload", payload ? payload
                                     : ev.payload ? json_stringn(ev.payload, nh_audit_payload_len(&ev)) : json_null());
   json_t *hist = json_array(), *log = json_array();
-  int rc = nh_store_history_list(c->a->store, ev.endpoint, ev.event_id, collect_history, hist);
+  int rc = nh_admin_rd_history_list(c, ev.endpoint, ev.event_id, collect_history, hist);
   json_object_set_new(o, "history", hist);
-  if (rc >= 0) rc = nh_store_oplog_list(c->a->store, ev.endpoint, ev.event_id, collect_oplog, log);
+  if (rc >= 0) rc = nh_admin_rd_oplog_list(c, ev.endpoint, ev.event_id, collect_oplog, log);
   json_object_set_new(o, "operator_log", log);
-  int waiting = rc >= 0 ? nh_store_oppending_has(c->a->store, ev.endpoint, ev.event_id) : 0;
+  int waiting = rc >= 0 ? nh_admin_rd_oppending_has(c, ev.endpoint, ev.event_id) : 0;
   json_object_set_new(o, "request_waiting", json_boolean(waiting > 0));
   nh_audit_clear(&ev);
   if (rc < 0 || waiting < 0) {
@@ -256,7 +258,7 @@ void nh_admin_get_sessions(nh_admin_call_t *c)
     after_s = json_string_value(json_array_get(cursor, 1));
   }
   struct sess_ctx s = { .arr = json_array() };
-  int n = nh_store_blocked_sessions(c->a->store, nh_admin_param(c, "endpoint"), after_ep, after_s, (int)limit,
+  int n = nh_admin_rd_blocked_sessions(c, nh_admin_param(c, "endpoint"), after_ep, after_s, (int)limit,
                                     collect_session, &s);
   json_decref(cursor);
   if (n < 0) {
@@ -296,19 +298,19 @@ void nh_admin_get_failures(nh_admin_call_t *c)
   static const char *const known[] = { "endpoint", NULL };
   if (nh_admin_params_check(c, known)) return;
   const char *endpoint = nh_admin_param(c, "endpoint");
-  json_t *o = endpoint ? NULL : nh_admin_cache_get(c->a, &c->a->failures_cache);
+  json_t *o = endpoint || c->pg ? NULL : nh_admin_cache_get(c->a, &c->a->failures_cache);
   if (o) {
     nh_admin_answer(c->r, 200, o);
     return;
   }
   json_t *arr = json_array();
-  if (nh_store_failgroups(c->a->store, endpoint, collect_group, arr) < 0) {
+  if (nh_admin_rd_failgroups(c, endpoint, collect_group, arr) < 0) {
     json_decref(arr);
     nh_admin_store_error(c);
     return;
   }
   o = json_object();
   json_object_set_new(o, "groups", arr);
-  if (!endpoint) nh_admin_cache_put(c->a, &c->a->failures_cache, o);
+  if (!endpoint && !c->pg) nh_admin_cache_put(c->a, &c->a->failures_cache, o);
   nh_admin_answer(c->r, 200, o);
 }

@@ -240,7 +240,8 @@ static char *frame_new(const char *event, json_t *body, size_t *len)
 
 static void send_counts(struct nh_admin_stream *st, client_t *only)
 {
-  json_t *counts = nh_admin_endpoints_json(st->a);
+  nh_admin_call_t as = { .a = st->a };   /* the stream's own read, on the loop (sqlite) */
+  json_t *counts = nh_admin_endpoints_json(&as);
   if (!counts) {
     nh_log_warn("admin", "stream: cannot read the endpoint counts: %s", nh_store_errmsg(st->a->store));
     return;
@@ -419,12 +420,12 @@ static struct nh_admin_stream *stream_of(nh_admin_t *a)
  * answer given when it is neither. */
 static int refuse_endpoint(nh_admin_call_t *c, const char *endpoint)
 {
-  int known = nh_admin_endpoint_known(c->a, endpoint);
+  int known = nh_admin_endpoint_known(c, endpoint);
   if (known < 0) {
     nh_admin_store_error(c);
     return 1;
   }
-  if (known || nh_admin_live_hosts(c->a, endpoint) > 0) return 0;
+  if (known || nh_admin_live_hosts(c, endpoint) > 0) return 0;
   nh_admin_error(c->r, 400, "endpoint", "unknown endpoint %s (GET /api/v1/endpoints lists them)", endpoint);
   return 1;
 }
@@ -495,7 +496,7 @@ void nh_admin_get_stream(nh_admin_call_t *c)
   /* what can fail is read before the stream starts, while an error can still be a 500 */
   int first = !c->a->stream || c->a->stream->nclients == 0;
   int64_t now_id = first ? nh_store_history_last_id(c->a->store) : 0;
-  json_t *counts = now_id >= 0 ? nh_admin_endpoints_json(c->a) : NULL;
+  json_t *counts = now_id >= 0 ? nh_admin_endpoints_json(c) : NULL;
   if (!counts) {
     nh_admin_store_error(c);
     return;

@@ -137,23 +137,13 @@ typedef struct pg_names {
   nh_error_t err;
 } pg_names_t;
 
-/* The endpoints that have events, in order: a loose index scan of audit_session (endpoint
- * first), one probe per endpoint, not a pass over every row. */
+/* The endpoints that have events, in order (nh_pgs_endpoints: one index probe each). */
 static int pg_endpoints(void *ctx, int (*cb)(void *, const char *), void *data)
 {
   pg_names_t *p = ctx;
-  PGresult *r = PQexec(nh_pg_db_conn(p->db),
-                       "WITH RECURSIVE e AS (SELECT min(endpoint) AS ep FROM audit UNION ALL"
-                       " SELECT (SELECT min(endpoint) FROM audit WHERE endpoint > e.ep) FROM e WHERE e.ep IS NOT NULL)"
-                       " SELECT ep FROM e WHERE ep IS NOT NULL");
-  if (PQresultStatus(r) != PGRES_TUPLES_OK) {
-    nh_error_set(&p->err, NH_EFAIL, "%s", PQresultErrorMessage(r));
-    PQclear(r);
-    return NH_EFAIL;
-  }
-  for (int i = 0; i < PQntuples(r); i++) cb(data, PQgetvalue(r, i, 0));
-  PQclear(r);
-  return NH_OK;
+  int n = nh_pgs_endpoints(p->db, cb, data);
+  if (n < 0) p->err = *nh_pg_db_error(p->db);
+  return n;
 }
 
 static int pg_group_endpoint(void *ctx, const char *group, char *endpoint, size_t len)

@@ -289,7 +289,8 @@ int nh_cmd_run(int argc, char **argv, int first)
     fprintf(stderr, "nimbus-host: %s\n", err.msg);
     status = NH_EXIT_FAIL;
   }
-  /* on PostgreSQL without the store: health, readiness and metrics (nh_admin.c) */
+  /* on PostgreSQL without the store: its reads on the thread pool (nh_admin_pg.c) */
+  if (pg) admin.opts.pg_url = a.store;
   if (status == NH_EXIT_OK && !admin.off && !(h.admin = nh_admin_start(loop, pg ? NULL : store, &admin.opts, &err))) {
     fprintf(stderr, "nimbus-host: %s\n", err.msg);
     status = NH_EXIT_USAGE;

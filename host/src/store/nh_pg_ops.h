@@ -356,10 +356,10 @@ int nh_pgs_history_add_ex(nh_pg_db_t *db, const char *endpoint, const char *even
                           const char *message_type, const char *status, const char *detail,
                           const nh_history_extra_t *x);
 int nh_pgs_history_list(nh_pg_db_t *db, const char *endpoint, const char *event_id, nh_history_cb cb, void *data);
-/* events on PostgreSQL (nh_pg_query.c): nh_store_events' reader filters (NH_EUSAGE, said, for
- * the bulk ones not built yet), same order; the count of rows passed to cb, or NH_EFAIL. */
-/* nh_store_events on PostgreSQL (store/nh_pg_query.c); last_seq (optional): the seq of the
- * last row passed, a bulk batch's keyset (as sqlite's rowid) */
+/* nh_store_events on PostgreSQL (nh_pg_query.c): every filter of nh_event_filter_t but
+ * sqlite's page planner probe (rowid_from/rowid_to: NH_EUSAGE, said), same rows, same
+ * order; the count of rows passed to cb, or NH_EFAIL. last_seq (optional): the seq of the
+ * last row passed, a batch's or page's keyset (as sqlite's rowid) */
 int nh_pgs_events(nh_pg_db_t *db, const nh_event_filter_t *f, nh_audit_cb cb, void *data, int64_t *last_seq,
                   nh_error_t *err);
 int64_t nh_pgs_events_count(nh_pg_db_t *db, const nh_event_filter_t *f, nh_error_t *err);
@@ -379,6 +379,21 @@ int nh_pgq_unfinished(nh_pg_db_t *db, const char *endpoint, const char *session,
 /* nh_store_failgroups and nh_store_failgroup_endpoint on PostgreSQL */
 int nh_pgs_failgroups(nh_pg_db_t *db, const char *endpoint, nh_failgroup_cb cb, void *data, nh_error_t *err);
 int nh_pgs_failgroup_endpoint(nh_pg_db_t *db, const char *group, char *endpoint, size_t len, nh_error_t *err);
+/* The operator console's and admin API's reads on PostgreSQL (nh_pg_query.c): same rows,
+ * order, counts and return values as their sqlite twins; no error out-parameter, as those
+ * have none: a failure is logged and kept in the db (nh_pg_db_error). No globals: safe on a
+ * worker thread's own connection. */
+/* nh_store_endpoints: every endpoint with audit rows, in byte order; the count passed to cb */
+int nh_pgs_endpoints(nh_pg_db_t *db, int (*cb)(void *data, const char *endpoint), void *data);
+/* nh_store_endpoint_stats: blocked sessions, pending and overdue (expected_by < now) hand-offs */
+int nh_pgs_endpoint_stats(nh_pg_db_t *db, const char *endpoint, int64_t now, nh_endpoint_stats_t *out);
+/* nh_store_endpoint_parked: the endpoint's parked rows */
+int64_t nh_pgs_endpoint_parked(nh_pg_db_t *db, const char *endpoint);
+/* nh_store_blocked_sessions: (endpoint, session) keyset pages of blocked sessions with their blocker */
+int nh_pgs_blocked_sessions(nh_pg_db_t *db, const char *endpoint, const char *after_endpoint,
+                            const char *after_session, int limit, nh_blocked_cb cb, void *data);
+/* nh_store_oplog_list: an event's operator log, oldest first */
+int nh_pgs_oplog_list(nh_pg_db_t *db, const char *endpoint, const char *event_id, nh_oplog_cb cb, void *data);
 int nh_pgs_session_get(nh_pg_db_t *db, const char *endpoint, const char *session, nh_session_state_t *st);
 int nh_pgs_session_put(nh_pg_db_t *db, const char *endpoint, const char *session, const nh_session_state_t *st);
 int nh_pgs_sessions_due(nh_pg_db_t *db, const char *endpoint, int64_t now, int limit, char **cursor,

@@ -1,0 +1,156 @@
+/* The operator API's reads on a PostgreSQL store (nh_admin_int.h). On sqlite a route reads
+ * the local file on the loop, between pumps. A PostgreSQL read is a network round trip,
+ * and the loop never waits for one: the route runs on libuv's thread pool instead, on a
+ * blocking connection of its own (a few are kept for the next requests), and its answer is
+ * captured there and sent from the loop once the work is done. The request stays
+ * suspended meanwhile (net/nh_httpd.c); if the client or the listener goes away, the
+ * answer frees it.
+ *
+ * A route that runs here reads through nh_admin_store.c, which takes c->pg when it is set,
+ * and touches nothing of the listener but its options: no cache (they are the loop's), no
+ * stream, no queue. */
+#include "nh_admin_int.h"
+#include "core/nh_log.h"
+#include "core/nh_util.h"
+#include "store/nh_pg.h"
+#include "store/nh_pg_ops.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NH_ADMIN_PG_IDLE 4   /* connections kept for the next requests */
+
+struct nh_admin_pg {
+  char *url;
+  pthread_mutex_t lock;
+  nh_pg_db_t *idle[NH_ADMIN_PG_IDLE];
+  int nidle;
+  int jobs;                  /* routes out on the pool: the listener is freed after the last */
+  int closed;                /* nh_admin_close ran: free at the last job's end */
+};
+
+typedef struct job {
+  uv_work_t w;
+  nh_admin_t *a;
+  nh_admin_call_t c;         /* owns its parameters and captures (taken from the caller) */
+  nh_admin_route_fn fn;
+  nh_admin_answer_t out;
+} job_t;
+
+/* Set while a route runs on the pool: nh_admin_answer keeps the answer there. */
+static _Thread_local nh_admin_answer_t *capturing;
+
+nh_admin_answer_t *nh_admin_capturing(void) { return capturing; }
+
+nh_admin_pg_t *nh_admin_pg_new(const char *url)
+{
+  nh_admin_pg_t *p = nh_xcalloc(1, sizeof *p);
+  p->url = nh_xstrdup(url);
+  pthread_mutex_init(&p->lock, NULL);
+  return p;
+}
+
+static void pg_free(nh_admin_pg_t *p)
+{
+  for (int i = 0; i < p->nidle; i++) nh_pg_db_free(p->idle[i]);
+  pthread_mutex_destroy(&p->lock);
+  free(p->url);
+  free(p);
+}
+
+/* A connection of the pool, or a new one (NULL with err said). */
+static nh_pg_db_t *take(nh_admin_pg_t *p, nh_error_t *err)
+{
+  nh_pg_db_t *db = NULL;
+  pthread_mutex_lock(&p->lock);
+  if (p->nidle > 0) db = p->idle[--p->nidle];
+  pthread_mutex_unlock(&p->lock);
+  if (db) return db;
+  PGconn *conn = NULL;
+  if (nh_pg_connect(p->url, &conn, err)) return NULL;
+  return nh_pg_db_new(conn);
+}
+
+/* Back to the pool when it is still good and there is room, else closed. */
+static void give_back(nh_admin_pg_t *p, nh_pg_db_t *db)
+{
+  int kept = 0;
+  if (PQstatus(nh_pg_db_conn(db)) == CONNECTION_OK && PQtransactionStatus(nh_pg_db_conn(db)) == PQTRANS_IDLE) {
+    pthread_mutex_lock(&p->lock);
+    if (p->nidle < NH_ADMIN_PG_IDLE) {
+      p->idle[p->nidle++] = db;
+      kept = 1;
+    }
+    pthread_mutex_unlock(&p->lock);
+  }
+  if (!kept) nh_pg_db_free(db);
+}
+
+static void work(uv_work_t *w)
+{
+  job_t *j = w->data;
+  nh_admin_pg_t *p = j->a->pg;
+  nh_error_t err = {0};
+  nh_pg_db_t *db = take(p, &err);
+  if (!db) {
+    j->out.status = 503;
+    j->out.body = json_pack("{s:s}", "error", err.msg);   /* the URL in it is shown masked */
+    return;
+  }
+  j->c.pg = db;
+  capturing = &j->out;
+  j->fn(&j->c);
+  capturing = NULL;
+  j->c.pg = NULL;
+  give_back(p, db);
+}
+
+static void after(uv_work_t *w, int status)
+{
+  job_t *j = w->data;
+  nh_admin_pg_t *p = j->a->pg;
+  (void)status;   /* never cancelled: uv_cancel is not called on these */
+  if (!j->out.status) {   /* a route that answered nothing is a bug: say so rather than hang */
+    j->out.status = 500;
+    json_decref(j->out.body);
+    j->out.body = json_pack("{s:s}", "error", "internal error: the route gave no answer");
+  }
+  nh_admin_answer(j->c.r, j->out.status, j->out.body);   /* frees the request if it was orphaned */
+  nh_admin_call_clear(&j->c);
+  nh_admin_t *a = j->a;
+  free(j);
+  if (--p->jobs == 0 && p->closed) {
+    pg_free(p);
+    free(a);
+  }
+}
+
+void nh_admin_pg_defer(nh_admin_call_t *c, nh_admin_route_fn fn)
+{
+  job_t *j = nh_xcalloc(1, sizeof *j);
+  j->a = c->a;
+  j->c = *c;
+  j->fn = fn;
+  j->w.data = j;
+  memset(&c->q, 0, sizeof c->q);   /* the job owns them now */
+  memset(c->cap, 0, sizeof c->cap);
+  c->a->pg->jobs++;
+  if (uv_queue_work(c->a->loop, &j->w, work, after)) {   /* never fails for a valid loop */
+    c->a->pg->jobs--;
+    nh_admin_error(c->r, 500, NULL, "cannot queue the read");
+    nh_admin_call_clear(&j->c);
+    free(j);
+  }
+}
+
+int nh_admin_pg_close(nh_admin_pg_t *p)
+{
+  if (!p) return 0;
+  if (p->jobs > 0) {   /* the last job's end frees it, and the listener */
+    p->closed = 1;
+    return 1;
+  }
+  pg_free(p);
+  return 0;
+}
