@@ -9,7 +9,7 @@ import * as sessions from './sessions.js';
 import * as failures from './failures.js';
 
 const main = document.getElementById('main');
-const ctx = { role: 'reader', canAct: false, readOnlyStore: false, name: '' };
+const ctx = { role: 'reader', canAct: false, canBulk: false, name: '' };
 let current = null;      // the view on screen: { poll, status, counts, destroy }
 let seq = 0;             // bumped per navigation: a slow render of a page left behind is dropped
 let stream = null;
@@ -84,8 +84,8 @@ async function route({ focus = true } = {}) {
 function showWho() {
   const el = clear(document.getElementById('who'));
   if (!ctx.name) return;
-  const what = ctx.readOnlyStore ? 'read only: actions are taken with the CLI on a PostgreSQL store'
-    : ctx.role === 'operator' ? 'operator' : 'read only';
+  const what = ctx.role !== 'operator' ? 'read only'
+    : ctx.canBulk ? 'operator' : 'operator (bulk actions: the CLI on a PostgreSQL store)';
   el.append(h('span', null, `${ctx.name} · ${what}`));
   if (token()) {
     el.append(' ', h('button', { type: 'button', class: 'small link', onclick: () => { setToken(null); location.reload(); } }, 'Sign out'));
@@ -146,9 +146,9 @@ async function start() {
   if (who.login_required && !token()) { loginForm('This console needs an access token.'); return; }
   ctx.name = who.name;
   ctx.role = who.role;
-  // a host on a PostgreSQL store serves the reads only, for now (its actions: the CLI)
-  ctx.readOnlyStore = who.actions === false;
-  ctx.canAct = who.role === 'operator' && !ctx.readOnlyStore;
+  ctx.canAct = who.role === 'operator';
+  // a host on a PostgreSQL store takes single-event actions, not bulk ones yet (the CLI's --all)
+  ctx.canBulk = ctx.canAct && who.bulk !== false;
   document.body.dataset.role = who.role;
   showWho();
   if (!stream) {

@@ -138,7 +138,7 @@ describe("hosts on a PostgreSQL store", function()
     assert.is_true(ends >= N_EVENTS, "handlers ended " .. ends .. " times")
   end)
 
-  it("block a failing session and park its later events, and release it with the CLI's skip and resubmit", function()
+  it("block a failing session and park its later events, and release it with the API's skip and the CLI's resubmit", function()
     local _, url = pg.createdb("ops")
     local adapter = sb:adapter("ops.lua", ([[
 local nimbus = require("nimbus")
@@ -248,11 +248,11 @@ end)
     assert.same({ 2, 3 }, { nimbus[1].failedCount, nimbus[1].deferredCount })
     local who
     status, who = nh.http_json(api .. "/whoami")
-    assert.same({ 200, "postgresql", false }, { status, who.store, who.actions })
-    status, body = nh.http_json(api .. "/events/" .. event_of(11) .. "/skip", "POST", "{}", origin)
+    assert.same({ 200, "postgresql", false }, { status, who.store, who.bulk })
+    status, body = nh.http_json(api .. "/bulk/skip", "POST", '{"filter":{"endpoint":"Orders"}}', origin)
     assert.equal(501, status, nh.encode(body))
     assert.truthy(body.error:find("not built on a PostgreSQL store yet", 1, true), body.error)
-    assert.truthy(body.error:find("nimbus-host resubmit | skip", 1, true), body.error)
+    assert.truthy(body.error:find("nimbus-host resubmit --all | skip --all", 1, true), body.error)
     status = nh.http_json((api:gsub("/api/v1$", "")) .. "/readyz")
     assert.equal(200, status)
     -- the CLI lists them from the same URL
@@ -266,9 +266,12 @@ end)
     assert.equal("3\n", sb:cli_ok({ "events", "--status", "deferred", "--count" }, { store = url }))
     assert.equal("2\n", sb:cli_ok({ "events", "--session", "b", "--count" }, { store = url }))
 
-    -- skip the blocker of a: 2 and 3 replay in order
-    local out = sb:cli_ok({ "skip", event_of(1) }, { store = url })
-    assert.truthy(out:find("skip of event " .. event_of(1) .. " queued", 1, true), out)
+    -- skip the blocker of a through the API (on the pool, queued as the CLI queues it): 2
+    -- and 3 replay in order
+    local skipped
+    status, skipped = nh.http_json(api .. "/events/" .. event_of(1) .. "/skip", "POST", '{"reason":"duplicate"}', origin)
+    assert.equal(202, status, nh.encode(skipped))
+    assert.same({ "skip", event_of(1) }, { skipped.queued, skipped.event.event_id })
     -- resubmit b's blocker with a body that passes: it runs again, then 12
     sb:cli_ok({ "resubmit", event_of(11), "--body", nh.encode({ n = 11 }) }, { store = url })
     nh.eventually(function()

@@ -26,7 +26,8 @@ void nh_admin_submit(nh_admin_call_t *c, nh_op_req_t *req)
   nh_audit_t ev;
   memset(&ev, 0, sizeof ev);
   nh_error_t err = {0};
-  int rc = nh_operator_submit(a->store, a->queue, req, &ev, &err);
+  /* on a PostgreSQL store on the pool (nh_admin_pg.c), as the CLI queues it */
+  int rc = c->pg ? nh_operator_submit_pg(c->pg, req, &ev, &err) : nh_operator_submit(a->store, a->queue, req, &ev, &err);
   if (rc == NH_ESTATE) {
     /* what the event is now, for the caller to decide */
     nh_audit_t now;
@@ -34,7 +35,7 @@ void nh_admin_submit(nh_admin_call_t *c, nh_op_req_t *req)
     memset(&now, 0, sizeof now);
     json_t *o = json_object();
     json_object_set_new(o, "error", json_string(err.msg));
-    if (nh_store_audit_find(a->store, req->event_id, &now, &ferr) == NH_OK) {
+    if (nh_admin_rd_audit_find(c, req->event_id, &now, &ferr) == NH_OK) {
       json_object_set_new(o, "event", nh_view_audit(&now));
       nh_audit_clear(&now);
     }

@@ -113,6 +113,7 @@ static void on_header(void *ud, const char *key, size_t klen, const char *val, s
 
 char *nh_admin_header(nh_httpd_req_t *r, const char *name)
 {
+  if (nh_admin_capturing()) return nh_admin_pg_header(name);   /* on the pool: not the loop's connection */
   struct hdr_find h = { name, NULL };
   nh_httpd_req_headers(r, on_header, &h);
   return h.value;

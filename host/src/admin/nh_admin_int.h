@@ -83,6 +83,7 @@ typedef struct nh_admin_answer {
 nh_admin_pg_t *nh_admin_pg_new(const char *url);
 void nh_admin_pg_defer(nh_admin_call_t *c, nh_admin_route_fn fn);   /* takes c's parameters and captures */
 nh_admin_answer_t *nh_admin_capturing(void);   /* non-NULL on the pool: answers are kept there */
+char *nh_admin_pg_header(const char *name);     /* on the pool: the header, read on the loop (caller frees) */
 /* 1 if routes are still out: the last one frees the pool and the listener. */
 int nh_admin_pg_close(nh_admin_pg_t *p);
 

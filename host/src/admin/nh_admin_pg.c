@@ -18,6 +18,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #define NH_ADMIN_PG_IDLE 4   /* connections kept for the next requests */
 
@@ -36,12 +37,39 @@ typedef struct job {
   nh_admin_call_t c;         /* owns its parameters and captures (taken from the caller) */
   nh_admin_route_fn fn;
   nh_admin_answer_t out;
+  char **hdr;                /* the request's headers, name and value pairs, read on the loop */
+  int nhdr;
 } job_t;
 
-/* Set while a route runs on the pool: nh_admin_answer keeps the answer there. */
+/* Set while a route runs on the pool: nh_admin_answer keeps the answer there, and
+ * nh_admin_header reads the job's copy of the headers (the connection is the loop's). */
 static _Thread_local nh_admin_answer_t *capturing;
+static _Thread_local const job_t *running;
 
 nh_admin_answer_t *nh_admin_capturing(void) { return capturing; }
+
+static void keep_header(void *ud, const char *key, size_t klen, const char *val, size_t vlen)
+{
+  job_t *j = ud;
+  j->hdr = nh_xrealloc(j->hdr, sizeof *j->hdr * (size_t)(j->nhdr + 2));
+  j->hdr[j->nhdr++] = nh_xstrndup(key, klen);
+  j->hdr[j->nhdr++] = nh_xstrndup(val ? val : "", val ? vlen : 0);
+}
+
+char *nh_admin_pg_header(const char *name)
+{
+  for (int i = 0; running && i + 1 < running->nhdr; i += 2)
+    if (strcasecmp(running->hdr[i], name) == 0) return nh_xstrdup(running->hdr[i + 1]);
+  return NULL;
+}
+
+static void job_free(job_t *j)
+{
+  nh_admin_call_clear(&j->c);
+  for (int i = 0; i < j->nhdr; i++) free(j->hdr[i]);
+  free(j->hdr);
+  free(j);
+}
 
 nh_admin_pg_t *nh_admin_pg_new(const char *url)
 {
@@ -100,7 +128,9 @@ static void work(uv_work_t *w)
   }
   j->c.pg = db;
   capturing = &j->out;
+  running = j;
   j->fn(&j->c);
+  running = NULL;
   capturing = NULL;
   j->c.pg = NULL;
   give_back(p, db);
@@ -117,9 +147,8 @@ static void after(uv_work_t *w, int status)
     j->out.body = json_pack("{s:s}", "error", "internal error: the route gave no answer");
   }
   nh_admin_answer(j->c.r, j->out.status, j->out.body);   /* frees the request if it was orphaned */
-  nh_admin_call_clear(&j->c);
   nh_admin_t *a = j->a;
-  free(j);
+  job_free(j);
   if (--p->jobs == 0 && p->closed) {
     pg_free(p);
     free(a);
@@ -135,12 +164,12 @@ void nh_admin_pg_defer(nh_admin_call_t *c, nh_admin_route_fn fn)
   j->w.data = j;
   memset(&c->q, 0, sizeof c->q);   /* the job owns them now */
   memset(c->cap, 0, sizeof c->cap);
+  nh_httpd_req_headers(c->r, keep_header, j);
   c->a->pg->jobs++;
   if (uv_queue_work(c->a->loop, &j->w, work, after)) {   /* never fails for a valid loop */
     c->a->pg->jobs--;
     nh_admin_error(c->r, 500, NULL, "cannot queue the read");
-    nh_admin_call_clear(&j->c);
-    free(j);
+    job_free(j);
   }
 }
 

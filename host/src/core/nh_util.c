@@ -85,8 +85,10 @@ int64_t nh_time_parse_ms(const char *s, int64_t now_ms)
   return -1;
 }
 
-/* xorshift128+ seeded from /dev/urandom: ids need uniqueness, not cryptographic strength. */
-static uint64_t rng_s[2];
+/* xorshift128+ seeded from /dev/urandom: ids need uniqueness, not cryptographic strength.
+ * One per thread: the admin API's routes on a PostgreSQL store run on libuv's pool
+ * (admin/nh_admin_pg.c), and two threads stepping one state could draw the same id. */
+static _Thread_local uint64_t rng_s[2];
 
 static void rng_seed(void)
 {
@@ -151,9 +153,10 @@ void nh_uuid_v4(char out[37])
 
 void nh_uuid_v7(char out[37])
 {
-  /* Within one millisecond a counter in rand_a keeps ids from this process ordered. */
-  static int64_t last_ms;
-  static unsigned seq;
+  /* Within one millisecond a counter in rand_a keeps ids from this thread ordered (the
+   * loop's; a route on the admin API's pool has its own, and its own random state) */
+  static _Thread_local int64_t last_ms;
+  static _Thread_local unsigned seq;
   int64_t ms = nh_time_now_ms();
   if (ms <= last_ms) {
     ms = last_ms;
