@@ -9,7 +9,7 @@ import * as sessions from './sessions.js';
 import * as failures from './failures.js';
 
 const main = document.getElementById('main');
-const ctx = { role: 'reader', canAct: false, canBulk: false, name: '' };
+const ctx = { role: 'reader', canAct: false, name: '' };
 let current = null;      // the view on screen: { poll, status, counts, destroy }
 let seq = 0;             // bumped per navigation: a slow render of a page left behind is dropped
 let stream = null;
@@ -84,9 +84,7 @@ async function route({ focus = true } = {}) {
 function showWho() {
   const el = clear(document.getElementById('who'));
   if (!ctx.name) return;
-  const what = ctx.role !== 'operator' ? 'read only'
-    : ctx.canBulk ? 'operator' : 'operator (bulk actions: the CLI on a PostgreSQL store)';
-  el.append(h('span', null, `${ctx.name} · ${what}`));
+  el.append(h('span', null, `${ctx.name} · ${ctx.role === 'operator' ? 'operator' : 'read only'}`));
   if (token()) {
     el.append(' ', h('button', { type: 'button', class: 'small link', onclick: () => { setToken(null); location.reload(); } }, 'Sign out'));
   }
@@ -147,8 +145,6 @@ async function start() {
   ctx.name = who.name;
   ctx.role = who.role;
   ctx.canAct = who.role === 'operator';
-  // a host on a PostgreSQL store takes single-event actions, not bulk ones yet (the CLI's --all)
-  ctx.canBulk = ctx.canAct && who.bulk !== false;
   document.body.dataset.role = who.role;
   showWho();
   if (!stream) {

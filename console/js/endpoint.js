@@ -126,12 +126,9 @@ export async function render(page, { name, query }, ctx) {
   if (ctx.canAct) {
     page.append(h('section', { class: 'bulk', 'aria-label': 'Bulk actions' },
       h('p', { class: 'bulk-sel' }, selCount, ' ', bResSel, ' ', bSkipSel),
-      // on a filter: the host's bulk action (not on a PostgreSQL store yet: the CLI's --all)
-      ctx.canBulk ? h('p', { class: 'bulk-all' }, bResAll, ' ', bSkipAll, ' ',
-        h('label', { class: 'check', for: 'bulk-force' }, force, ' Force (also Completed and Skipped events)'))
-        : h('p', { class: 'bulk-sel' }, h('label', { class: 'check', for: 'bulk-force' }, force, ' Force (also Completed and Skipped events)'),
-          h('span', { class: 'help' }, ' Actions on every matching event: nimbus-host resubmit --all | skip --all on this store.')),
-      filterBlocked && ctx.canBulk ? h('p', { class: 'help' }, 'Bulk actions on a filter cannot use “Payload contains” or “Event id”: select the rows instead.') : null));
+      h('p', { class: 'bulk-all' }, bResAll, ' ', bSkipAll, ' ',
+        h('label', { class: 'check', for: 'bulk-force' }, force, ' Force (also Completed and Skipped events)')),
+      filterBlocked ? h('p', { class: 'help' }, 'Bulk actions on a filter cannot use “Payload contains” or “Event id”: select the rows instead.') : null));
   }
 
   // ---- table

@@ -28,13 +28,13 @@ export async function render(page, { query }, ctx) {
     box.append(tableWrap('Failure groups table', labelCells(h('table', { class: 'grid failures stack' },
       h('caption', null, `${plural(groups.length, 'group')}, ${plural(groups.reduce((n, g) => n + g.count, 0), 'event')}`),
       h('thead', null, h('tr', null, th('Message'), th('Endpoint'), th('Error type'), th('Events', { class: 'num' }),
-        th('First seen'), th('Last seen'), th('Sample'), ctx.canBulk ? th('Actions') : null)),
+        th('First seen'), th('Last seen'), th('Sample'), ctx.canAct ? th('Actions') : null)),
       h('tbody', null, groups.map((g) => {
         const what = `in the group “${g.message}” on ${g.endpoint}`;
         const filter = { group: g.group, endpoint: g.endpoint };
         const label = `${plural(g.count, 'event')} of the group ${g.message}`;
         const acts = [];
-        if (ctx.canBulk) {   // a group's action is a bulk one (not on a PostgreSQL store yet)
+        if (ctx.canAct) {
           const r = h('button', { type: 'button', class: 'small', 'aria-label': `Resubmit ${label}` }, 'Resubmit group…');
           r.addEventListener('click', async () => { if (await bulkOnFilter('resubmit', filter, { button: r, what })) refresh(); });
           const s = h('button', { type: 'button', class: 'small', 'aria-label': `Skip ${label}` }, 'Skip group…');
@@ -49,7 +49,7 @@ export async function render(page, { query }, ctx) {
           h('td', { class: 'num' }, h('a', { href: `#/endpoints/${encodeURIComponent(g.endpoint)}?${evs}`, 'aria-label': `The ${plural(g.count, 'event')} of this group` }, String(g.count))),
           h('td', null, time(g.first_seen)), h('td', null, time(g.last_seen)),
           h('td', null, g.sample_event_id ? eventLink(g.sample_event_id, shortId(g.sample_event_id)) : '—'),
-          ctx.canBulk ? h('td', { class: 'actions' }, acts) : null);
+          ctx.canAct ? h('td', { class: 'actions' }, acts) : null);
       }))))));
   }
 

@@ -69,8 +69,8 @@ static const route_t routes[] = {
   { "POST", "/api/v1/events/{}/skip", OPERATOR, 1, nh_admin_post_skip, ANY },
   { "POST", "/api/v1/events/{}/handoff/complete", OPERATOR, 1, nh_admin_post_handoff_complete, ANY },
   { "POST", "/api/v1/events/{}/handoff/fail", OPERATOR, 1, nh_admin_post_handoff_fail, ANY },
-  { "POST", "/api/v1/bulk/resubmit", OPERATOR, 1, nh_admin_post_bulk_resubmit, SQLITE },
-  { "POST", "/api/v1/bulk/skip", OPERATOR, 1, nh_admin_post_bulk_skip, SQLITE },
+  { "POST", "/api/v1/bulk/resubmit", OPERATOR, 1, nh_admin_post_bulk_resubmit, ANY },
+  { "POST", "/api/v1/bulk/skip", OPERATOR, 1, nh_admin_post_bulk_skip, ANY },
   /* NimBus's operator API (docs/admin-api.md) */
   { "POST", "/api/endpoint/status/count", READER, 1, nh_admin_nimbus_status_count, ANY },
   { "POST", "/api/event/{}/getByFilter", READER, 1, nh_admin_nimbus_get_by_filter, ANY },
@@ -226,8 +226,8 @@ static void on_request(void *data, nh_httpd_req_t *r)
     /* a PostgreSQL store: what is not built on it yet says so, and names the CLI command
      * that does it (docs/store-backends.md) */
     nh_admin_error(r, 501, NULL, "%s %s: not built on a PostgreSQL store yet (docs/store-backends.md): the "
-                   "reads and single-event actions are, bulk actions and live updates are not. The CLI does them "
-                   "with --store URL: nimbus-host resubmit --all | skip --all | events --follow", c.method, c.path);
+                   "reads and actions are, live updates are not (the console refreshes its pages instead). The CLI "
+                   "follows changes with --store URL: nimbus-host events --follow", c.method, c.path);
   } else {
     match(hit->pattern, c.path, &c, 1);
     if (!c.a->store && hit->store == ANY) nh_admin_pg_defer(&c, hit->fn);
@@ -277,10 +277,9 @@ void nh_admin_get_whoami(nh_admin_call_t *c)
   json_object_set_new(o, "role", json_string(c->role == NH_ROLE_OPERATOR ? "operator" : "reader"));
   json_object_set_new(o, "login_required", json_boolean(c->a->tokens != NULL));
   json_object_set_new(o, "console_only", json_boolean(c->a->console_only));
-  /* on a PostgreSQL store the console reads and acts on single events; bulk actions and the
-   * live stream are sqlite's only, for now */
+  /* the live stream is sqlite's only, for now (the console refreshes its pages instead) */
   json_object_set_new(o, "store", json_string(c->a->store ? "sqlite" : "postgresql"));
-  json_object_set_new(o, "bulk", json_boolean(c->a->store != NULL));
+  json_object_set_new(o, "live", json_boolean(c->a->store != NULL));
   nh_admin_answer(c->r, 200, o);
 }
 
@@ -332,8 +331,7 @@ nh_admin_t *nh_admin_start(uv_loop_t *loop, nh_store_t *store, const nh_admin_op
   if (!store) {
     a->pg = nh_admin_pg_new(opts->pg_url);
     nh_log_info("admin", "operator API on http://%s:%d/api/v1/, console http://%s:%d/console/: on a PostgreSQL "
-                "store its reads and single-event actions (bulk actions and live updates are not built on it yet: "
-                "docs/store-backends.md)",
+                "store its reads and actions (live updates are not built on it yet: docs/store-backends.md)",
                 opts->host, a->port, opts->host, a->port);
     return a;
   }

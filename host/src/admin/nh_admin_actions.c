@@ -7,6 +7,7 @@
 #include "dispatch/nh_bulk.h"
 #include "dispatch/nh_operator.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -173,8 +174,21 @@ struct who_times {
   int64_t at[NH_BULK_PER_MINUTE];
 };
 
-/* 1 (429 answered) when `who` started NH_BULK_PER_MINUTE runs in the last minute. */
+/* 1 (429 answered) when `who` started NH_BULK_PER_MINUTE runs in the last minute. The
+ * table is the process's: a lock, since on a PostgreSQL store this runs on the pool. */
+static pthread_mutex_t seen_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int rate_limited_locked(nh_admin_call_t *c);
+
 static int rate_limited(nh_admin_call_t *c)
+{
+  pthread_mutex_lock(&seen_lock);
+  int limited = rate_limited_locked(c);
+  pthread_mutex_unlock(&seen_lock);
+  return limited;
+}
+
+static int rate_limited_locked(nh_admin_call_t *c)
 {
   static struct who_times seen[NH_BULK_WHO];
   int64_t now = nh_time_now_ms();
@@ -199,12 +213,7 @@ static int rate_limited(nh_admin_call_t *c)
     json_t *o = json_object();
     json_object_set_new(o, "error", json_sprintf("%s started %d bulk actions in the last minute; try again in %ld s",
                                                  c->who, NH_BULK_PER_MINUTE, wait));
-    char *s = json_dumps(o, JSON_COMPACT);
-    json_decref(o);
-    const nh_httpd_header_t h[] = { { "Content-Type", "application/json" }, { "Retry-After", after } };
-    nh_error_t err = {0};
-    nh_httpd_respond(c->r, 429, h, 2, s, strlen(s), &err);
-    free(s);
+    nh_admin_answer_retry(c->r, 429, o, after);
     return 1;
   }
   memmove(&w->at[1], &w->at[0], sizeof w->at[0] * (NH_BULK_PER_MINUTE - 1));
@@ -243,9 +252,10 @@ static void run_end(bulk_run_t *run, unsigned status, json_t *answer)
   uv_close((uv_handle_t *)&run->step, run_closed);
 }
 
-static json_t *result_json(nh_admin_t *a, const nh_bulk_result_t *r)
+/* c: the call whose store is read for the live hosts (a run stepping on the loop has
+ * none left: it makes one for the sqlite store) */
+static json_t *result_json(nh_admin_call_t *c, const nh_bulk_result_t *r)
 {
-  nh_admin_call_t on = { .a = a };   /* the run's own reads, on the loop (sqlite) */
   json_t *o = json_object(), *eps = json_array();
   json_object_set_new(o, "matched", json_integer(r->total));
   json_object_set_new(o, "queued", json_integer(r->queued));
@@ -254,7 +264,7 @@ static json_t *result_json(nh_admin_t *a, const nh_bulk_result_t *r)
   for (int i = 0; i < r->neps; i++)
     json_array_append_new(eps, json_pack("{s:s,s:I,s:i}", "endpoint", r->eps[i].name, "queued",
                                          (json_int_t)r->eps[i].n, "live_hosts",
-                                         nh_admin_live_hosts(&on, r->eps[i].name)));
+                                         nh_admin_live_hosts(c, r->eps[i].name)));
   json_object_set_new(o, "endpoints", eps);
   return o;
 }
@@ -270,11 +280,33 @@ static void run_step(uv_idle_t *t)
     nh_bulk_abandon(run->b);   /* this process is alive: without it the same action would be "running" */
     json_t *o = json_object();
     json_object_set_new(o, "error", json_sprintf("store: %s; the batches queued so far stay queued: the same action "
-                                                 "again queues the rest", nh_store_errmsg(run->a->store)));
+                                                 "again queues the rest", nh_bulk_errmsg(run->b)));
     run_end(run, 500, o);
     return;
   }
-  run_end(run, 200, result_json(run->a, nh_bulk_result(run->b)));
+  nh_admin_call_t on = { .a = run->a };   /* the run's own reads, on the loop (sqlite) */
+  run_end(run, 200, result_json(&on, nh_bulk_result(run->b)));
+}
+
+/* A run on a PostgreSQL store, on the pool: its batches one after the other, then the
+ * answer (the loop steps sqlite's a batch per turn instead; here nothing waits on this
+ * thread). */
+static void bulk_run_pg(nh_admin_call_t *c, bulk_run_t *run)
+{
+  int more;
+  while ((more = nh_bulk_step(run->b)) > 0) {}
+  if (more < 0 || nh_bulk_finish(run->b)) {
+    nh_bulk_abandon(run->b);
+    json_t *o = json_object();
+    json_object_set_new(o, "error", json_sprintf("store: %s; the batches queued so far stay queued: the same action "
+                                                 "again queues the rest", nh_bulk_errmsg(run->b)));
+    nh_admin_answer(c->r, 500, o);
+  } else {
+    nh_admin_answer(c->r, 200, result_json(c, nh_bulk_result(run->b)));
+  }
+  nh_bulk_free(run->b);
+  nh_admin_filter_clear(&run->af);
+  free(run);
 }
 
 /* {"filter": {...}, "dry_run": bool, "force": bool, "reason": "..."} */
@@ -333,7 +365,7 @@ static void post_bulk(nh_admin_call_t *c, nh_op_kind_t kind)
   nh_bulk_opts_t o = { .kind = kind, .force = force, .key = run->key, .owner = run->owner, .actor = run->actor,
                        .who = run->who, .reason = reason ? run->reason : NULL };
   json_decref(in);
-  run->b = nh_bulk_new(c->a->store, c->a->queue, &run->af.f, &o);
+  run->b = c->pg ? nh_bulk_new_pg(c->pg, &run->af.f, &o) : nh_bulk_new(c->a->store, c->a->queue, &run->af.f, &o);
   nh_error_t err = {0};
   int rc = nh_bulk_prepare(run->b, &err);
   const nh_bulk_result_t *r = nh_bulk_result(run->b);
@@ -345,16 +377,16 @@ static void post_bulk(nh_admin_call_t *c, nh_op_kind_t kind)
       if (nh_bulk_sample(run->b, NH_BULK_SAMPLE, sample_row, sample) < 0) {
         json_decref(sample);
         json_decref(ans);
-        nh_admin_store_error(c);
+        nh_admin_error(c->r, 500, NULL, "store: %s", nh_bulk_errmsg(run->b));
       } else {
         json_object_set_new(ans, "matched", json_integer(r->total));
         json_object_set_new(ans, "sample", sample);
         nh_admin_answer(c->r, 200, ans);
       }
     } else if (nh_bulk_nothing(run->b)) {
-      nh_admin_store_error(c);
+      nh_admin_error(c->r, 500, NULL, "store: %s", nh_bulk_errmsg(run->b));
     } else {
-      nh_admin_answer(c->r, 200, result_json(c->a, r));
+      nh_admin_answer(c->r, 200, result_json(c, r));
     }
     nh_bulk_free(run->b);
     nh_admin_filter_clear(&run->af);
@@ -362,10 +394,14 @@ static void post_bulk(nh_admin_call_t *c, nh_op_kind_t kind)
     return;
   }
   if (nh_bulk_start(run->b)) {
-    nh_admin_store_error(c);
+    nh_admin_error(c->r, 500, NULL, "store: %s", nh_bulk_errmsg(run->b));
     nh_bulk_free(run->b);
     nh_admin_filter_clear(&run->af);
     free(run);
+    return;
+  }
+  if (c->pg) {   /* on the pool (nh_admin_pg.c): the whole run here, each event its own transaction */
+    bulk_run_pg(c, run);
     return;
   }
   run->r = c->r;   /* answered when the last batch is queued */

@@ -10,23 +10,30 @@
 #include <string.h>
 #include <strings.h>
 
-void nh_admin_answer(nh_httpd_req_t *r, unsigned status, json_t *body)
+void nh_admin_answer_retry(nh_httpd_req_t *r, unsigned status, json_t *body, const char *retry_after)
 {
   nh_admin_answer_t *kept = nh_admin_capturing();
   if (kept) {   /* on the pool: the loop sends it (nh_admin_pg.c) */
     json_decref(kept->body);
     kept->status = status;
     kept->body = body;
+    snprintf(kept->retry_after, sizeof kept->retry_after, "%s", retry_after ? retry_after : "");
     return;
   }
   char *s = json_dumps(body, JSON_COMPACT | JSON_PRESERVE_ORDER);
   json_decref(body);
-  static const nh_httpd_header_t hdrs[] = { { "Content-Type", "application/json" },
-                                            { "Cache-Control", "no-store" },
-                                            { "X-Content-Type-Options", "nosniff" } };
+  const nh_httpd_header_t hdrs[] = { { "Content-Type", "application/json" },
+                                     { "Cache-Control", "no-store" },
+                                     { "X-Content-Type-Options", "nosniff" },
+                                     { "Retry-After", retry_after } };
   nh_error_t err = {0};
-  nh_httpd_respond(r, status, hdrs, 3, s ? s : "{}", s ? strlen(s) : 2, &err);
+  nh_httpd_respond(r, status, hdrs, retry_after && *retry_after ? 4 : 3, s ? s : "{}", s ? strlen(s) : 2, &err);
   free(s);
+}
+
+void nh_admin_answer(nh_httpd_req_t *r, unsigned status, json_t *body)
+{
+  nh_admin_answer_retry(r, status, body, NULL);
 }
 
 void nh_admin_error(nh_httpd_req_t *r, unsigned status, const char *field, const char *fmt, ...)

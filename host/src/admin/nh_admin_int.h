@@ -79,6 +79,7 @@ void nh_admin_call_clear(nh_admin_call_t *c);   /* frees its parameters and capt
 typedef struct nh_admin_answer {
   unsigned status;
   json_t *body;
+  char retry_after[24];   /* a Retry-After header, when set */
 } nh_admin_answer_t;
 nh_admin_pg_t *nh_admin_pg_new(const char *url);
 void nh_admin_pg_defer(nh_admin_call_t *c, nh_admin_route_fn fn);   /* takes c's parameters and captures */
@@ -89,6 +90,8 @@ int nh_admin_pg_close(nh_admin_pg_t *p);
 
 /* ---- answers (nh_admin_http.c) */
 void nh_admin_answer(nh_httpd_req_t *r, unsigned status, json_t *body);   /* takes body */
+/* The same with a Retry-After header (seconds, as text) */
+void nh_admin_answer_retry(nh_httpd_req_t *r, unsigned status, json_t *body, const char *retry_after);
 /* {"error": message, "field": the parameter or body field at fault (NULL: none)} */
 void nh_admin_error(nh_httpd_req_t *r, unsigned status, const char *field, const char *fmt, ...)
   __attribute__((format(printf, 4, 5)));

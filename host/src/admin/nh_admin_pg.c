@@ -146,7 +146,8 @@ static void after(uv_work_t *w, int status)
     json_decref(j->out.body);
     j->out.body = json_pack("{s:s}", "error", "internal error: the route gave no answer");
   }
-  nh_admin_answer(j->c.r, j->out.status, j->out.body);   /* frees the request if it was orphaned */
+  /* frees the request if it was orphaned */
+  nh_admin_answer_retry(j->c.r, j->out.status, j->out.body, j->out.retry_after);
   nh_admin_t *a = j->a;
   job_free(j);
   if (--p->jobs == 0 && p->closed) {
