@@ -627,7 +627,10 @@ describe("bulk operator commands", function()
     assert.same({ "h2", "p2" }, sb:call_tags("s2"))
   end)
 
+  -- On a broker the broker holds the events: the queue table has operator requests only, so
+  -- both listings show nothing there (docs: `events --status queued|running`).
   it("events --status queued|running lists the work not finished yet: in a handler, and waiting behind it", function()
+    local broker = nh.transport == "amqp"
     local ep = adapter(sb, "EpA", { "Order" })
     sb:start(ep)
     local held = sb:publish("Order", { tag = "h1", hold = true }, { session = "s1" })
@@ -639,15 +642,20 @@ describe("bulk operator commands", function()
       return nh.json_lines(sb:cli_ok(args))
     end
     local running = listed("running")
-    assert.equal(1, #running, nh.encode(running))
-    assert.equal("Running", running[1].status)
-    assert.equal("s1", running[1].session_id)
-    assert.matches("in a handler on ", running[1].error_text, 1, true)
     local queued = listed("queued", { "--endpoint", "EpA" })
-    assert.equal(1, #queued, nh.encode(queued))
-    assert.equal("Queued", queued[1].status)
-    assert.equal("s1", queued[1].session_id)
-    assert.equal("1\n", sb:cli_ok({ "events", "--status", "queued", "--count" }))
+    if broker then
+      assert.same({ {}, {} }, { running, queued })
+      assert.equal("0\n", sb:cli_ok({ "events", "--status", "queued", "--count" }))
+    else
+      assert.equal(1, #running, nh.encode(running))
+      assert.equal("Running", running[1].status)
+      assert.equal("s1", running[1].session_id)
+      assert.matches("in a handler on ", running[1].error_text, 1, true)
+      assert.equal(1, #queued, nh.encode(queued))
+      assert.equal("Queued", queued[1].status)
+      assert.equal("s1", queued[1].session_id)
+      assert.equal("1\n", sb:cli_ok({ "events", "--status", "queued", "--count" }))
+    end
     assert.equal("0\n", sb:cli_ok({ "events", "--status", "queued", "--session", "s2", "--count" }))
     local r = sb:cli({ "events", "--status", "queued", "--since", "1h" })
     assert.equal(2, r.code)

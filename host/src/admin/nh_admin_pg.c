@@ -1,18 +1,21 @@
-/* The operator API's reads on a PostgreSQL store (nh_admin_int.h). On sqlite a route reads
- * the local file on the loop, between pumps. A PostgreSQL read is a network round trip,
- * and the loop never waits for one: the route runs on libuv's thread pool instead, on a
- * blocking connection of its own (a few are kept for the next requests), and its answer is
- * captured there and sent from the loop once the work is done. The request stays
+/* The operator API's routes on a PostgreSQL store, reads and actions (nh_admin_int.h). On
+ * sqlite a route reads the local file on the loop, between pumps. A PostgreSQL read is a
+ * network round trip, and the loop never waits for one: the route runs on libuv's thread
+ * pool instead, on a blocking connection of its own (a few are kept for the next
+ * requests), and its answer is captured there and sent from the loop once the work is
+ * done. The request stays
  * suspended meanwhile (net/nh_httpd.c); if the client or the listener goes away, the
  * answer frees it.
  *
  * A route that runs here reads through nh_admin_store.c, which takes c->pg when it is set,
- * and touches nothing of the listener but its options: no cache (they are the loop's), no
- * stream, no queue. */
+ * queues requests with the CLI's PostgreSQL code, and touches nothing of the listener but
+ * its options and the bulk rate table (locked): no cache (they are the loop's), no stream,
+ * no queue, no header but the copy taken on the loop. */
 #include "nh_admin_int.h"
 #include "core/nh_log.h"
 #include "core/nh_util.h"
 #include "store/nh_pg.h"
+#include "store/nh_pg_link.h"
 #include "store/nh_pg_ops.h"
 
 #include <pthread.h>
@@ -20,7 +23,8 @@
 #include <string.h>
 #include <strings.h>
 
-#define NH_ADMIN_PG_IDLE 4   /* connections kept for the next requests */
+#define NH_ADMIN_PG_IDLE 4         /* connections kept for the next requests */
+#define NH_ADMIN_PG_READ_MS 30000   /* what a route's statements may take (a bulk run's each) */
 
 struct nh_admin_pg {
   char *url;
@@ -95,8 +99,12 @@ static nh_pg_db_t *take(nh_admin_pg_t *p, nh_error_t *err)
   if (p->nidle > 0) db = p->idle[--p->nidle];
   pthread_mutex_unlock(&p->lock);
   if (db) return db;
+  /* the link's guards (nh_pg_link.h): a server that hangs or vanishes ends the read in
+   * about 30 s, not after TCP's minutes, so it cannot hold a thread of the pool for long */
+  char extra[512];
   PGconn *conn = NULL;
-  if (nh_pg_connect(p->url, &conn, err)) return NULL;
+  if (nh_pg_connect_with(p->url, nh_pg_link_conninfo(NH_ADMIN_PG_READ_MS, extra, sizeof extra), &conn, err))
+    return NULL;
   return nh_pg_db_new(conn);
 }
 
