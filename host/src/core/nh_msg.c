@@ -1,8 +1,10 @@
 /* nh_msg_t helpers: the wire names of message types, and freeing / deep-copying the
  * strings a message owns. */
 #include "nh_msg.h"
+#include "nh_strset.h"
 #include "nh_util.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -78,4 +80,14 @@ void nh_msg_event(nh_msg_t *m, nh_msg_ids_t *ids, const char *type, const char *
   m->body = (char *)body;
   m->body_len = body_len;
   m->enqueued_at = nh_time_now_ms();
+}
+
+int nh_queued_running(struct nh_strset *locked, const char *endpoint, const char *session)
+{
+  size_t len = strlen(endpoint) + strlen(session) + 2;
+  char *key = nh_xmalloc(len);
+  snprintf(key, len, "%s\x1f%s", endpoint, session);
+  int first = nh_strset_add(locked, key);
+  free(key);
+  return first;
 }

@@ -77,5 +77,10 @@ typedef struct nh_queued_row {
   int64_t enqueued_at, visible_at;
   int running, delivery_count;
 } nh_queued_row_t;
+/* Whether a row read in seq order, whose session's lock has a live owner, is that session's
+ * head (the first of its session met: running); `locked` remembers the sessions met. The
+ * rule of both stores' listings (nh_embedded_list, nh_pgq_unfinished). */
+struct nh_strset;
+int nh_queued_running(struct nh_strset *locked, const char *endpoint, const char *session);
 
 #endif

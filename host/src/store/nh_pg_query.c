@@ -269,13 +269,7 @@ int nh_pgq_unfinished(nh_pg_db_t *db, const char *endpoint, const char *session,
       .message_type = nh_pg_col_text(r, i, 4), .enqueued_at = nh_pg_col_i64(r, i, 6),
       .visible_at = nh_pg_col_i64(r, i, 7), .delivery_count = (int)nh_pg_col_i64(r, i, 8),
     };
-    if (!PQgetisnull(r, i, 5)) {
-      size_t len = strlen(row.endpoint) + strlen(row.session_id) + 2;
-      char *key = nh_xmalloc(len);
-      snprintf(key, len, "%s\x1f%s", row.endpoint, row.session_id);
-      row.running = nh_strset_add(&locked, key);
-      free(key);
-    }
+    if (!PQgetisnull(r, i, 5)) row.running = nh_queued_running(&locked, row.endpoint, row.session_id);
     row.owner = row.running ? nh_pg_col_text(r, i, 5) : NULL;
     if (row.running != want_running) continue;
     n++;

@@ -547,13 +547,7 @@ int nh_embedded_list(sqlite3 *db, const char *endpoint, const char *session, int
       .visible_at = sqlite3_column_int64(st, 7),
       .delivery_count = sqlite3_column_int(st, 8),
     };
-    if (sqlite3_column_type(st, 5) != SQLITE_NULL) {
-      size_t len = strlen(r.endpoint) + strlen(r.session_id) + 2;
-      char *key = nh_xmalloc(len);
-      snprintf(key, len, "%s\x1f%s", r.endpoint, r.session_id);
-      r.running = nh_strset_add(&locked, key);
-      free(key);
-    }
+    if (sqlite3_column_type(st, 5) != SQLITE_NULL) r.running = nh_queued_running(&locked, r.endpoint, r.session_id);
     r.owner = r.running ? (const char *)sqlite3_column_text(st, 5) : NULL;
     if (r.running != want_running) continue;
     n++;
