@@ -24,12 +24,13 @@ test: build
 # Every suite again with the host and the C tests built with AddressSanitizer + UBSan
 # (in their own build tree; valgrind does not mix with ASan, so that one is left out; so are the
 # functional suites' store variants, cold, late, cached and in_doubt: they run the code the plain suites
-# run, and the dispatcher's own suite runs each variant under ASan as test_dispatch_*).
+# run, and the dispatcher's own suite runs each variant under ASan as test_dispatch_*; of the broker
+# beside a PostgreSQL store, the outcomes and crash suites and the two-host spec run, the rest plain only).
 test-asan: deps
 	@cmake -S . -B $(BUILD)-asan -DCMAKE_BUILD_TYPE=Debug -DNH_ASAN=ON >/dev/null
 	@cmake --build $(BUILD)-asan -j $(JOBS)
 	@cd $(BUILD)-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j $(JOBS) --timeout 600 \
-	  -E 'valgrind|functional_(cold|late|cached|in_doubt|pgstore)_'
+	  -E 'valgrind|functional_(cold|late|cached|in_doubt|pgstore)_|functional_pgamqp_(parking|retry|operator|handoff|request_reply|amqp|crmerp)'
 
 # every host a bench starts serves its console on a free port (several run at once)
 bench: export NIMBUS_ADMIN = 127.0.0.1:0

@@ -27,7 +27,8 @@
 #include <stdarg.h>
 
 /* The operations are a_sql's, index for index: the tests below pair them by that. */
-_Static_assert((int)NH_PGA_COUNT == (int)A_COUNT, "one PostgreSQL operation per statement of nh_amqp.c");
+/* OUT_ADOPT, the last, has no twin: on sqlite every process runs on one machine. */
+_Static_assert((int)NH_PGA_COUNT == (int)A_COUNT + 1, "one PostgreSQL operation per statement of nh_amqp.c, and OUT_ADOPT");
 _Static_assert(NH_PGA_OUT_ADD == (int)A_OUT_ADD && NH_PGA_OUT_NEXT == (int)A_OUT_NEXT &&
                NH_PGA_OUT_DEL == (int)A_OUT_DEL && NH_PGA_DLV_BUMP == (int)A_DLV_BUMP &&
                NH_PGA_DLV_DEL == (int)A_DLV_DEL && NH_PGA_OUT_LEFT == (int)A_OUT_LEFT &&
@@ -664,6 +665,40 @@ TEST(store_and_amqp_operations_commit_in_one_batch_or_not_at_all)
   ASSERT_EQ_INT(nh_pga_run(q, NH_PGA_OUT_DEL, &a, NULL, &err), NH_EUSAGE);
   ASSERT_CONTAINS(err.msg, "amqp: operation");
   ASSERT_CONTAINS(err.msg, "given 3 parameters, not 1");
+}
+
+/* ---------------------------------------------------------------- adoption (PostgreSQL only) */
+
+/* Rows of a host on another machine that stopped refreshing its presence are taken over
+ * once they are old enough; a live host's, a recent one's and the taker's own stay. */
+TEST(rows_of_hosts_gone_from_the_hosts_table_are_adopted_and_no_others)
+{
+  nh_pg_db_t *q = amqp_conn(nh_pgtest_scratch_url());
+  PGconn *c = nh_pg_db_conn(q);
+  nh_error_t err = { 0 };
+  if (nh_pg_migrate(c, NULL, NULL, &err)) FAIL("store migrate: %s", err.msg);
+  nh_pg_args_t a;
+  int64_t now = 1000000;
+  struct { const char *owner; int64_t at; } rows[] = {
+    { OWNER_B, now - 120000 },   /* gone (its hosts row not seen since), old: adopted */
+    { OWNER_B, now - 1000 },     /* gone, but written a second ago (a publish still waiting?): stays */
+    { OWNER_C, now - 120000 },   /* alive: its hosts row is fresh */
+    { OWNER_A, now - 120000 },   /* the taker's own */
+    { "elsewhere:77", now - 90000 },   /* no hosts row at all: a `publish` command that died, say */
+  };
+  for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
+    PQclear(pg_run(q, nh_pgaargs_out_add(&a, rows[i].owner, ADDR_EV, "m", 1, rows[i].at), &a));
+  nh_pgtest_q1(c, "INSERT INTO hosts(owner, endpoints, started_at, seen_at) VALUES"
+                  " ('" OWNER_B "', ',Ep,', 0, 900000), ('" OWNER_C "', ',Ep,', 0, 999000)");
+  PGresult *r = pg_run(q, nh_pgaargs_out_adopt(&a, OWNER_A, now - 60000), &a);
+  ASSERT_EQ_INT(PQntuples(r), 2);
+  PQclear(r);
+  ASSERT_EQ_STR(nh_pgtest_q1(c, "SELECT string_agg(owner || '@' || created_at, ',' ORDER BY seq) FROM amqp_outbox"),
+                OWNER_A "@880000," OWNER_B "@999000," OWNER_C "@880000," OWNER_A "@880000," OWNER_A "@910000");
+  /* once taken, nothing is taken twice */
+  r = pg_run(q, nh_pgaargs_out_adopt(&a, OWNER_A, now - 60000), &a);
+  ASSERT_EQ_INT(PQntuples(r), 0);
+  PQclear(r);
 }
 
 /* ---------------------------------------------------------------- main */

@@ -52,14 +52,7 @@ local function completed(url)
   return tonumber(pg.value(url, "SELECT count(*) FROM audit WHERE status = 'Completed'"))
 end
 
--- The call log as { phase, session, seq, tag } rows, in the order written.
-local function calls(sb)
-  local rows = {}
-  for phase, session, seq, tag in (nh.read(sb.calls_path) or ""):gmatch("(%a+) (%S+) (%d+) (%S+)\n") do
-    rows[#rows + 1] = { phase = phase, session = session, seq = tonumber(seq), tag = tag }
-  end
-  return rows
-end
+local function calls(sb) return sb:sink_calls() end
 
 -- Every event completed once in the store: one audit row, one Completed history row each.
 local function assert_recorded_once(url)

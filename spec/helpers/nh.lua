@@ -612,6 +612,16 @@ function Sandbox:calls()
   return M.json_lines(s)
 end
 
+-- The call log of the multi-host specs' sink adapters (pg_host, pg_amqp), whose lines are
+-- "<phase> <session> <seq> <host tag>", as { phase, session, seq, tag } rows in written order.
+function Sandbox:sink_calls()
+  local rows = {}
+  for phase, session, seq, tag in (M.read(self.calls_path) or ""):gmatch("(%a+) (%S+) (%d+) (%S+)\n") do
+    rows[#rows + 1] = { phase = phase, session = session, seq = tonumber(seq), tag = tag }
+  end
+  return rows
+end
+
 -- Calls whose field `key` equals `value`.
 function Sandbox:calls_where(key, value)
   local out = {}

@@ -41,6 +41,13 @@ int nh_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(
  * --message-id was given (refused there for now). Returns the exit code. */
 /* given_id: m's MessageId is the caller's (--message-id): published once within the window */
 int nh_cli_publish_pg(const char *url, const nh_msg_t *m, const char *to, const char *given_id);
+/* `publish --transport amqp://` on a PostgreSQL store: the MessageId's claim (given_id)
+ * and the outbox row in one transaction on db, the row tr's to send. 0 written, 1 a
+ * duplicate (said), -1 failed (why says so). */
+struct nh_transport;
+struct nh_pg_db;
+int nh_cli_outbox_publish_pg(struct nh_pg_db *db, struct nh_transport *tr, const nh_msg_t *m, const char *to,
+                             const char *given_id, char *why, size_t len);
 /* A PostgreSQL store for a command that writes: connected, its schema and the queue's
  * migrated. NULL after saying why, with *exit_code set. */
 struct nh_pg_db;

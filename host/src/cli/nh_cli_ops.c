@@ -8,6 +8,8 @@
 #include "core/nh_util.h"
 #include "dispatch/nh_operator.h"
 #include "store/nh_pg.h"
+#include "store/nh_pg_link.h"
+#include "store/nh_pg_ops.h"
 #include "store/nh_store.h"
 #include "transport/nh_amqp.h"
 #include "transport/nh_embedded.h"
@@ -53,7 +55,10 @@ static void close_ctx(cli_ctx_t *c)
 
 typedef struct amqp_pub {
   nh_transport_t *tr;
-  nh_store_t *store;
+  nh_store_t *store;             /* sqlite; on PostgreSQL: */
+  nh_pg_link_t *link;            /* the transport's */
+  nh_pg_db_t *pgdb;              /* blocking: the claim and the outbox row */
+  const char *given_id;
   nh_msg_t *m;
   const char *to;
   uv_timer_t poll;
@@ -87,6 +92,8 @@ static void pub_finish(amqp_pub_t *p)
   p->done = 1;
   if (p->polling) uv_close((uv_handle_t *)&p->poll, NULL);
   nh_amqp_stop(p->tr, NULL, NULL);
+  if (p->link) nh_pg_link_close(p->link, NULL, NULL);   /* nothing is out on it: unconfirmed counted it */
+  p->link = NULL;
 }
 
 static void pub_fail(amqp_pub_t *p, const char *why)
@@ -143,6 +150,21 @@ static void pub_probed(void *data, int found, const char *why)
   }
   nh_error_t err = {0};
   int copies = 0;
+  if (p->pgdb) {
+    char failed[sizeof p->why];
+    int w = nh_cli_outbox_publish_pg(p->pgdb, p->tr, p->m, p->to, p->given_id, failed, sizeof failed);
+    if (w < 0) {
+      pub_fail(p, failed);
+    } else if (w == 1) {
+      p->duplicate = 1;
+      pub_finish(p);
+    } else {
+      p->sent = 1;
+      p->deadline = nh_time_now_ms() + NH_PUBLISH_CONFIRM_MS;
+      nh_amqp_start(p->tr);
+    }
+    return;
+  }
   if (nh_store_begin(p->store) == NH_OK && p->dedup) {
     int c = claim_message_id(p->store, p->m->message_id);
     if (c <= 0) {
@@ -171,11 +193,32 @@ static void pub_probed(void *data, int found, const char *why)
 
 /* `publish --transport amqp://...`: the message goes through the store's outbox like
  * every other send, and the command returns once the broker accepted it. */
-static int publish_amqp(const char *url, const char *store_path, nh_msg_t *m, const char *to, int dedup)
+/* On a PostgreSQL store: the outbox there (a blocking connection writes the row with the
+ * MessageId's claim), and the transport on a link of its own sends it. */
+static nh_transport_t *publish_amqp_pg(uv_loop_t *loop, amqp_pub_t *p, const char *url, const char *store_url,
+                                       const char *owner, nh_error_t *err)
+{
+  int rc = NH_EXIT_OK;
+  PGconn *conn = NULL;
+  int from = 0, to = 0;
+  if (!(p->pgdb = nh_cli_pg_open("publish", store_url, &rc))) {
+    nh_error_set(err, rc == NH_EXIT_USAGE ? NH_EUSAGE : NH_EFAIL, "the store could not be opened (said above)");
+    return NULL;
+  }
+  if (nh_store_pg_connect(store_url, 0, &conn, &from, &to, err)) return NULL;
+  if (nh_pg_link_open(loop, store_url, NULL, &p->link, err)) {
+    PQfinish(conn);
+    return NULL;
+  }
+  return nh_amqp_init_pg(loop, p->link, conn, url, owner, pub_status, p, err);
+}
+
+static int publish_amqp(const char *url, const char *store_path, nh_msg_t *m, const char *to, const char *given_id)
 {
   nh_error_t err = {0};
   nh_store_t *store = NULL;
-  if (nh_store_open(&store, store_path, NH_STORE_CREATE, &err)) {
+  int pg = nh_pg_url_is(store_path);
+  if (!pg && nh_store_open(&store, store_path, NH_STORE_CREATE, &err)) {
     fprintf(stderr, "nimbus-host publish: %s\n", err.msg);
     return err.code == NH_EUSAGE ? NH_EXIT_USAGE : NH_EXIT_FAIL;
   }
@@ -187,13 +230,20 @@ static int publish_amqp(const char *url, const char *store_path, nh_msg_t *m, co
   p.store = store;
   p.m = m;
   p.to = to;
-  p.dedup = dedup;
+  p.dedup = given_id != NULL;
+  p.given_id = given_id;
   char owner[200], hostn[128] = "localhost";
   gethostname(hostn, sizeof hostn - 1);
   snprintf(owner, sizeof owner, "%s:%ld:publish", hostn, (long)getpid());
-  p.tr = nh_amqp_init(loop, store, url, owner, pub_status, &p, &err);
+  p.tr = pg ? publish_amqp_pg(loop, &p, url, store_path, owner, &err)
+            : nh_amqp_init(loop, store, url, owner, pub_status, &p, &err);
   int rc = NH_EXIT_OK;
-  if (!p.tr) {
+  if (!p.tr && pg) {
+    if (p.pgdb) fprintf(stderr, "nimbus-host publish: %s\n", err.msg);
+    rc = err.code == NH_EUSAGE ? NH_EXIT_USAGE : NH_EXIT_FAIL;
+    if (p.link) nh_pg_link_close(p.link, NULL, NULL);
+    uv_run(loop, UV_RUN_DEFAULT);
+  } else if (!p.tr) {
     fprintf(stderr, "nimbus-host publish: --transport: %s\n", err.msg);
     rc = err.code == NH_EUSAGE ? NH_EXIT_USAGE : NH_EXIT_FAIL;
   } else {
@@ -207,7 +257,7 @@ static int publish_amqp(const char *url, const char *store_path, nh_msg_t *m, co
       else pub_fail(&p, err.msg);
     }
     uv_run(loop, UV_RUN_DEFAULT);
-    if (p.sent && !p.failed && nh_store_begin(store) == NH_OK)   /* deletes the accepted outbox row */
+    if (store && p.sent && !p.failed && nh_store_begin(store) == NH_OK)   /* deletes the accepted outbox row */
       nh_store_commit(store);
     p.tr->vt->close(p.tr);
     nh_runtime_close_parts(&rt);   /* the management API's HTTP client */
@@ -221,6 +271,7 @@ static int publish_amqp(const char *url, const char *store_path, nh_msg_t *m, co
   }
   nh_runtime_close(&rt);
   nh_store_close(store);
+  nh_pg_db_free(p.pgdb);
   return rc;
 }
 
@@ -299,7 +350,7 @@ int nh_cmd_publish(int argc, char **argv)
                                                    : "--tracestate goes with --traceparent");
   }
   if (nh_amqp_is_url(transport)) {
-    rc = publish_amqp(transport, a.store, &m, nh_args_get(&a, "--to"), given_id != NULL);
+    rc = publish_amqp(transport, a.store, &m, nh_args_get(&a, "--to"), given_id);
     free(body);
     return rc;
   }

@@ -9,6 +9,7 @@
 #include "dispatch/nh_operator.h"
 #include "store/nh_pg_ops.h"
 #include "store/nh_pg_queue.h"
+#include "transport/nh_amqp.h"
 
 #include <libpq-fe.h>
 #include <stdio.h>
@@ -127,6 +128,30 @@ done:
   PQclear(eps);
   nh_pg_db_free(db);
   return rc ? NH_EXIT_FAIL : NH_EXIT_OK;
+}
+
+int nh_cli_outbox_publish_pg(nh_pg_db_t *db, nh_transport_t *tr, const nh_msg_t *m, const char *to,
+                             const char *given_id, char *why, size_t len)
+{
+  int64_t now = nh_time_now_ms(), since = now - NH_DEDUP_WINDOW_MS, at = given_id ? published_at(db, given_id) : 0;
+  if (nh_published_recently(at, now)) {
+    nh_cli_said_published(given_id, at);
+    return 1;
+  }
+  nh_error_t err = {0};
+  nh_pg_args_t a;
+  int rc = nh_pg_batch_begin(db, &err);
+  if (rc == NH_OK && given_id)
+    rc = nh_pg_batch_add(db, nh_pgargs_published_claim_or_fail(&a, given_id, now, since), &a, NULL, NULL, &err);
+  if (rc == NH_OK) rc = nh_amqp_pg_outbox_batch(tr, db, m, to, &err);
+  if (rc == NH_OK) rc = nh_pg_batch_commit(db, &err);
+  else nh_pg_batch_abandon(db);
+  if (rc && given_id && nh_published_recently(at = published_at(db, given_id), now)) {
+    nh_cli_said_published(given_id, at);
+    return 1;
+  }
+  if (rc) snprintf(why, len, "%s; nothing was stored or sent", err.msg);
+  return rc ? -1 : 0;
 }
 
 int nh_cli_submit_pg(const char *cmd, const char *url, const nh_op_req_t *req)

@@ -219,10 +219,6 @@ int nh_cmd_run(int argc, char **argv, int first)
   nh_store_t *store = NULL;
   PGconn *pgconn = NULL;   /* a PostgreSQL store: migrated now, then the queue transport's */
   int pg = nh_pg_url_is(a.store);
-  if (pg && transport && strcmp(transport, "embedded") != 0)
-    return nh_usage_error("run", "--transport %s with a PostgreSQL store is not built yet (docs/store-backends.md): "
-                                 "leave --transport out (the queue is in the store), or pass a sqlite --store",
-                          transport);
   int from = 0, to = 0;
   if (pg ? nh_store_pg_connect(a.store, 0, &pgconn, &from, &to, &err)
          : nh_store_open(&store, a.store, NH_STORE_CREATE, &err)) {
@@ -252,10 +248,12 @@ int nh_cmd_run(int argc, char **argv, int first)
   nh_transport_t *tr = NULL;
   if (pg) {
     nh_pg_link_opts_t lo = { .on_state = on_link_state, .data = &h };
-    if (nh_pg_link_open(loop, a.store, &lo, &h.link, &err) == NH_OK)
-      tr = nh_embedded_pg_init(h.link, pgconn, owner, &err);
-    else
+    if (nh_pg_link_open(loop, a.store, &lo, &h.link, &err) != NH_OK)
       PQfinish(pgconn);
+    else if (h.amqp)   /* the broker carries the events, the store's queue the operators' requests */
+      tr = nh_amqp_init_pg(loop, h.link, pgconn, transport, owner, on_amqp_status, &h, &err);
+    else
+      tr = nh_embedded_pg_init(h.link, pgconn, owner, &err);
   } else {
     tr = h.amqp ? nh_amqp_init(loop, store, transport, owner, on_amqp_status, &h, &err)
                 : nh_embedded_init(nh_store_db(store), owner, &err);

@@ -85,6 +85,9 @@ static const nh_pg_opdef_t ops[NH_PGA_COUNT] = {
   [NH_PGA_OUT_CLAIM] = { "nha_out_claim", "UPDATE amqp_outbox SET owner = $1 WHERE owner = $2", 2 },
   [NH_PGA_OUT_DROP] = { "nha_out_drop", "DELETE FROM amqp_outbox WHERE owner = $1 AND seq >= $2", 2 },
   [NH_PGA_OUT_ONE] = { "nha_out_one", "SELECT seq, address, message FROM amqp_outbox WHERE seq = $1", 1 },
+  [NH_PGA_OUT_ADOPT] = { "nha_out_adopt",
+    "UPDATE amqp_outbox SET owner = $1 WHERE owner <> $1 AND created_at < $2"
+    " AND owner NOT IN (SELECT owner FROM hosts WHERE seen_at >= $2) RETURNING seq", 2 },
 };
 
 const nh_pg_optab_t nh_pga_optab = { "amqp", 4, ops, NH_PGA_COUNT };   /* "nha_" */
@@ -129,6 +132,13 @@ static nh_pgaop_t one_seq(nh_pg_args_t *a, nh_pgaop_t op, int64_t seq)
 
 nh_pgaop_t nh_pgaargs_out_del(nh_pg_args_t *a, int64_t seq) { return one_seq(a, NH_PGA_OUT_DEL, seq); }
 nh_pgaop_t nh_pgaargs_out_one(nh_pg_args_t *a, int64_t seq) { return one_seq(a, NH_PGA_OUT_ONE, seq); }
+
+nh_pgaop_t nh_pgaargs_out_adopt(nh_pg_args_t *a, const char *owner, int64_t before)
+{
+  nh_pg_args_reset(a);
+  KEY(owner); I64(before);
+  return NH_PGA_OUT_ADOPT;
+}
 
 static nh_pgaop_t two_keys(nh_pg_args_t *a, nh_pgaop_t op, const char *k1, const char *k2)
 {

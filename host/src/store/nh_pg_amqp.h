@@ -43,6 +43,7 @@ typedef enum nh_pgaop {
   NH_PGA_OUT_CLAIM,
   NH_PGA_OUT_DROP,
   NH_PGA_OUT_ONE,
+  NH_PGA_OUT_ADOPT,   /* PostgreSQL only: rows of processes on other machines that are gone */
   NH_PGA_COUNT
 } nh_pgaop_t;
 
@@ -80,6 +81,12 @@ nh_pgaop_t nh_pgaargs_out_claim(nh_pg_args_t *a, const char *owner, const char *
 nh_pgaop_t nh_pgaargs_out_drop(nh_pg_args_t *a, const char *owner, int64_t first);
 /* One row by seq (seq, address, message): a message the broker released, sent again. */
 nh_pgaop_t nh_pgaargs_out_one(nh_pg_args_t *a, int64_t seq);
+/* `owner` takes every row written before `before` (ms) by an owner with no row in the
+ * store's hosts table seen since then: a host on another machine that died (a process of
+ * this machine is recognised at once, OUT_OWNERS and OUT_CLAIM). Returns the seqs taken.
+ * sqlite has no twin: its processes all run on one machine. A `publish` command is no
+ * host, so `before` must lie well behind any publish still waiting for the broker. */
+nh_pgaop_t nh_pgaargs_out_adopt(nh_pg_args_t *a, const char *owner, int64_t before);
 
 /* ---------------------------------------------------------------- readers */
 

@@ -89,14 +89,19 @@ static void drop_items(nh_pg_db_t *db)
   db->nitems = 0;
 }
 
-void nh_pg_db_free(nh_pg_db_t *db)
+PGconn *nh_pg_db_detach(nh_pg_db_t *db)
 {
-  if (!db) return;
+  PGconn *conn = db->conn;
   drop_items(db);
   free(db->items);
   for (int i = 0; i < db->ntables; i++) free(db->prepared[i].state);
-  PQfinish(db->conn);
   free(db);
+  return conn;
+}
+
+void nh_pg_db_free(nh_pg_db_t *db)
+{
+  if (db) PQfinish(nh_pg_db_detach(db));
 }
 
 PGconn *nh_pg_db_conn(nh_pg_db_t *db) { return db->conn; }

@@ -247,6 +247,9 @@ typedef struct nh_pg_db nh_pg_db_t;
  * executor waits on its socket itself, in one place (wait_socket). */
 nh_pg_db_t *nh_pg_db_new(PGconn *conn);
 void nh_pg_db_free(nh_pg_db_t *db);
+/* Frees the executor and gives its connection back (still non-blocking), for another
+ * owner: a start-up step that runs a few operations before the connection is handed on. */
+PGconn *nh_pg_db_detach(nh_pg_db_t *db);
 PGconn *nh_pg_db_conn(nh_pg_db_t *db);
 
 /* One operation, blocking: one round trip (with its prepare, the first time). NH_OK with

@@ -65,9 +65,24 @@ void nh_uow_pass_begin(nh_uow_t *u)
 
 int nh_uow_missed(const nh_uow_t *u) { return u->missed; }
 
+/* The transaction's phases for a broker transport, on PostgreSQL only (sqlite's store says them). */
+static void txn_tell(nh_uow_t *u, nh_txn_phase_t phase)
+{
+  if (u->txn_cb && !u->store) u->txn_cb(u->txn_data, phase);
+}
+
+void nh_uow_set_txn_hook(nh_uow_t *u, nh_store_txn_cb cb, void *data)
+{
+  u->txn_cb = cb;
+  u->txn_data = data;
+}
+
 void nh_uow_end(nh_uow_t *u)
 {
   if (u->pass && u->hooks.pump_end) u->hooks.pump_end(u->hooks.data, u->committed);   /* the cache still whole */
+  if (u->commit_sent) txn_tell(u, u->committed ? NH_TXN_COMMIT : NH_TXN_ROLLBACK);
+  else if (u->open) txn_tell(u, NH_TXN_ROLLBACK);
+  u->commit_sent = 0;
   u->committed = 0;
   u->missed = 0;
   u->open = 0;
@@ -237,6 +252,7 @@ int nh_uow_begin(nh_uow_t *u)
   if (u->pg) nh_uowpg_rollback(u->pg);
   int rc = u->store ? nh_store_begin(u->store) : NH_OK;
   u->open = rc == NH_OK;
+  if (u->open) txn_tell(u, NH_TXN_BEGIN);
   return rc;
 }
 
@@ -244,6 +260,7 @@ int nh_uow_open(const nh_uow_t *u) { return u->open; }
 
 void nh_uow_rollback(nh_uow_t *u)
 {
+  if (u->open) txn_tell(u, NH_TXN_ROLLBACK);
   u->open = 0;
   if (u->pg) nh_uowpg_rollback(u->pg);
   if (u->store) nh_store_rollback(u->store);
@@ -252,6 +269,7 @@ void nh_uow_rollback(nh_uow_t *u)
 int nh_uow_savepoint(nh_uow_t *u)
 {
   if (u->pg) nh_uowpg_savepoint(u->pg);
+  txn_tell(u, NH_TXN_SAVEPOINT);
   return u->store ? nh_store_savepoint(u->store) : NH_OK;
 }
 
@@ -261,12 +279,14 @@ int nh_uow_savepoint_end(nh_uow_t *u)
   int rc = u->store ? nh_store_savepoint_end(u->store) : NH_OK;
   if (u->pg && rc) nh_uowpg_savepoint_rollback(u->pg);
   else if (u->pg) nh_uowpg_savepoint_end(u->pg);
+  txn_tell(u, rc ? NH_TXN_SAVEPOINT_ROLLBACK : NH_TXN_SAVEPOINT_END);
   return rc;
 }
 
 void nh_uow_savepoint_rollback(nh_uow_t *u)
 {
   if (u->pg) nh_uowpg_savepoint_rollback(u->pg);
+  txn_tell(u, NH_TXN_SAVEPOINT_ROLLBACK);
   if (u->store) nh_store_savepoint_rollback(u->store);
 }
 
@@ -294,6 +314,7 @@ int nh_uow_commit(nh_uow_t *u, nh_uow_commit_cb cb, void *data, nh_error_t *err)
   u->open = 0;
   u->commit_cb = cb;
   u->commit_data = data;
+  u->commit_sent = 1;   /* a commit that fails to go out is over too: not COMMITTED */
   return nh_uowpg_commit(u->pg, commit_seen, u, err);
 }
 

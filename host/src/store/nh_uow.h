@@ -150,6 +150,16 @@ typedef struct nh_uow_hooks {
 } nh_uow_hooks_t;
 void nh_uow_set_hooks(nh_uow_t *u, const nh_uow_hooks_t *hooks);
 
+/* A broker transport cannot join the pump's transaction: it holds the settlements it is
+ * asked for until the transaction that recorded their outcomes commits, and gives back
+ * what it handed out in one that did not (nh_store_set_txn_hook, the same phases). On
+ * sqlite the store tells them itself, and this hook is never called. On PostgreSQL the
+ * unit tells them: BEGIN, the savepoints and ROLLBACK as the pass makes them (a void pass
+ * is rolled back), and once its commit is over (nh_uow_end), COMMIT if it came back
+ * COMMITTED, else ROLLBACK (NOT_COMMITTED, and UNKNOWN: what the transport held back is
+ * dropped and its deliveries come again, where the store recognises a recorded outcome). */
+void nh_uow_set_txn_hook(nh_uow_t *u, nh_store_txn_cb cb, void *data);
+
 /* 1 while a fill or a commit is out on the link: no pass may start. */
 int nh_uow_busy(const nh_uow_t *u);
 

@@ -21,6 +21,9 @@ struct nh_uow {
   int open;             /* a pass's transaction is open (nh_uow_open) */
   int committed;        /* this pump's commit came back COMMITTED (told to hooks.pump_end) */
   nh_uow_hooks_t hooks;
+  nh_store_txn_cb txn_cb;       /* PostgreSQL: a broker transport's (nh_uow_set_txn_hook) */
+  void *txn_data;
+  int commit_sent;      /* PostgreSQL: this pump's commit went out: its end tells COMMIT or ROLLBACK */
   nh_uow_commit_cb commit_cb;   /* the caller's, behind commit_seen */
   void *commit_data;
   char *key;            /* scratch for building keys */

@@ -35,6 +35,9 @@
 #include "core/nh_sqlite.h"
 #include "core/nh_strset.h"
 #include "core/nh_util.h"
+#include "store/nh_uow.h"
+
+#include <libpq-fe.h>
 
 #include <proton/condition.h>
 #include <proton/connection.h>
@@ -241,10 +244,18 @@ static int am_renew(nh_transport_t *t, const char *endpoint, const char *session
   return a->emb->vt->renew(a->emb, endpoint, session, now);
 }
 
+/* Hands a delivery to the dispatcher: NH_OK, 1 when its delivery count is not read yet
+ * (PostgreSQL: the pass is void, and its fill reads it), or NH_EFAIL. */
 static int handout(amqp_t *a, rec_t *r)
 {
   aep_t *ep = r->ep;
-  if (r->redelivered && !r->persisted) {
+  if (r->redelivered && !r->persisted && a->pg) {
+    int count = nh_amqp_pg_dlv_bump(a, ep->name, r->msg.message_id);
+    if (count == 0) return 1;
+    if (count < 0) return NH_EFAIL;
+    r->base = count;
+    r->persisted = 1;
+  } else if (r->redelivered && !r->persisted) {
     sqlite3_stmt *st = a->q[A_DLV_BUMP];
     nh_sqlite_bind_text(st, 1, ep->name);
     nh_sqlite_bind_text(st, 2, r->msg.message_id);
@@ -284,9 +295,12 @@ static int am_receive(nh_transport_t *t, const char *endpoint, int max, int64_t 
   if (!ep || nh_queue_empty(&ep->buf) || n >= max) return n;
   int rc = NH_OK;
   if (ep->reply) {   /* replies: one per request, matched by correlation id; no session order */
-    while (!nh_queue_empty(&ep->buf) && n < max && rc == NH_OK) {
-      rc = handout(a, nh_queue_data(nh_queue_head(&ep->buf), rec_t, node));
-      n++;
+    nh_queue_t *q, *next;
+    nh_queue_foreach_safe(q, next, &ep->buf) {   /* a hand-out leaves the buffer */
+      if (n >= max || rc != NH_OK) break;
+      int got = handout(a, nh_queue_data(q, rec_t, node));
+      if (got < 0) rc = got;
+      else if (got == NH_OK) n++;
     }
   } else {
     nh_strset_t seen;
@@ -298,7 +312,8 @@ static int am_receive(nh_transport_t *t, const char *endpoint, int max, int64_t 
       if (!nh_strset_add(&seen, r->msg.session_id)) continue;   /* not its session's head */
       int got = a->emb->vt->lock_session(a->emb, endpoint, r->msg.session_id, now);
       if (got < 0) rc = NH_EFAIL;
-      else if (got == 1 && (rc = handout(a, r)) == NH_OK) n++;
+      else if (got == 1 && (got = handout(a, r)) < 0) rc = got;
+      else if (got == NH_OK) n++;
     }
     nh_strset_free(&seen);
   }
@@ -328,13 +343,26 @@ static int am_settle(nh_transport_t *t, const nh_msg_t *m, nh_settle_t how, int6
     }
     return a->emb->vt->settle(a->emb, m, how, delay_ms, reason);
   }
-  if (r->persisted) {
+  if (r->persisted && a->pg) {
+    if (nh_amqp_pg_dlv_del(a, r->ep->name, r->msg.message_id)) return NH_EFAIL;
+  } else if (r->persisted) {
     nh_sqlite_bind_text(a->q[A_DLV_DEL], 1, r->ep->name);
     nh_sqlite_bind_text(a->q[A_DLV_DEL], 2, r->msg.message_id);
     if (nh_sqlite_step_done(a->db, a->q[A_DLV_DEL], "amqp delivery count")) return NH_EFAIL;
   }
   a->pend = nh_amqp_grow(a->pend, &a->cpend, a->npend + 1, sizeof *a->pend);
   a->pend[a->npend++] = (pend_t){ r->id, how, nh_xstrdup(reason) };
+  return NH_OK;
+}
+
+int nh_amqp_address(amqp_t *a, const char *to, char *address, size_t len, nh_error_t *err)
+{
+  if (a->sb && to)
+    return nh_error_set(err, NH_EUSAGE, "the Service Bus profile sends to the topic %s only: no --to %s and no "
+                        "replies (request/reply needs the generic profile)", a->url.exchange, to);
+  if (a->sb) snprintf(address, len, "%s", a->url.exchange);   /* subscriptions filter on the label */
+  else if (to) snprintf(address, len, "/amq/queue/%s", to);
+  else snprintf(address, len, "/exchange/%s", a->url.exchange);   /* subject = routing key */
   return NH_OK;
 }
 
@@ -345,12 +373,7 @@ static int am_send(nh_transport_t *t, const nh_msg_t *m, const char *to_endpoint
   if (to_endpoint && m->type != NH_MT_EVENT && m->type != NH_MT_REPLY)
     return a->emb->vt->send(a->emb, m, to_endpoint, copies, err);   /* operator control messages */
   char address[600];
-  if (a->sb && to_endpoint)
-    return nh_error_set(err, NH_EUSAGE, "the Service Bus profile sends to the topic %s only: no --to %s and no "
-                        "replies (request/reply needs the generic profile)", a->url.exchange, to_endpoint);
-  if (a->sb) snprintf(address, sizeof address, "%s", a->url.exchange);   /* subscriptions filter on the label */
-  else if (to_endpoint) snprintf(address, sizeof address, "/amq/queue/%s", to_endpoint);
-  else snprintf(address, sizeof address, "/exchange/%s", a->url.exchange);   /* subject = routing key */
+  if (nh_amqp_address(a, to_endpoint, address, sizeof address, err)) return err->code;
   int rc = nh_amqp_outbox_add(a, address, m, to_endpoint, err);
   if (rc == NH_OK) *copies = 1;   /* the broker fans out; how many copies is not known here */
   return rc;
@@ -449,12 +472,13 @@ static void txn_hook(void *data, nh_txn_phase_t phase)
     break;
   case NH_TXN_BEGIN:
     a->in_tx = 1;
-    /* accepted outbox rows go with this transaction (and come back if it rolls back) */
-    for (int i = 0; i < a->nacked; i++) {
+    /* accepted outbox rows go with this transaction (and come back if it rolls back); on
+     * PostgreSQL in batches of their own (nh_amqp_pg_acked) */
+    for (int i = 0; !a->pg && i < a->nacked; i++) {
       sqlite3_bind_int64(a->q[A_OUT_DEL], 1, a->acked[i]);
       nh_sqlite_step_done(a->db, a->q[A_OUT_DEL], "amqp outbox delete");
     }
-    a->deleting = a->nacked;
+    if (!a->pg) a->deleting = a->nacked;
     break;
   case NH_TXN_COMMIT:
     a->in_tx = 0;
@@ -471,7 +495,10 @@ static void txn_hook(void *data, nh_txn_phase_t phase)
   case NH_TXN_ROLLBACK:
     a->in_tx = 0;
     a->in_sp = 0;
-    a->deleting = 0;
+    if (!a->pg) a->deleting = 0;
+    /* on sqlite the rows it wrote are gone; on PostgreSQL a pump asked for during its round
+     * trips (credit, a new connection) is still due */
+    if (a->pg && a->outbox_dirty) nh_amqp_outbox_pump(a);
     a->outbox_dirty = 0;
     drop_pending(a, 0);
     give_back(a, 0);   /* handed out for nothing */
@@ -486,6 +513,7 @@ static void txn_hook(void *data, nh_txn_phase_t phase)
 static void on_up(void *data, pn_connection_t *c)
 {
   amqp_t *a = data;
+  a->conn_gen++;
   a->ssn = pn_session(c);
   pn_session_open(a->ssn);
   a->last_sent = 0;
@@ -509,6 +537,7 @@ static void on_up(void *data, pn_connection_t *c)
 static void on_down(void *data, const char *why, int fatal)
 {
   amqp_t *a = data;
+  a->conn_gen++;
   a->ssn = NULL;
   a->topic_ok = 0;
   a->nresend = 0;   /* the next connection sends every row not accepted yet */
@@ -756,13 +785,14 @@ void nh_amqp_stop(nh_transport_t *t, void (*done)(void *), void *data)
     a->sb_timer = 0;
     uv_close((uv_handle_t *)&a->sb_refresh, NULL);
   }
+  if (a->pg) nh_amqp_pg_stop(a);
   nh_amqp_conn_close(a->conn, conn_closed, a);
 }
 
 static void am_close(nh_transport_t *t)
 {
   amqp_t *a = (amqp_t *)t;
-  nh_store_set_txn_hook(a->store, NULL, NULL);
+  if (a->store) nh_store_set_txn_hook(a->store, NULL, NULL);
   nh_amqp_probes_cancel(a);
   on_down(a, "closed", 0);   /* senders and deliveries */
   nh_queue_t *q, *next;
@@ -788,6 +818,7 @@ static void am_close(nh_transport_t *t)
   nh_amqp_url_clear(&a->url);
   if (a->emb) a->emb->vt->close(a->emb);
   free(a->owner);
+  if (a->pg && nh_amqp_pg_free(a)) return;   /* `a` goes with its last batch */
   free(a);
 }
 
@@ -806,6 +837,17 @@ static void am_stats(nh_transport_t *t, nh_transport_stats_t *out)
   if (!out->connected) out->why = a->ssn ? "connected, declaring the topology" : "not connected to the broker";
 }
 
+/* The pump's unit of work: on PostgreSQL it tells the transaction's phases (sqlite's
+ * store tells them itself), and the queue's statements and the transport's join it. */
+static void am_attach(nh_transport_t *t, struct nh_uow *uow)
+{
+  amqp_t *a = (amqp_t *)t;
+  if (!a->pg) return;
+  if (a->emb->vt->attach) a->emb->vt->attach(a->emb, uow);
+  nh_uow_set_txn_hook(uow, txn_hook, a);
+  nh_amqp_pg_attach(a, uow);
+}
+
 static const nh_transport_vtbl_t amqp_vtbl = {
   .name = "amqp",
   .subscribe = am_subscribe,
@@ -821,10 +863,12 @@ static const nh_transport_vtbl_t amqp_vtbl = {
   .set_capacity = am_set_capacity,
   .probe = nh_amqp_vt_probe,
   .stats = am_stats,
+  .attach = am_attach,
 };
 
-nh_transport_t *nh_amqp_init(uv_loop_t *loop, nh_store_t *store, const char *url, const char *owner,
-                            nh_amqp_status_cb cb, void *cb_data, nh_error_t *err)
+/* What both stores share: the URL parsed, the connection set up (not started). */
+static amqp_t *amqp_new(uv_loop_t *loop, const char *url, const char *owner, nh_amqp_status_cb cb, void *cb_data,
+                        nh_error_t *err)
 {
   amqp_t *a = nh_xcalloc(1, sizeof *a);
   nh_queue_init(&a->eps);
@@ -834,8 +878,6 @@ nh_transport_t *nh_amqp_init(uv_loop_t *loop, nh_store_t *store, const char *url
   a->base.caps = NH_CAP_DEAD_LETTER | NH_CAP_SCHEDULED_SEND;
   a->base.lock_ms = 30000;
   a->loop = loop;
-  a->store = store;
-  a->db = nh_store_db(store);
   a->status_cb = cb;
   a->status_data = cb_data;
   a->owner = nh_xstrdup(owner);
@@ -844,6 +886,25 @@ nh_transport_t *nh_amqp_init(uv_loop_t *loop, nh_store_t *store, const char *url
     free(a);
     return NULL;
   }
+  return a;
+}
+
+/* After the store's part: the Service Bus profile and the connection (not started). */
+static void amqp_connect_prepare(amqp_t *a, const char *owner)
+{
+  if (a->url.servicebus) a->sb = nh_sb_new(&a->url);
+  a->pm = pn_message();
+  nh_amqp_conn_cbs_t cbs = { on_up, on_event, on_down };
+  a->conn = nh_amqp_conn_init(a->loop, &a->url, owner, &cbs, a);
+}
+
+nh_transport_t *nh_amqp_init(uv_loop_t *loop, nh_store_t *store, const char *url, const char *owner,
+                            nh_amqp_status_cb cb, void *cb_data, nh_error_t *err)
+{
+  amqp_t *a = amqp_new(loop, url, owner, cb, cb_data, err);
+  if (!a) return NULL;
+  a->store = store;
+  a->db = nh_store_db(store);
   if (nh_sqlite_migrate(a->db, "amqp", amqp_migrations, (int)(sizeof amqp_migrations / sizeof amqp_migrations[0]),
                         err) ||
       !(a->emb = nh_embedded_init(a->db, owner, err))) {
@@ -860,10 +921,25 @@ nh_transport_t *nh_amqp_init(uv_loop_t *loop, nh_store_t *store, const char *url
     }
   }
   nh_amqp_outbox_claim(a);
-  if (a->url.servicebus) a->sb = nh_sb_new(&a->url);
-  a->pm = pn_message();
-  nh_amqp_conn_cbs_t cbs = { on_up, on_event, on_down };
-  a->conn = nh_amqp_conn_init(loop, &a->url, owner, &cbs, a);
+  amqp_connect_prepare(a, owner);
   nh_store_set_txn_hook(store, txn_hook, a);
+  return &a->base;
+}
+
+nh_transport_t *nh_amqp_init_pg(uv_loop_t *loop, struct nh_pg_link *link, struct pg_conn *conn, const char *url,
+                               const char *owner, nh_amqp_status_cb cb, void *cb_data, nh_error_t *err)
+{
+  amqp_t *a = amqp_new(loop, url, owner, cb, cb_data, err);
+  if (!a) {
+    PQfinish(conn);
+    return NULL;
+  }
+  if (nh_amqp_pg_open(a, link, conn, err)) {   /* conn is its, whatever happens */
+    nh_amqp_url_clear(&a->url);
+    free(a->owner);
+    if (!nh_amqp_pg_free(a)) free(a);   /* nothing of its is out on the link yet: freed at once */
+    return NULL;
+  }
+  amqp_connect_prepare(a, owner);
   return &a->base;
 }

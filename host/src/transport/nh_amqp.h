@@ -29,6 +29,22 @@ int nh_amqp_is_url(const char *s);
 nh_transport_t *nh_amqp_init(uv_loop_t *loop, nh_store_t *store, const char *url, const char *owner,
                             nh_amqp_status_cb cb, void *cb_data, nh_error_t *err);
 /* Connects (and reconnects with backoff until stopped). Call after subscribing. */
+/* The same transport beside a PostgreSQL store (docs/store-backends.md): its outbox and
+ * delivery counts in the store's database, written with the pump's transaction; control
+ * messages and session locks in the store's queue (the embedded transport on PostgreSQL).
+ * conn (a blocking connection, the store migrated) is taken over whatever happens; link
+ * must outlive the transport. */
+struct nh_pg_link;
+struct pg_conn;
+nh_transport_t *nh_amqp_init_pg(uv_loop_t *loop, struct nh_pg_link *link, struct pg_conn *conn, const char *url,
+                               const char *owner, nh_amqp_status_cb cb, void *cb_data, nh_error_t *err);
+/* A command's publish beside a PostgreSQL store: the message, encoded and addressed as
+ * the transport sends it, added to db's open batch (the caller's: a MessageId's claim in
+ * the same transaction), its row this transport's to send once the caller committed and
+ * started it; nh_amqp_unconfirmed counts it until it was sent, accepted and deleted. */
+struct nh_pg_db;
+int nh_amqp_pg_outbox_batch(nh_transport_t *t, struct nh_pg_db *db, const nh_msg_t *m, const char *to,
+                            nh_error_t *err);
 void nh_amqp_start(nh_transport_t *t);
 /* Closes the connection cleanly (after the last disposition is written) and every
  * handle; `done` runs when the transport no longer holds the loop. */

@@ -15,27 +15,37 @@
 #include <stdlib.h>
 #include <string.h>
 
-int nh_amqp_outbox_add(amqp_t *a, const char *address, const nh_msg_t *m, const char *to, nh_error_t *err)
+int nh_amqp_outbox_encode(amqp_t *a, const nh_msg_t *m, const char *to, size_t *size, nh_error_t *err)
 {
   nh_amqp_msg_encode(a->pm, m, to, a->url.servicebus);
-  size_t size;
   int rc;
   for (;;) {
-    size = a->bufcap;
-    rc = pn_message_encode(a->pm, a->buf, &size);
+    *size = a->bufcap;
+    rc = pn_message_encode(a->pm, a->buf, size);
     if (rc != PN_OVERFLOW) break;
     a->bufcap = a->bufcap ? a->bufcap * 2 : 4096;
     a->buf = nh_xrealloc(a->buf, a->bufcap);
   }
   if (rc != 0) return nh_error_set(err, NH_EFAIL, "cannot encode the AMQP message (proton error %d)", rc);
-  sqlite3_stmt *st = a->q[A_OUT_ADD];
-  nh_sqlite_bind_text(st, 1, address);
-  sqlite3_bind_blob(st, 2, a->buf, (int)size, SQLITE_TRANSIENT);
-  sqlite3_bind_int64(st, 3, nh_time_now_ms());
-  nh_sqlite_bind_text(st, 4, a->owner);
-  if (nh_sqlite_step_done(a->db, st, "amqp outbox"))
-    return nh_error_set(err, NH_EFAIL, "amqp outbox: %s", sqlite3_errmsg(a->db));
-  if (!a->first_own_seq) a->first_own_seq = sqlite3_last_insert_rowid(a->db);
+  return NH_OK;
+}
+
+int nh_amqp_outbox_add(amqp_t *a, const char *address, const nh_msg_t *m, const char *to, nh_error_t *err)
+{
+  size_t size;
+  if (nh_amqp_outbox_encode(a, m, to, &size, err)) return err->code;
+  if (a->pg) {
+    if (nh_amqp_pg_out_add(a, address, a->buf, size, err)) return err->code ? err->code : NH_EFAIL;
+  } else {
+    sqlite3_stmt *st = a->q[A_OUT_ADD];
+    nh_sqlite_bind_text(st, 1, address);
+    sqlite3_bind_blob(st, 2, a->buf, (int)size, SQLITE_TRANSIENT);
+    sqlite3_bind_int64(st, 3, nh_time_now_ms());
+    nh_sqlite_bind_text(st, 4, a->owner);
+    if (nh_sqlite_step_done(a->db, st, "amqp outbox"))
+      return nh_error_set(err, NH_EFAIL, "amqp outbox: %s", sqlite3_errmsg(a->db));
+    if (!a->first_own_seq) a->first_own_seq = sqlite3_last_insert_rowid(a->db);
+  }
   a->outbox_dirty = 1;
   if (!a->in_tx) nh_amqp_outbox_pump(a);
   return NH_OK;
@@ -60,31 +70,43 @@ static sender_t *sender_for(amqp_t *a, const char *address)
   return s;
 }
 
-/* Accepted, its delete not committed yet: a resend after a reconnect would duplicate it. */
-static int is_acked(const amqp_t *a, int64_t seq)
+int nh_amqp_outbox_acked(const amqp_t *a, int64_t seq)
 {
   for (int i = 0; i < a->nacked; i++)
     if (a->acked[i] == seq) return 1;
   return 0;
 }
 
-/* Sends the row at the cursor of `st` (seq, address, message); 0 when its sender has no credit. */
-static int send_row(amqp_t *a, sqlite3_stmt *st)
+int nh_amqp_outbox_send(amqp_t *a, int64_t seq, const char *address, const void *message, size_t len)
 {
-  int64_t seq = sqlite3_column_int64(st, 0);
-  sender_t *s = sender_for(a, (const char *)sqlite3_column_text(st, 1));
+  sender_t *s = sender_for(a, address);
   if (pn_link_credit(s->link) <= 0) return 0;   /* resumed by PN_LINK_FLOW */
   pn_delivery(s->link, pn_dtag((const char *)&seq, sizeof seq));
-  pn_link_send(s->link, sqlite3_column_blob(st, 2), (size_t)sqlite3_column_bytes(st, 2));
+  pn_link_send(s->link, message, len);
   pn_link_advance(s->link);
   a->unconfirmed++;
   return 1;
 }
 
+/* Sends the row at the cursor of `st` (seq, address, message); 0 when its sender has no credit. */
+static int send_row(amqp_t *a, sqlite3_stmt *st)
+{
+  return nh_amqp_outbox_send(a, sqlite3_column_int64(st, 0), (const char *)sqlite3_column_text(st, 1),
+                             sqlite3_column_blob(st, 2), (size_t)sqlite3_column_bytes(st, 2));
+}
+
 void nh_amqp_outbox_pump(amqp_t *a)
 {
+  if (a->in_tx) {   /* once the transaction is over (on PostgreSQL it lasts round trips) */
+    a->outbox_dirty = 1;
+    return;
+  }
   a->outbox_dirty = 0;
-  if (!a->ssn || a->in_tx || (a->sb && !a->topic_ok)) return;
+  if (!a->ssn || (a->sb && !a->topic_ok)) return;
+  if (a->pg) {   /* the rows arrive later, and are sent then */
+    nh_amqp_pg_pump(a);
+    return;
+  }
   while (a->nresend > 0) {   /* released by the broker: that row again, nothing after it */
     sqlite3_stmt *one = a->q[A_OUT_ONE];
     sqlite3_bind_int64(one, 1, a->resend[0]);
@@ -105,7 +127,7 @@ void nh_amqp_outbox_pump(amqp_t *a)
     while (!blocked && sqlite3_step(st) == SQLITE_ROW) {
       rows++;
       int64_t seq = sqlite3_column_int64(st, 0);
-      if (!is_acked(a, seq) && !send_row(a, st)) {
+      if (!nh_amqp_outbox_acked(a, seq) && !send_row(a, st)) {
         blocked = 1;
         break;
       }
@@ -145,6 +167,7 @@ void nh_amqp_outbox_outcome(amqp_t *a, pn_delivery_t *d)
   }
   pn_delivery_settle(d);
   if (a->unconfirmed > 0) a->unconfirmed--;
+  if (a->pg && a->nacked) nh_amqp_pg_acked(a);   /* on sqlite the next transaction deletes them */
 }
 
 /* Rows left by processes of this machine that stopped before the broker took them. */
@@ -172,6 +195,7 @@ void nh_amqp_outbox_claim(amqp_t *a)
 int nh_amqp_outbox_discard(nh_transport_t *t)
 {
   amqp_t *a = (amqp_t *)t;
+  if (a->pg) return NH_OK;   /* a command's: commands publish on sqlite only */
   if (!a->first_own_seq) return NH_OK;   /* rows it took over from dead processes stay */
   nh_sqlite_bind_text(a->q[A_OUT_DROP], 1, a->owner);
   sqlite3_bind_int64(a->q[A_OUT_DROP], 2, a->first_own_seq);
@@ -181,6 +205,7 @@ int nh_amqp_outbox_discard(nh_transport_t *t)
 int nh_amqp_unconfirmed(nh_transport_t *t)
 {
   amqp_t *a = (amqp_t *)t;
+  if (a->pg) return nh_amqp_pg_pending(a);
   sqlite3_stmt *st = a->q[A_OUT_LEFT];
   sqlite3_bind_int64(st, 1, a->last_sent);
   nh_sqlite_bind_text(st, 2, a->owner);

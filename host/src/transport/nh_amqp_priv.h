@@ -25,6 +25,10 @@ enum { A_OUT_ADD, A_OUT_NEXT, A_OUT_DEL, A_DLV_BUMP, A_DLV_DEL, A_OUT_LEFT, A_OU
 
 typedef struct aep aep_t;
 typedef struct amqp amqp_t;
+typedef struct amqp_pg amqp_pg_t;
+struct nh_uow;
+struct nh_pg_link;
+struct pg_conn;
 
 typedef struct rec {
   uint64_t id;                   /* arrival order; the handle in nh_msg_t.tr_id */
@@ -76,8 +80,10 @@ struct amqp {
   nh_transport_t base;
   nh_transport_t *emb;
   uv_loop_t *loop;
-  nh_store_t *store;
+  nh_store_t *store;             /* sqlite (store, db, q); NULL on PostgreSQL (pg) */
   sqlite3 *db;
+  amqp_pg_t *pg;                 /* the tables on a PostgreSQL store (nh_amqp_pg.c); NULL on sqlite */
+  uint64_t conn_gen;             /* bumped at each connection's start and end: what a read answers is for it */
   char *owner;
   sqlite3_stmt *q[A_COUNT];
   nh_amqp_url_t url;
@@ -118,6 +124,9 @@ struct amqp {
 
 /* nh_amqp.c */
 void nh_amqp_status(amqp_t *a, nh_amqp_status_t st, const char *msg);
+/* Where a message sent to `to` (NULL: fanned out by its type) goes: the exchange, the
+ * endpoint's queue, or (Service Bus) the topic; NH_EUSAGE when the profile cannot. */
+int nh_amqp_address(amqp_t *a, const char *to, char *address, size_t len, nh_error_t *err);
 void nh_amqp_wake(amqp_t *a);
 rec_t *nh_amqp_rec_get(amqp_t *a, uint64_t id);
 aep_t *nh_amqp_ep_find(amqp_t *a, const char *name);
@@ -132,9 +141,39 @@ const char *nh_amqp_sql(int id);
 
 /* nh_amqp_outbox.c: sends through the store's outbox */
 int nh_amqp_outbox_add(amqp_t *a, const char *address, const nh_msg_t *m, const char *to, nh_error_t *err);
+/* The message as the outbox keeps it (AMQP's encoding), in a->buf: size bytes. */
+int nh_amqp_outbox_encode(amqp_t *a, const nh_msg_t *m, const char *to, size_t *size, nh_error_t *err);
 void nh_amqp_outbox_pump(amqp_t *a);
 void nh_amqp_outbox_outcome(amqp_t *a, pn_delivery_t *d);
 void nh_amqp_outbox_claim(amqp_t *a);
+/* Sends one outbox row on its address's sender: 1 sent, 0 when the sender has no credit
+ * (PN_LINK_FLOW pumps again). */
+int nh_amqp_outbox_send(amqp_t *a, int64_t seq, const char *address, const void *message, size_t len);
+/* Accepted, its delete not committed yet: a resend after a reconnect would duplicate it. */
+int nh_amqp_outbox_acked(const amqp_t *a, int64_t seq);
+
+/* nh_amqp_pg.c: the transport's tables on a PostgreSQL store. Inside the pump's pass
+ * (nh_uow_open) statements go through its unit of work: a read it does not have voids the
+ * pass, a write joins its commit. Outside a pass (deleting accepted rows, reading what to
+ * send) they go in batches of their own on the link, one at a time, the next gathering
+ * what comes meanwhile. */
+int nh_amqp_pg_open(amqp_t *a, struct nh_pg_link *link, struct pg_conn *conn, nh_error_t *err);
+void nh_amqp_pg_attach(amqp_t *a, struct nh_uow *uow);
+/* The delivery count after one more delivery: > 0, 0 when the pass has not read it yet
+ * (it is void: the fill reads it), < 0 on error. */
+int nh_amqp_pg_dlv_bump(amqp_t *a, const char *endpoint, const char *message_id);
+int nh_amqp_pg_dlv_del(amqp_t *a, const char *endpoint, const char *message_id);
+int nh_amqp_pg_out_add(amqp_t *a, const char *address, const void *message, size_t len, nh_error_t *err);
+/* Reads the rows to send (released ones, then what follows last_sent) and sends them. */
+void nh_amqp_pg_pump(amqp_t *a);
+/* Rows the broker accepted (a->acked) are to be deleted. */
+void nh_amqp_pg_acked(amqp_t *a);
+void nh_amqp_pg_stop(amqp_t *a);
+/* Messages of this process not yet sent, accepted and deleted (nh_amqp_unconfirmed). */
+int nh_amqp_pg_pending(amqp_t *a);
+/* Frees the PostgreSQL state, and `a` with it: now (returns 0), or once the batch out on
+ * the link is over (returns 1). */
+int nh_amqp_pg_free(amqp_t *a);
 
 /* nh_amqp_topo.c: topology, receivers, readiness, probes, Service Bus tokens and locks */
 void nh_amqp_attach(amqp_t *a, aep_t *ep);

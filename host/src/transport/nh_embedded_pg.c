@@ -423,6 +423,9 @@ static int pgq_receive(nh_transport_t *t, const char *endpoint, int max, int64_t
 static int pgq_lock_session(nh_transport_t *t, const char *endpoint, const char *session, int64_t now)
 {
   pgq_t *q = (pgq_t *)t;
+  /* The read's answer is the pump's, whoever asks: a session this pass has handed over
+   * already (a queued message's, a retry's, a broker delivery's) is not free to take again */
+  if (q->uow && nh_uow_open(q->uow) && used_has(q, endpoint, session)) return 0;
   nh_pg_args_t a;
   const PGresult *r;
   nh_pgqop_t op = nh_pgqargs_lock(&a, endpoint, session, q->owner, now + t->lock_ms, now);
