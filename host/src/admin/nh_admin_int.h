@@ -1,7 +1,8 @@
 /* Inside the admin listener (nh_admin.h): the listener's state, one request as a route
  * sees it, and the helpers every route answers with. Routes live by subject:
  * nh_admin_reads.c (GET /api/v1/...), nh_admin_actions.c (POST actions),
- * nh_admin_static.c (the page and the OpenAPI document), nh_admin_stream.c (SSE),
+ * nh_admin_static.c (the page and the OpenAPI document), nh_admin_stream.c (SSE; its
+ * PostgreSQL poller nh_admin_stream_pg.c),
  * nh_admin_nimbus.c (the NimBus-compatible routes). nh_admin.c routes and owns the rest. */
 #ifndef NH_ADMIN_INT_H
 #define NH_ADMIN_INT_H
@@ -85,6 +86,20 @@ nh_admin_pg_t *nh_admin_pg_new(const char *url);
 void nh_admin_pg_defer(nh_admin_call_t *c, nh_admin_route_fn fn);   /* takes c's parameters and captures */
 nh_admin_answer_t *nh_admin_capturing(void);   /* non-NULL on the pool: answers are kept there */
 char *nh_admin_pg_header(const char *name);     /* on the pool: the header, read on the loop (caller frees) */
+/* A route in two halves (the live stream's opening): fn(c, ud) on the pool as a deferred
+ * route; then, on the loop, then(c, ud, 1) when fn answered nothing, which must answer
+ * c->r or start a stream on it; then(c, ud, 0) when fn answered or the listener closed
+ * meanwhile (the answer is sent for it). ud is then's to free either way. */
+typedef void (*nh_admin_pg_fn)(nh_admin_call_t *c, void *ud);
+typedef void (*nh_admin_pg_then_fn)(nh_admin_call_t *c, void *ud, int go);
+void nh_admin_pg_defer_then(nh_admin_call_t *c, nh_admin_pg_fn fn, nh_admin_pg_then_fn then, void *ud);
+/* Work of the listener's own on the pool (the stream's ticks): hold on the loop before
+ * queueing it, release on the loop when it is back (the last release after nh_admin_close
+ * frees the pool and the listener); take a connection on the pool thread and give it back. */
+void nh_admin_pg_hold(nh_admin_pg_t *p);
+void nh_admin_pg_release(nh_admin_t *a);
+struct nh_pg_db *nh_admin_pg_take(nh_admin_pg_t *p, nh_error_t *err);   /* NULL with err said */
+void nh_admin_pg_give(nh_admin_pg_t *p, struct nh_pg_db *db);   /* back to the pool when still good, else closed */
 /* 1 if routes are still out: the last one frees the pool and the listener. */
 int nh_admin_pg_close(nh_admin_pg_t *p);
 
@@ -126,6 +141,12 @@ int nh_admin_rd_blocked_sessions(nh_admin_call_t *c, const char *endpoint, const
                                  const char *after_session, int limit, nh_blocked_cb cb, void *data);
 int nh_admin_rd_failgroups(nh_admin_call_t *c, const char *endpoint, nh_failgroup_cb cb, void *data);
 int nh_admin_rd_failgroup_endpoint(nh_admin_call_t *c, const char *group, char *endpoint, size_t len);
+/* The newest history id (0: none), NH_EFAIL. */
+int64_t nh_admin_rd_history_last_id(nh_admin_call_t *c);
+/* PostgreSQL only (c->pg set): nh_pgs_history_after, history rows after `after` or in the
+ * gaps, each with its event as it is now (NULL: gone); the rows read or NH_EFAIL. */
+int nh_admin_rd_history_follow(nh_admin_call_t *c, int64_t after, const int64_t *gaps, int ngaps, int limit,
+                               void (*cb)(void *data, int64_t id, const nh_audit_t *a), void *data);
 /* The number of live hosts serving an endpoint. */
 int nh_admin_live_hosts(nh_admin_call_t *c, const char *endpoint);
 
@@ -163,7 +184,7 @@ char *nh_admin_console_dir(void);   /* NULL: not found */
 void nh_admin_get_static(nh_admin_call_t *c);
 void nh_admin_get_openapi(nh_admin_call_t *c);
 
-/* Server-Sent Events (nh_admin_stream.c) */
+/* Server-Sent Events (nh_admin_stream.c; on PostgreSQL nh_admin_stream_pg.c) */
 void nh_admin_get_stream(nh_admin_call_t *c);
 void nh_admin_stream_close(nh_admin_t *a);   /* ends every stream (the listener closes) */
 

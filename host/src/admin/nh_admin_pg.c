@@ -10,7 +10,9 @@
  * A route that runs here reads through nh_admin_store.c, which takes c->pg when it is set,
  * queues requests with the CLI's PostgreSQL code, and touches nothing of the listener but
  * its options and the bulk rate table (locked): no cache (they are the loop's), no stream,
- * no queue, no header but the copy taken on the loop. */
+ * no queue, no header but the copy taken on the loop. The live stream reads here too, in
+ * two halves (nh_admin_pg_defer_then: its reads, then the stream opened from the loop), and
+ * its poller takes a connection of the same pool for each tick (nh_admin_stream_pg.c). */
 #include "nh_admin_int.h"
 #include "core/nh_log.h"
 #include "core/nh_util.h"
@@ -40,6 +42,9 @@ typedef struct job {
   nh_admin_t *a;
   nh_admin_call_t c;         /* owns its parameters and captures (taken from the caller) */
   nh_admin_route_fn fn;
+  nh_admin_pg_fn fn_ud;      /* or this, with ud (nh_admin_pg_defer_then) */
+  nh_admin_pg_then_fn then;  /* on the loop when it answered nothing */
+  void *ud;
   nh_admin_answer_t out;
   char **hdr;                /* the request's headers, name and value pairs, read on the loop */
   int nhdr;
@@ -91,8 +96,7 @@ static void pg_free(nh_admin_pg_t *p)
   free(p);
 }
 
-/* A connection of the pool, or a new one (NULL with err said). */
-static nh_pg_db_t *take(nh_admin_pg_t *p, nh_error_t *err)
+nh_pg_db_t *nh_admin_pg_take(nh_admin_pg_t *p, nh_error_t *err)
 {
   nh_pg_db_t *db = NULL;
   pthread_mutex_lock(&p->lock);
@@ -108,8 +112,7 @@ static nh_pg_db_t *take(nh_admin_pg_t *p, nh_error_t *err)
   return nh_pg_db_new(conn);
 }
 
-/* Back to the pool when it is still good and there is room, else closed. */
-static void give_back(nh_admin_pg_t *p, nh_pg_db_t *db)
+void nh_admin_pg_give(nh_admin_pg_t *p, nh_pg_db_t *db)
 {
   int kept = 0;
   if (PQstatus(nh_pg_db_conn(db)) == CONNECTION_OK && PQtransactionStatus(nh_pg_db_conn(db)) == PQTRANS_IDLE) {
@@ -128,7 +131,7 @@ static void work(uv_work_t *w)
   job_t *j = w->data;
   nh_admin_pg_t *p = j->a->pg;
   nh_error_t err = {0};
-  nh_pg_db_t *db = take(p, &err);
+  nh_pg_db_t *db = nh_admin_pg_take(p, &err);
   if (!db) {
     j->out.status = 503;
     j->out.body = json_pack("{s:s}", "error", err.msg);   /* the URL in it is shown masked */
@@ -137,18 +140,52 @@ static void work(uv_work_t *w)
   j->c.pg = db;
   capturing = &j->out;
   running = j;
-  j->fn(&j->c);
+  if (j->fn) j->fn(&j->c);
+  else j->fn_ud(&j->c, j->ud);
   running = NULL;
   capturing = NULL;
   j->c.pg = NULL;
-  give_back(p, db);
+  nh_admin_pg_give(p, db);
+}
+
+void nh_admin_pg_hold(nh_admin_pg_t *p) { p->jobs++; }
+
+void nh_admin_pg_release(nh_admin_t *a)
+{
+  nh_admin_pg_t *p = a->pg;
+  if (--p->jobs == 0 && p->closed) {
+    pg_free(p);
+    free(a);
+  }
+}
+
+/* The second half of a route in two: it opens a stream (or answers) from the loop unless
+ * the first answered or the listener closed meanwhile; ud is its to free either way. */
+static int then_continue(job_t *j)
+{
+  int go = !j->out.status && !j->a->pg->closed;
+  if (go) {
+    j->then(&j->c, j->ud, 1);
+    return 1;
+  }
+  if (!j->out.status) {   /* closed: the request is only freed */
+    j->out.status = 503;
+    j->out.body = json_pack("{s:s}", "error", "the listener is closing");
+  }
+  j->then(&j->c, j->ud, 0);
+  return 0;
 }
 
 static void after(uv_work_t *w, int status)
 {
   job_t *j = w->data;
-  nh_admin_pg_t *p = j->a->pg;
   (void)status;   /* never cancelled: uv_cancel is not called on these */
+  if (j->then && then_continue(j)) {
+    nh_admin_t *a = j->a;
+    job_free(j);
+    nh_admin_pg_release(a);
+    return;
+  }
   if (!j->out.status) {   /* a route that answered nothing is a bug: say so rather than hang */
     j->out.status = 500;
     json_decref(j->out.body);
@@ -158,18 +195,13 @@ static void after(uv_work_t *w, int status)
   nh_admin_answer_retry(j->c.r, j->out.status, j->out.body, j->out.retry_after);
   nh_admin_t *a = j->a;
   job_free(j);
-  if (--p->jobs == 0 && p->closed) {
-    pg_free(p);
-    free(a);
-  }
+  nh_admin_pg_release(a);
 }
 
-void nh_admin_pg_defer(nh_admin_call_t *c, nh_admin_route_fn fn)
+static void queue_job(nh_admin_call_t *c, job_t *j)
 {
-  job_t *j = nh_xcalloc(1, sizeof *j);
   j->a = c->a;
   j->c = *c;
-  j->fn = fn;
   j->w.data = j;
   memset(&c->q, 0, sizeof c->q);   /* the job owns them now */
   memset(c->cap, 0, sizeof c->cap);
@@ -178,8 +210,25 @@ void nh_admin_pg_defer(nh_admin_call_t *c, nh_admin_route_fn fn)
   if (uv_queue_work(c->a->loop, &j->w, work, after)) {   /* never fails for a valid loop */
     c->a->pg->jobs--;
     nh_admin_error(c->r, 500, NULL, "cannot queue the read");
+    if (j->then) j->then(&j->c, j->ud, 0);
     job_free(j);
   }
+}
+
+void nh_admin_pg_defer(nh_admin_call_t *c, nh_admin_route_fn fn)
+{
+  job_t *j = nh_xcalloc(1, sizeof *j);
+  j->fn = fn;
+  queue_job(c, j);
+}
+
+void nh_admin_pg_defer_then(nh_admin_call_t *c, nh_admin_pg_fn fn, nh_admin_pg_then_fn then, void *ud)
+{
+  job_t *j = nh_xcalloc(1, sizeof *j);
+  j->fn_ud = fn;
+  j->then = then;
+  j->ud = ud;
+  queue_job(c, j);
 }
 
 int nh_admin_pg_close(nh_admin_pg_t *p)

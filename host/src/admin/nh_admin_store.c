@@ -108,6 +108,23 @@ int nh_admin_rd_failgroup_endpoint(nh_admin_call_t *c, const char *group, char *
   return (int)pg_result(c, nh_pgs_failgroup_endpoint(c->pg, group, endpoint, len, &err), &err);
 }
 
+int64_t nh_admin_rd_history_last_id(nh_admin_call_t *c)
+{
+  if (!c->pg) return nh_store_history_last_id(c->a->store);
+  nh_error_t err = {0};
+  nh_pg_db_clear_failed(c->pg);
+  return pg_result(c, nh_pgs_history_last_id(c->pg, &err), &err);
+}
+
+int nh_admin_rd_history_follow(nh_admin_call_t *c, int64_t after, const int64_t *gaps, int ngaps, int limit,
+                               void (*cb)(void *data, int64_t id, const nh_audit_t *a), void *data)
+{
+  if (!c->pg) return NH_EFAIL;   /* PostgreSQL's: sqlite's history commits in order (nh_store_history_after) */
+  nh_error_t err = {0};
+  nh_pg_db_clear_failed(c->pg);
+  return (int)pg_result(c, nh_pgs_history_after(c->pg, after, gaps, ngaps, limit, cb, data, &err), &err);
+}
+
 int nh_admin_live_hosts(nh_admin_call_t *c, const char *endpoint)
 {
   int64_t since = nh_time_now_ms() - NH_ADMIN_LIVE_MS;

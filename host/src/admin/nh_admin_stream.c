@@ -1,4 +1,6 @@
-/* Server-Sent Events: GET /api/v1/stream (docs/admin-api.md).
+/* Server-Sent Events: GET /api/v1/stream (docs/admin-api.md): the clients, their frames, and
+ * the poller of a sqlite store. On PostgreSQL the poller reads on the thread pool instead
+ * (nh_admin_stream_pg.c), through the same clients and frames (nh_admin_stream_int.h).
  *
  * One poller serves every client. While at least one is connected a timer reads the
  * history rows written since its last tick (every change of an event writes one), reads
@@ -20,10 +22,9 @@
  * events touched after N first (one tick's budget of them), so a short break misses
  * nothing; events seen only in part come again (a status event is the event's latest
  * state: twice is harmless). */
-#include "nh_admin_int.h"
+#include "nh_admin_stream_int.h"
 #include "nh_views.h"
 #include "core/nh_log.h"
-#include "core/nh_queue.h"
 #include "core/nh_util.h"
 
 #include <stdint.h>
@@ -31,101 +32,25 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define TICK_MS 500
-#define COUNTS_MS 2000
+#define TICK_MS NH_STREAM_TICK_MS
+#define COUNTS_MS NH_STREAM_COUNTS_MS
 #define KEEPALIVE_MS 15000
 #define RETRY_MS 2000          /* the client's reconnection delay (the `retry:` field) */
-#define BATCH_ROWS 100         /* history rows per read */
-#define TICK_BYTES (128u << 10)   /* status events per tick, about: far below a client's 1 MiB cap */
-#define TICK_ROWS 5000         /* rows read per tick at most (rows of filtered-out or gone events send nothing) */
-#define MAX_LAG_ROWS 20000     /* further behind than this, the stream skips ahead */
+#define BATCH_ROWS NH_STREAM_BATCH_ROWS
+#define TICK_BYTES NH_STREAM_TICK_BYTES
+#define TICK_ROWS NH_STREAM_TICK_ROWS
+#define MAX_LAG_ROWS NH_STREAM_MAX_LAG_ROWS
 
-typedef struct client {
-  nh_queue_t node;                 /* st->clients */
-  struct nh_admin_stream *st;
-  nh_httpd_stream_t *hs;
-  char *endpoint;                  /* ?endpoint=: only this endpoint's status events; NULL: all */
-  size_t last_match;               /* scratch of one batch: its last matching event */
-} client_t;
-
-struct nh_admin_stream {
-  nh_admin_t *a;
-  uv_timer_t timer;
-  nh_queue_t clients;
-  int nclients;
-  int64_t last_id;                 /* history rows up to this one are sent */
-  uint64_t counts_at, keepalive_at;   /* loop time of the last counts event, keep-alive */
-  int counts_due;                  /* rows came since the last counts event */
-};
+typedef nh_stream_client_t client_t;   /* this file's short names */
+typedef nh_stream_touched_t touched_t;
+typedef nh_stream_touched_set_t touched_set_t;
 
 /* ---------------------------------------------------------------- touched events */
 
-typedef struct touched {
-  char *endpoint, *event_id;
-  size_t seq;                      /* order of its last history row in the batch */
-} touched_t;
-
-typedef struct touched_set {
-  touched_t *v;
-  size_t n, cap;
-} touched_set_t;
-
 static int collect_row(void *data, const char *endpoint, const char *event_id)
 {
-  touched_set_t *t = data;
-  if (!endpoint || !event_id) return 0;
-  if (t->n == t->cap) {
-    t->cap = t->cap ? t->cap * 2 : 64;
-    t->v = nh_xrealloc(t->v, t->cap * sizeof *t->v);
-  }
-  t->v[t->n] = (touched_t){ nh_xstrdup(endpoint), nh_xstrdup(event_id), t->n };
-  t->n++;
+  if (endpoint && event_id) nh_admin_stream_touched_add(data, endpoint, event_id, NULL);
   return 0;
-}
-
-static void touched_clear(touched_set_t *t)
-{
-  for (size_t i = 0; i < t->n; i++) {
-    free(t->v[i].endpoint);
-    free(t->v[i].event_id);
-  }
-  free(t->v);
-  memset(t, 0, sizeof *t);
-}
-
-static int by_key_then_seq(const void *x, const void *y)
-{
-  const touched_t *a = x, *b = y;
-  int c = strcmp(a->endpoint, b->endpoint);
-  if (!c) c = strcmp(a->event_id, b->event_id);
-  if (!c) c = a->seq < b->seq ? -1 : a->seq > b->seq;
-  return c;
-}
-
-static int by_seq(const void *x, const void *y)
-{
-  const touched_t *a = x, *b = y;
-  return a->seq < b->seq ? -1 : a->seq > b->seq;
-}
-
-/* One entry per event, in the order of each one's latest row (the order they changed in). */
-static void touched_dedupe(touched_set_t *t)
-{
-  if (t->n < 2) return;
-  qsort(t->v, t->n, sizeof *t->v, by_key_then_seq);
-  size_t out = 0;
-  for (size_t i = 0; i < t->n; i++) {
-    int last_of_key = i + 1 == t->n || strcmp(t->v[i].endpoint, t->v[i + 1].endpoint) ||
-                      strcmp(t->v[i].event_id, t->v[i + 1].event_id);
-    if (last_of_key) {
-      t->v[out++] = t->v[i];
-    } else {
-      free(t->v[i].endpoint);
-      free(t->v[i].event_id);
-    }
-  }
-  t->n = out;
-  qsort(t->v, t->n, sizeof *t->v, by_seq);
 }
 
 /* ---------------------------------------------------------------- events sent in a tick */
@@ -202,31 +127,31 @@ static void touched_drop_seen(touched_set_t *t, seen_set_t *seen)
 
 /* ---------------------------------------------------------------- sending */
 
-static int client_wants(const client_t *cl, const char *endpoint)
+int nh_admin_stream_wants(const client_t *cl, const char *endpoint)
 {
   return !cl->endpoint || strcmp(cl->endpoint, endpoint) == 0;
 }
 
-static void client_write(client_t *cl, const char *s, size_t len)
+void nh_admin_stream_write(client_t *cl, const char *s, size_t len)
 {
   /* -1: gone or dropped for not reading; its on_close follows from the loop */
   nh_httpd_stream_write(cl->hs, s, len);
 }
 
 /* Writes `frame` to `only`, or to every client when NULL. */
-static void broadcast(struct nh_admin_stream *st, client_t *only, const char *frame, size_t len)
+void nh_admin_stream_broadcast(struct nh_admin_stream *st, client_t *only, const char *frame, size_t len)
 {
   if (only) {
-    client_write(only, frame, len);
+    nh_admin_stream_write(only, frame, len);
     return;
   }
   nh_queue_t *q;
-  nh_queue_foreach(q, &st->clients) client_write(nh_queue_data(q, client_t, node), frame, len);
+  nh_queue_foreach(q, &st->clients) nh_admin_stream_write(nh_queue_data(q, client_t, node), frame, len);
 }
 
 /* "event: NAME\ndata: JSON\n\n" (takes body); NULL when it cannot be encoded. Compact
  * JSON has no raw newline, so one data line holds it. */
-static char *frame_new(const char *event, json_t *body, size_t *len)
+char *nh_admin_stream_frame(const char *event, json_t *body, size_t *len)
 {
   char *json = json_dumps(body, JSON_COMPACT | JSON_PRESERVE_ORDER);
   json_decref(body);
@@ -247,8 +172,8 @@ static void send_counts(struct nh_admin_stream *st, client_t *only)
     return;
   }
   size_t len;
-  char *frame = frame_new("counts", counts, &len);
-  if (frame) broadcast(st, only, frame, len);
+  char *frame = nh_admin_stream_frame("counts", counts, &len);
+  if (frame) nh_admin_stream_broadcast(st, only, frame, len);
   free(frame);
 }
 
@@ -261,7 +186,7 @@ static void mark_last_matches(struct nh_admin_stream *st, client_t *only, const 
     cl->last_match = SIZE_MAX;
     if (only && cl != only) continue;
     for (size_t i = t->n; i-- > 0;)
-      if (client_wants(cl, t->v[i].endpoint)) {
+      if (nh_admin_stream_wants(cl, t->v[i].endpoint)) {
         cl->last_match = i;
         break;
       }
@@ -275,7 +200,7 @@ static size_t send_status(struct nh_admin_stream *st, client_t *only, const touc
   int found = nh_store_audit_get(st->a->store, t->v[i].endpoint, t->v[i].event_id, &ev);
   if (found <= 0) return 0;   /* gone already (retention), or the store failed: the next change sends it */
   size_t len;
-  char *frame = frame_new("status", nh_view_audit(&ev), &len);
+  char *frame = nh_admin_stream_frame("status", nh_view_audit(&ev), &len);
   nh_audit_clear(&ev);
   if (!frame) return 0;
   char idline[40];
@@ -283,9 +208,9 @@ static size_t send_status(struct nh_admin_stream *st, client_t *only, const touc
   nh_queue_t *q;
   nh_queue_foreach(q, &st->clients) {
     client_t *cl = nh_queue_data(q, client_t, node);
-    if ((only && cl != only) || !client_wants(cl, t->v[i].endpoint)) continue;
-    if (cl->last_match == i) client_write(cl, idline, (size_t)idlen);
-    client_write(cl, frame, len);
+    if ((only && cl != only) || !nh_admin_stream_wants(cl, t->v[i].endpoint)) continue;
+    if (cl->last_match == i) nh_admin_stream_write(cl, idline, (size_t)idlen);
+    nh_admin_stream_write(cl, frame, len);
   }
   free(frame);
   return len;
@@ -294,17 +219,17 @@ static size_t send_status(struct nh_admin_stream *st, client_t *only, const touc
 /* Whether anyone wants an event of this endpoint (only those are read). */
 static int anyone_wants(struct nh_admin_stream *st, client_t *only, const char *endpoint)
 {
-  if (only) return client_wants(only, endpoint);
+  if (only) return nh_admin_stream_wants(only, endpoint);
   nh_queue_t *q;
   nh_queue_foreach(q, &st->clients)
-    if (client_wants(nh_queue_data(q, client_t, node), endpoint)) return 1;
+    if (nh_admin_stream_wants(nh_queue_data(q, client_t, node), endpoint)) return 1;
   return 0;
 }
 
 /* Sends one batch; the bytes of status events it sent. */
 static size_t send_batch(struct nh_admin_stream *st, client_t *only, touched_set_t *t, seen_set_t *seen, int64_t id)
 {
-  touched_dedupe(t);
+  nh_admin_stream_touched_dedupe(t);
   touched_drop_seen(t, seen);
   mark_last_matches(st, only, t);
   size_t bytes = 0;
@@ -330,14 +255,14 @@ static send_end_t send_changes(struct nh_admin_stream *st, client_t *only, int64
     int n = nh_store_history_after(st->a->store, *upto, BATCH_ROWS, collect_row, &t, &last);
     if (n < 0) {
       nh_log_warn("admin", "stream: cannot read the history: %s", nh_store_errmsg(st->a->store));
-      touched_clear(&t);
+      nh_admin_stream_touched_clear(&t);
       end = READ_FAILED;
       break;
     }
     *upto = last;
     *rows += n;
     bytes += send_batch(st, only, &t, &seen, last);
-    touched_clear(&t);
+    nh_admin_stream_touched_clear(&t);
     if (n < BATCH_ROWS) {
       end = CAUGHT_UP;
       break;
@@ -357,10 +282,8 @@ static void skip_if_lagging(struct nh_admin_stream *st)
   st->counts_due = 1;
 }
 
-static void on_tick(uv_timer_t *timer)
+static void sqlite_tick(struct nh_admin_stream *st, uint64_t now)
 {
-  struct nh_admin_stream *st = timer->data;
-  uint64_t now = uv_now(timer->loop);
   int64_t upto;
   int rows;
   send_end_t end = send_changes(st, NULL, st->last_id, &upto, &rows);
@@ -372,10 +295,18 @@ static void on_tick(uv_timer_t *timer)
     st->counts_at = now;
     send_counts(st, NULL);
   }
+}
+
+static void on_tick(uv_timer_t *timer)
+{
+  struct nh_admin_stream *st = timer->data;
+  uint64_t now = uv_now(timer->loop);
+  if (st->pg) nh_admin_stream_pg_tick(st);   /* its reads go to the pool; what they bring is sent later */
+  else sqlite_tick(st, now);
   if (now - st->keepalive_at >= KEEPALIVE_MS) {
     st->keepalive_at = now;
     static const char ka[] = ": keep-alive\n\n";
-    broadcast(st, NULL, ka, sizeof ka - 1);
+    nh_admin_stream_broadcast(st, NULL, ka, sizeof ka - 1);
   }
 }
 
@@ -384,6 +315,7 @@ static void on_tick(uv_timer_t *timer)
 static void client_free(client_t *cl)
 {
   free(cl->endpoint);
+  free(cl->seeds);
   free(cl);
 }
 
@@ -391,7 +323,9 @@ static void client_unlink(client_t *cl)
 {
   struct nh_admin_stream *st = cl->st;
   nh_queue_remove(&cl->node);
-  if (--st->nclients == 0) uv_timer_stop(&st->timer);   /* nobody listens: no polling */
+  if (--st->nclients > 0) return;
+  uv_timer_stop(&st->timer);   /* nobody listens: no polling */
+  if (st->pg) nh_admin_stream_pg_emptied(st);
 }
 
 /* The client went away, was dropped for not reading, or the server closed. */
@@ -403,7 +337,7 @@ static void on_client_close(void *ud)
 }
 
 /* The listener's stream state, made with its first client. */
-static struct nh_admin_stream *stream_of(nh_admin_t *a)
+struct nh_admin_stream *nh_admin_stream_of(nh_admin_t *a)
 {
   if (a->stream) return a->stream;
   struct nh_admin_stream *st = nh_xcalloc(1, sizeof *st);
@@ -418,7 +352,7 @@ static struct nh_admin_stream *stream_of(nh_admin_t *a)
 
 /* An endpoint with events, or one a live host serves (it may have none yet). 1 with the
  * answer given when it is neither. */
-static int refuse_endpoint(nh_admin_call_t *c, const char *endpoint)
+int nh_admin_stream_refuse_endpoint(nh_admin_call_t *c, const char *endpoint)
 {
   int known = nh_admin_endpoint_known(c, endpoint);
   if (known < 0) {
@@ -452,6 +386,14 @@ static void catch_up(struct nh_admin_stream *st, client_t *cl, int64_t resume)
   send_changes(st, cl, resume, &upto, &rows);
 }
 
+void nh_admin_stream_start_timer(struct nh_admin_stream *st)
+{
+  uint64_t now = uv_now(st->a->loop);
+  st->counts_due = 0;
+  st->counts_at = st->keepalive_at = now;
+  uv_timer_start(&st->timer, on_tick, TICK_MS, TICK_MS);
+}
+
 static const nh_httpd_header_t sse_headers[] = {
   { "Content-Type", "text/event-stream" },
   { "Cache-Control", "no-store" },
@@ -460,7 +402,8 @@ static const nh_httpd_header_t sse_headers[] = {
 };
 
 /* Opens the stream and sends its head: the retry delay and the counts now. */
-static client_t *client_open(nh_admin_call_t *c, struct nh_admin_stream *st, const char *endpoint, json_t *counts)
+client_t *nh_admin_stream_client_open(nh_admin_call_t *c, struct nh_admin_stream *st, const char *endpoint,
+                                      json_t *counts)
 {
   client_t *cl = nh_xcalloc(1, sizeof *cl);
   cl->st = st;
@@ -479,10 +422,10 @@ static client_t *client_open(nh_admin_call_t *c, struct nh_admin_stream *st, con
   st->nclients++;
   char head[32];
   int n = snprintf(head, sizeof head, "retry: %d\n\n", RETRY_MS);
-  client_write(cl, head, (size_t)n);
+  nh_admin_stream_write(cl, head, (size_t)n);
   size_t len;
-  char *frame = frame_new("counts", counts, &len);
-  if (frame) client_write(cl, frame, len);
+  char *frame = nh_admin_stream_frame("counts", counts, &len);
+  if (frame) nh_admin_stream_write(cl, frame, len);
   free(frame);
   return cl;
 }
@@ -491,8 +434,12 @@ void nh_admin_get_stream(nh_admin_call_t *c)
 {
   static const char *const known[] = { "endpoint", "access_token", NULL };
   if (nh_admin_params_check(c, known)) return;
+  if (!c->a->store) {   /* PostgreSQL: its reads on the pool (nh_admin_stream_pg.c) */
+    nh_admin_stream_pg_open(c, last_event_id(c));
+    return;
+  }
   const char *endpoint = nh_admin_param(c, "endpoint");
-  if (endpoint && refuse_endpoint(c, endpoint)) return;
+  if (endpoint && nh_admin_stream_refuse_endpoint(c, endpoint)) return;
   /* what can fail is read before the stream starts, while an error can still be a 500 */
   int first = !c->a->stream || c->a->stream->nclients == 0;
   int64_t now_id = first ? nh_store_history_last_id(c->a->store) : 0;
@@ -502,20 +449,29 @@ void nh_admin_get_stream(nh_admin_call_t *c)
     return;
   }
   int64_t resume = last_event_id(c);
-  struct nh_admin_stream *st = stream_of(c->a);
-  client_t *cl = client_open(c, st, endpoint, counts);
+  struct nh_admin_stream *st = nh_admin_stream_of(c->a);
+  client_t *cl = nh_admin_stream_client_open(c, st, endpoint, counts);
   if (!cl) return;
   if (first) {
-    uint64_t now = uv_now(c->a->loop);
     st->last_id = now_id;
-    st->counts_due = 0;
-    st->counts_at = st->keepalive_at = now;
-    uv_timer_start(&st->timer, on_tick, TICK_MS, TICK_MS);
+    nh_admin_stream_start_timer(st);
   }
   catch_up(st, cl, resume);
 }
 
-static void stream_freed(uv_handle_t *h) { free(h->data); }
+void nh_admin_stream_free(struct nh_admin_stream *st)
+{
+  if (!st->timer_closed || (st->pg && nh_admin_stream_pg_busy(st))) return;   /* the later of the two frees it */
+  nh_admin_stream_pg_free(st->pg);
+  free(st);
+}
+
+static void stream_freed(uv_handle_t *h)
+{
+  struct nh_admin_stream *st = h->data;
+  st->timer_closed = 1;
+  nh_admin_stream_free(st);
+}
 
 void nh_admin_stream_close(nh_admin_t *a)
 {
@@ -532,5 +488,6 @@ void nh_admin_stream_close(nh_admin_t *a)
   st->nclients = 0;
   st->a = NULL;
   uv_timer_stop(&st->timer);
-  uv_close((uv_handle_t *)&st->timer, stream_freed);   /* the memory goes with the handle */
+  /* the memory goes with the handle, or with the PostgreSQL tick's work when that is still out */
+  uv_close((uv_handle_t *)&st->timer, stream_freed);
 }

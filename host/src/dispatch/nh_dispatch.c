@@ -15,6 +15,7 @@
 
 #define NH_POLL_MIN_MS 1
 #define NH_POLL_MAX_MS 50
+#define NH_POLL_MAX_PG_MS 200
 
 static void pump(nh_dispatch_t *d);
 static void maybe_stopped(nh_dispatch_t *d);
@@ -661,7 +662,10 @@ static void pump_committed(nh_dispatch_t *d, int ok)
     uv_timer_stop(&d->timer);
   } else {
     if (d->poll_ms == NH_POLL_MIN_MS) nh_checkpointer_kick(d->ckpt);   /* just went idle */
-    d->poll_ms = d->poll_ms * 2 > NH_POLL_MAX_MS ? NH_POLL_MAX_MS : d->poll_ms * 2;
+    /* On PostgreSQL an idle poll is a round trip, and new work wakes the host (NOTIFY):
+     * polling finds only what time makes due (retries, leases ending), and less often */
+    int max = d->link ? NH_POLL_MAX_PG_MS : NH_POLL_MAX_MS;
+    d->poll_ms = d->poll_ms * 2 > max ? max : d->poll_ms * 2;
     uv_timer_start(&d->timer, timer_cb, (uint64_t)d->poll_ms, 0);
   }
 }

@@ -46,7 +46,7 @@ int nh_store_open_pg(const char *url, int flags, nh_error_t *err)
   if (from != to) snprintf(was, sizeof was, ", migrated from version %d", from);
   nh_error_set(err, NH_EUSAGE,
                  "store %s: PostgreSQL answers and the store's schema is at version %d%s; but this command runs "
-                 "on a sqlite store only for now (hosts, `publish`, `events`, `sessions`, `failures`, `show`, `resubmit`, "
+                 "on a sqlite store only for now (hosts with or without a broker, `publish`, `events`, `sessions`, `failures`, `show`, `resubmit`, "
                  "`skip` (one event or --all), `handoff` and `purge` run on PostgreSQL; the rest is being built: "
                  "docs/store-backends.md). Pass --store PATH, a sqlite file, for it",
                  shown, to, was);
