@@ -7,8 +7,12 @@
 --    on PostgreSQL the events per pump transaction (the host's own count at stop).
 -- 2. Consume only, on PostgreSQL: N events pre-loaded, then drained by one host and by three
 --    hosts at once (on a 2-core machine this shows the overhead, not the scaling).
+-- 3. With a broker (RabbitMQ, scripts/rabbitmq.sh, started if it is not running): N events
+--    pre-loaded on the broker (nh-amqp-bench send), drained by one host beside a sqlite store and
+--    beside a PostgreSQL one (audit, outbox and delivery counts there), alternating: events/s from
+--    `ready:`, the host's CPU per 1,000 events.
 -- BENCH_PG_HOST_N events (default 20000) over BENCH_SESSIONS (1000) sessions; BENCH_PG_CONSUME=0
--- runs part 1 only.
+-- runs part 1 only; BENCH_PG_AMQP=0 leaves part 3 out.
 local B = dofile((arg[0]:match("^(.*)/[^/]*$") or ".") .. "/benchlib.lua")
 local cjson = require("cjson")
 local system = require("system")
@@ -122,6 +126,75 @@ local function consume(n, round)
   return N / span
 end
 
+-- ---------------------------------------------------------------- 3. with a broker
+
+local RMQ = q(root .. "/scripts/rabbitmq.sh")
+local AMQP_SEND = build .. "/bench/nh-amqp-bench"
+local broker_started, vhosts = false, {}
+
+local function mgmt(method, path, body)
+  local out, rc = B.sh(("curl -sf -u guest:guest -X %s %s http://127.0.0.1:15672/api%s 2>&1"):format(method,
+    body and ("-H 'content-type: application/json' -d " .. q(body)) or "", path))
+  if rc ~= 0 then B.die(("RabbitMQ's management API, %s %s: %s"):format(method, path, out)) end
+end
+
+local function completed_in(store, pg)
+  local sql = "SELECT count(*) FROM audit WHERE status = 'Completed'"
+  if pg then return tonumber(psql_value(store, sql)) end
+  return tonumber((B.sh(("sqlite3 %s %s 2>/dev/null"):format(q(store), q(sql))))) or 0
+end
+
+-- N events on the broker, drained by one host beside `which` store; events/s and CPU per 1,000.
+local function broker_drain(which, round)
+  local vhost = ("nh-bench-pgamqp-%d-%s"):format(round, which)
+  mgmt("PUT", "/vhosts/" .. vhost)
+  vhosts[#vhosts + 1] = vhost
+  mgmt("PUT", "/permissions/" .. vhost .. "/guest", '{"configure":".*","write":".*","read":".*"}')
+  local url = "amqp://guest:guest@127.0.0.1:5672/" .. vhost
+  local pg = which == "pg"
+  local store = pg and fresh_db("nh_bench_amqp_" .. round) or ("%s/amqp-%d.db"):format(TMP, round)
+  local adapter = TMP .. "/amqp_adapter.lua"
+  B.write_file(adapter, ('local ep = require("nimbus").endpoint("BenchEp", { concurrency = %d })\n'
+                         .. 'ep:on("BenchEvent", function() end)\n'):format(CONC))
+  local cmd = ("NIMBUS_ADMIN=off %s %s --store %s --transport %s --no-reload"):format(q(HOST), q(adapter), q(store), q(url))
+  local d = hosts:spawn(("amqp-declare-%s-%d"):format(which, round), cmd)   -- its queue and binding
+  hosts:wait_ready(d, 30)
+  hosts:check_stop(d)
+  local out, rc = B.sh(("%s send %s /exchange/nimbus.events/BenchEvent %d %d 64 2>&1"):format(q(AMQP_SEND), q(url), N,
+                                                                                           SESSIONS))
+  if rc ~= 0 then B.die("nh-amqp-bench send: " .. out) end
+  local h = hosts:spawn(("amqp-%s-%d"):format(which, round), cmd)
+  hosts:wait_ready(h, 30)
+  local t0, cpu0 = system.gettime(), B.proc_cpu(h.pid)
+  while completed_in(store, pg) < N do
+    if not B.alive(h.pid) then hosts:died(h) end
+    if system.gettime() - t0 > 300 then B.die(h.name .. ": not drained in 300 s:\n" .. hosts:log_tail(h)) end
+    system.sleep(0.05)
+  end
+  local span, cpu = system.gettime() - t0, (B.proc_cpu(h.pid) - cpu0) * 1e6 / N
+  hosts:check_stop(h)
+  return N / span, cpu
+end
+
+local function with_broker()
+  if select(2, B.sh(RMQ .. " status >/dev/null 2>&1")) ~= 0 then
+    local out, rc = B.sh(RMQ .. " start 2>&1")
+    if rc ~= 0 then B.die("scripts/rabbitmq.sh start failed: " .. out) end
+    broker_started = true
+  end
+  local got = { sqlite = { rate = {}, cpu = {} }, pg = { rate = {}, cpu = {} } }
+  for round = 1, ROUNDS do
+    for _, which in ipairs({ "sqlite", "pg" }) do
+      got[which].rate[round], got[which].cpu[round] = broker_drain(which, round)
+    end
+  end
+  print(("with RabbitMQ (%d pre-loaded, drained by one host): sqlite store %.0f events/s (%.1f ms CPU per 1,000), "
+         .. "PostgreSQL store %.0f events/s (%.1f ms CPU per 1,000), %.2fx")
+        :format(N, median(got.sqlite.rate), median(got.sqlite.cpu), median(got.pg.rate), median(got.pg.cpu),
+                median(got.pg.rate) / median(got.sqlite.rate)))
+  return median(got.pg.rate), median(got.sqlite.rate)
+end
+
 local function main()
   local out, code = B.sh(pgsh .. " start 2>&1")
   if code ~= 0 then B.die("scripts/postgres.sh start failed: " .. out) end
@@ -152,15 +225,22 @@ local function main()
   end
   print(("consume only on PostgreSQL (%d pre-loaded): one host %.0f events/s, three hosts %.0f events/s (%.2fx)")
         :format(N, median(one), median(three), median(three) / median(one)))
+  local amqp_pg, amqp_sqlite = 0, 0
+  if os.getenv("BENCH_PG_AMQP") ~= "0" then amqp_pg, amqp_sqlite = with_broker() end
   print(("RESULT pg_e2e_events_per_s=%.0f sqlite_e2e_events_per_s=%.0f pg_ratio=%.2f pg_p99_ms=%.0f "
-         .. "pg_events_per_tx=%.1f pg_consume_1=%.0f pg_consume_3=%.0f")
+         .. "pg_events_per_tx=%.1f pg_consume_1=%.0f pg_consume_3=%.0f pg_amqp_events_per_s=%.0f "
+         .. "sqlite_amqp_events_per_s=%.0f")
         :format(median(got.pg.rate), median(got.sqlite.rate), ratio, median(got.pg.p99), median(got.pg.per_tx),
-                median(one), median(three)))
+                median(one), median(three), amqp_pg, amqp_sqlite))
   return 0
 end
 
 B.run(main, function()
   hosts:cleanup(os.getenv("BENCH_KEEP") == "1")
   for _, name in ipairs(dbs) do B.sh(pgsh .. " dropdb " .. name .. " >/dev/null 2>&1") end
+  for _, v in ipairs(vhosts) do
+    B.sh(("curl -sf -u guest:guest -X DELETE http://127.0.0.1:15672/api/vhosts/%s >/dev/null 2>&1"):format(v))
+  end
+  if broker_started then B.sh(RMQ .. " stop >/dev/null 2>&1") end
   B.sh("rm -rf " .. q(TMP))
 end)
