@@ -28,7 +28,8 @@
 
 /* The operations are a_sql's, index for index: the tests below pair them by that. */
 /* OUT_ADOPT, the last, has no twin: on sqlite every process runs on one machine. */
-_Static_assert((int)NH_PGA_COUNT == (int)A_COUNT + 1, "one PostgreSQL operation per statement of nh_amqp.c, and OUT_ADOPT");
+_Static_assert((int)NH_PGA_COUNT == (int)A_COUNT + 5,
+               "one PostgreSQL operation per statement of nh_amqp.c, and OUT_ADOPT and four set twins");
 _Static_assert(NH_PGA_OUT_ADD == (int)A_OUT_ADD && NH_PGA_OUT_NEXT == (int)A_OUT_NEXT &&
                NH_PGA_OUT_DEL == (int)A_OUT_DEL && NH_PGA_DLV_BUMP == (int)A_DLV_BUMP &&
                NH_PGA_DLV_DEL == (int)A_DLV_DEL && NH_PGA_OUT_LEFT == (int)A_OUT_LEFT &&

@@ -546,6 +546,61 @@ TEST(every_key_a_pass_missed_is_read_by_one_batch)
   nh_uow_free(u);
 }
 
+/* Many rows of each table: each row's bytes as given (a NUL inside, NULLs), the second
+ * put of one event after the first, and what one would read of the other. */
+static void many_rows(nh_uow_t *u, said_t *s)
+{
+  (void)s;
+  for (int i = 0; i < 50; i++) {
+    char ev[16], msg[16];
+    snprintf(ev, sizeof ev, "e%02d", i);
+    snprintf(msg, sizeof msg, "m%02d", i);
+    nh_audit_t a = { .endpoint = "Ep", .event_id = ev, .session_id = "s1", .event_type = "Thing",
+                     .status = NH_ST_PENDING, .message_id = msg, .retry_count = i, .payload = "{\0}",
+                     .payload_len = 3, .queue_time_ms = -1, .processing_time_ms = -1 };
+    ASSERT_EQ_INT(nh_uow_audit_put(u, &a), NH_OK);
+    nh_history_extra_t x = { .error_text = i % 2 ? "odd" : NULL, .previous_payload = i % 3 ? NULL : "p\xff" };
+    ASSERT_EQ_INT(nh_uow_history_add(u, "Ep", ev, msg, "EventRequest", NH_ST_PENDING, NULL, &x), NH_OK);
+  }
+  nh_audit_t again = { .endpoint = "Ep", .event_id = "e00", .session_id = "s1", .event_type = "Thing",
+                       .status = NH_ST_COMPLETED, .error_text = "second", .message_id = "m00", .retry_count = 7,
+                       .queue_time_ms = 3, .processing_time_ms = 4 };
+  ASSERT_EQ_INT(nh_uow_audit_put(u, &again), NH_OK);
+  ASSERT_EQ_INT(nh_uow_history_add(u, "Ep", "e00", "m00", "EventRequest", NH_ST_COMPLETED, "done", NULL), NH_OK);
+}
+
+TEST(a_commits_rows_go_as_one_statement_per_table_and_a_repeated_key_after_the_first)
+{
+  fx_t *fx = fx_new();
+  said_t lite, pg;
+  run_sqlite(fx, many_rows, &lite);
+  nh_uow_t *u = nh_uow_new_pg(fx->link);
+  ASSERT_EQ_INT(run_pg(fx, u, many_rows, &pg), 1);
+  nh_uow_stats_t st;
+  nh_uow_stats(u, &st);
+  nh_uow_free(u);
+  /* 102 writes: the first 100 as two statements (audit, history), sent when e00 comes
+   * again; then that put and its history row as two more */
+  ASSERT_EQ_INT((int)st.writes, 102);
+  ASSERT_EQ_INT((int)st.statements, 4);
+  said_t dl, dp;
+  dump_sqlite(fx, &dl);
+  dump_pg(fx, &dp);
+  ASSERT_EQ_STR(dp.text, dl.text);
+  ASSERT_CONTAINS(dp.text, "e00/Completed/second/7,e01/Pending/-/1,");
+  PGconn *c = nh_pg_db_conn(fx->db);
+  ASSERT_EQ_STR(nh_pgtest_q1(c, "SELECT string_agg(DISTINCT encode(payload, 'hex'), ',') FROM audit WHERE event_id <> 'e00'"),
+                "7b007d");
+  ASSERT_EQ_STR(nh_pgtest_q1(c, "SELECT count(*) || '/' || count(error_text) || '/' || count(previous_payload) || '/' ||"
+                                " string_agg(DISTINCT encode(previous_payload, 'hex'), ',') FROM history"),
+                "51/25/17/70ff");
+  /* rows in the order written: ids (history) and seqs (audit) follow the list */
+  ASSERT_EQ_STR(nh_pgtest_q1(c, "SELECT string_agg(event_id, ',' ORDER BY seq) FROM audit WHERE event_id < 'e03'"),
+                "e00,e01,e02");
+  ASSERT_EQ_STR(nh_pgtest_q1(c, "SELECT string_agg(status, ',' ORDER BY id) FROM history WHERE event_id = 'e00'"),
+                "Pending,Completed");
+}
+
 static void write_bad_audit(nh_uow_t *u, said_t *s)
 {
   (void)s;

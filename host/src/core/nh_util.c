@@ -178,7 +178,7 @@ void nh_uuid_v7(char out[37])
   nh_uuid_format(u, out);
 }
 
-static void oom(void)
+void nh_oom(void)
 {
   fputs("nimbus-host: out of memory\n", stderr);
   abort();
@@ -187,21 +187,21 @@ static void oom(void)
 void *nh_xmalloc(size_t n)
 {
   void *p = malloc(n ? n : 1);
-  if (!p) oom();
+  if (!p) nh_oom();
   return p;
 }
 
 void *nh_xcalloc(size_t n, size_t size)
 {
   void *p = calloc(n ? n : 1, size ? size : 1);
-  if (!p) oom();
+  if (!p) nh_oom();
   return p;
 }
 
 void *nh_xrealloc(void *p, size_t n)
 {
   void *q = realloc(p, n ? n : 1);
-  if (!q) oom();
+  if (!q) nh_oom();
   return q;
 }
 

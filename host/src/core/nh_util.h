@@ -46,6 +46,9 @@ double nh_random_unit(void);
 int64_t nh_backoff_ms(int64_t first_ms, int64_t max_ms, int failed);
 
 /* Allocation that aborts on exhaustion (Neovim's xmalloc): callers never check. */
+/* Says so on stderr and aborts: what nh_x* do when an allocation fails (and callers of
+ * allocating library calls, PQsetvalue say, whose failure is the same). */
+_Noreturn void nh_oom(void);
 void *nh_xmalloc(size_t n);
 void *nh_xcalloc(size_t n, size_t size);
 void *nh_xrealloc(void *p, size_t n);

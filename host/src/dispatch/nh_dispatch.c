@@ -841,6 +841,9 @@ static void maybe_stopped(nh_dispatch_t *d)
     nh_uow_stats(d->uow, &us);
     nh_log_info("dispatch", "unit of work: %llu passes, %llu of them run again after %llu store reads it did not have",
                 (unsigned long long)us.passes, (unsigned long long)us.restarts, (unsigned long long)us.misses);
+    if (us.commits)
+      nh_log_info("dispatch", "unit of work: %llu commits wrote %llu rows in %llu statements",
+                  (unsigned long long)us.commits, (unsigned long long)us.writes, (unsigned long long)us.statements);
   }
   cb(d->stopped_data);
 }

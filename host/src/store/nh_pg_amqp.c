@@ -71,14 +71,18 @@ int nh_pg_amqp_migrate(PGconn *conn, nh_error_t *err)
 
 static const nh_pg_opdef_t ops[NH_PGA_COUNT] = {
   [NH_PGA_OUT_ADD] = { "nha_out_add",
-    "INSERT INTO amqp_outbox(address, message, created_at, owner) VALUES ($1, $2, $3, $4) RETURNING seq", 4 },
+    "INSERT INTO amqp_outbox(address, message, created_at, owner) VALUES ($1, $2, $3, $4) RETURNING seq", 4,
+    .set = NH_PGA_OUT_ADD_SET, .rel = "amqp_outbox" },
   [NH_PGA_OUT_NEXT] = { "nha_out_next",
     "SELECT seq, address, message FROM amqp_outbox WHERE seq > $1 AND owner = $3 ORDER BY seq LIMIT $2", 3 },
-  [NH_PGA_OUT_DEL] = { "nha_out_del", "DELETE FROM amqp_outbox WHERE seq = $1", 1 },
+  [NH_PGA_OUT_DEL] = { "nha_out_del", "DELETE FROM amqp_outbox WHERE seq = $1", 1, .set = NH_PGA_OUT_DEL_SET,
+    .rel = "amqp_outbox" },
   [NH_PGA_DLV_BUMP] = { "nha_dlv_bump",
     "INSERT INTO amqp_deliveries(endpoint, message_id, count) VALUES ($1, $2, 1)"
-    " ON CONFLICT (endpoint, message_id) DO UPDATE SET count = amqp_deliveries.count + 1 RETURNING count", 2 },
-  [NH_PGA_DLV_DEL] = { "nha_dlv_del", "DELETE FROM amqp_deliveries WHERE endpoint = $1 AND message_id = $2", 2 },
+    " ON CONFLICT (endpoint, message_id) DO UPDATE SET count = amqp_deliveries.count + 1 RETURNING count", 2,
+    .set = NH_PGA_DLV_BUMP_SET, .rel = "amqp_deliveries", .key = 2 },
+  [NH_PGA_DLV_DEL] = { "nha_dlv_del", "DELETE FROM amqp_deliveries WHERE endpoint = $1 AND message_id = $2", 2,
+    .set = NH_PGA_DLV_DEL_SET, .rel = "amqp_deliveries", .key = 2 },
   [NH_PGA_OUT_LEFT] = { "nha_out_left", "SELECT count(*) FROM amqp_outbox WHERE seq > $1 AND owner = $2", 2 },
   [NH_PGA_OUT_OWNERS] = { "nha_out_owners",
     "SELECT DISTINCT owner FROM amqp_outbox WHERE owner <> $1 ORDER BY owner", 1 },
@@ -88,6 +92,24 @@ static const nh_pg_opdef_t ops[NH_PGA_COUNT] = {
   [NH_PGA_OUT_ADOPT] = { "nha_out_adopt",
     "UPDATE amqp_outbox SET owner = $1 WHERE owner <> $1 AND created_at < $2"
     " AND owner NOT IN (SELECT owner FROM hosts WHERE seen_at >= $2) RETURNING seq", 2 },
+  /* The set twins (host/src/store/nh_pg_set.h): rows in the order given, so that one
+   * owner's outbox seqs follow its list; a bump answers each row's ordinal first. */
+  [NH_PGA_OUT_ADD_SET] = { "nha_out_add_set",
+    "INSERT INTO amqp_outbox(address, message, created_at, owner) SELECT a, m, c::bigint, w"
+    " FROM unnest($1::text[], $2::bytea[], $3::text[], $4::text[]) WITH ORDINALITY AS u(a, m, c, w, o)"
+    " ORDER BY o RETURNING seq", 4, .types = "tbtt" },
+  [NH_PGA_DLV_BUMP_SET] = { "nha_dlv_bump_set",
+    "WITH u AS (SELECT * FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS u(e, m, o)),"
+    " b AS (INSERT INTO amqp_deliveries(endpoint, message_id, count) SELECT e, m, 1 FROM u ORDER BY o"
+    "  ON CONFLICT (endpoint, message_id) DO UPDATE SET count = amqp_deliveries.count + 1"
+    "  RETURNING endpoint, message_id, count)"
+    " SELECT u.o, b.count FROM u JOIN b ON b.endpoint = u.e AND b.message_id = u.m ORDER BY u.o", 2,
+    .types = "tt" },
+  [NH_PGA_DLV_DEL_SET] = { "nha_dlv_del_set",
+    "DELETE FROM amqp_deliveries d USING unnest($1::text[], $2::text[]) AS u(e, m)"
+    " WHERE d.endpoint = u.e AND d.message_id = u.m", 2, .types = "tt" },
+  [NH_PGA_OUT_DEL_SET] = { "nha_out_del_set", "DELETE FROM amqp_outbox WHERE seq = ANY ($1::text[]::bigint[])", 1,
+    .types = "t" },
 };
 
 const nh_pg_optab_t nh_pga_optab = { "amqp", 4, ops, NH_PGA_COUNT };   /* "nha_" */

@@ -44,6 +44,11 @@ typedef enum nh_pgaop {
   NH_PGA_OUT_DROP,
   NH_PGA_OUT_ONE,
   NH_PGA_OUT_ADOPT,   /* PostgreSQL only: rows of processes on other machines that are gone */
+  /* PostgreSQL only: the set twins of row operations (nh_pg_opdef_t's set) */
+  NH_PGA_OUT_ADD_SET,
+  NH_PGA_DLV_BUMP_SET,
+  NH_PGA_DLV_DEL_SET,
+  NH_PGA_OUT_DEL_SET,
   NH_PGA_COUNT
 } nh_pgaop_t;
 

@@ -602,16 +602,21 @@ void nh_pg_opcopy_free(nh_pg_opcopy_t *c)
   free(c);
 }
 
+void nh_pg_opcopy_args(const nh_pg_opcopy_t *c, nh_pg_args_t *a)
+{
+  nh_pg_args_reset(a);
+  a->n = c->n;
+  for (int i = 0; i < c->n; i++) {
+    a->values[i] = c->values[i];
+    a->lengths[i] = c->lengths[i];
+    a->formats[i] = c->formats[i];
+  }
+}
+
 /* Adds the copied operation to a batch. */
 int nh_pg_opcopy_send(nh_pg_db_t *db, const nh_pg_opcopy_t *c, nh_pg_result_cb cb, void *data, nh_error_t *err)
 {
   nh_pg_args_t a;
-  nh_pg_args_reset(&a);
-  a.n = c->n;
-  for (int i = 0; i < c->n; i++) {
-    a.values[i] = c->values[i];
-    a.lengths[i] = c->lengths[i];
-    a.formats[i] = c->formats[i];
-  }
+  nh_pg_opcopy_args(c, &a);
   return nh_pg_batch_add_op(db, c->tab, c->op, &a, cb, data, err);
 }

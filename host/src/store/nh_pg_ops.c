@@ -29,23 +29,33 @@
   " AND NOT EXISTS (SELECT 1 FROM operator_pending p WHERE p.event_id = a.event_id"     \
   " AND p.endpoint = a.endpoint)"
 
+/* The columns an audit put writes, and what it does to a row already there. */
+#define AUDIT_PUT_COLS                                                                            \
+  "endpoint, event_id, session_id, event_type, status, sub_status, error_text, error_type,"         \
+  " handoff_reason, external_job_id, expected_by, message_id, correlation_id, originating_message_id," \
+  " retry_count, payload, result, created_at, updated_at, error_stack, fail_group, attempts, queue_time_ms," \
+  " processing_time_ms, overdue_at, traceparent"
+#define AUDIT_PUT_UPSERT \
+  " ON CONFLICT (event_id, endpoint) DO UPDATE SET session_id = excluded.session_id," \
+  " event_type = excluded.event_type, status = excluded.status, sub_status = excluded.sub_status," \
+  " error_text = excluded.error_text, error_type = excluded.error_type, handoff_reason = excluded.handoff_reason," \
+  " external_job_id = excluded.external_job_id, expected_by = excluded.expected_by," \
+  " message_id = excluded.message_id, correlation_id = excluded.correlation_id," \
+  " originating_message_id = excluded.originating_message_id, retry_count = excluded.retry_count," \
+  " payload = excluded.payload, result = excluded.result, updated_at = excluded.updated_at," \
+  " error_stack = excluded.error_stack, fail_group = excluded.fail_group, attempts = excluded.attempts," \
+  " queue_time_ms = excluded.queue_time_ms, processing_time_ms = excluded.processing_time_ms," \
+  " overdue_at = excluded.overdue_at, traceparent = excluded.traceparent"
+
+#define HISTORY_COLS \
+  "endpoint, event_id, message_id, message_type, status, detail, at, error_text, error_type, error_stack," \
+  " previous_payload"
+
 static const nh_pg_opdef_t ops[NH_PGOP_COUNT] = {
   [NH_PGOP_AUDIT_PUT] = { "nh_audit_put",
-    "INSERT INTO audit(endpoint, event_id, session_id, event_type, status, sub_status, error_text, error_type,"
-    " handoff_reason, external_job_id, expected_by, message_id, correlation_id, originating_message_id,"
-    " retry_count, payload, result, created_at, updated_at, error_stack, fail_group, attempts, queue_time_ms,"
-    " processing_time_ms, overdue_at, traceparent)"
+    "INSERT INTO audit(" AUDIT_PUT_COLS ")"
     " VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$18,$19,$20,$21,$22,$23,$24,$25)"
-    " ON CONFLICT (event_id, endpoint) DO UPDATE SET session_id = excluded.session_id,"
-    " event_type = excluded.event_type, status = excluded.status, sub_status = excluded.sub_status,"
-    " error_text = excluded.error_text, error_type = excluded.error_type, handoff_reason = excluded.handoff_reason,"
-    " external_job_id = excluded.external_job_id, expected_by = excluded.expected_by,"
-    " message_id = excluded.message_id, correlation_id = excluded.correlation_id,"
-    " originating_message_id = excluded.originating_message_id, retry_count = excluded.retry_count,"
-    " payload = excluded.payload, result = excluded.result, updated_at = excluded.updated_at,"
-    " error_stack = excluded.error_stack, fail_group = excluded.fail_group, attempts = excluded.attempts,"
-    " queue_time_ms = excluded.queue_time_ms, processing_time_ms = excluded.processing_time_ms,"
-    " overdue_at = excluded.overdue_at, traceparent = excluded.traceparent", 25 },
+    AUDIT_PUT_UPSERT, 25, .set = NH_PGOP_AUDIT_PUT_SET, .rel = "audit", .key = 2 },
   [NH_PGOP_AUDIT_GET] = { "nh_audit_get",
     "SELECT " AUDIT_COLS " FROM audit WHERE endpoint = $1 AND event_id = $2", 2 },
   /* sqlite returns the first row of the primary key (event_id, endpoint) */
@@ -68,14 +78,14 @@ static const nh_pg_opdef_t ops[NH_PGOP_COUNT] = {
     "UPDATE audit SET overdue_at = $3 WHERE endpoint = $1 AND event_id = $2"
     " AND overdue_at IS NULL AND status = 'Pending' AND sub_status = 'Handoff'", 3 },
   [NH_PGOP_HISTORY_ADD] = { "nh_history_add",
-    "INSERT INTO history(endpoint, event_id, message_id, message_type, status, detail, at, error_text, error_type,"
-    " error_stack, previous_payload) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11)", 11 },
+    "INSERT INTO history(" HISTORY_COLS ") VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11)", 11,
+    .set = NH_PGOP_HISTORY_ADD_SET, .rel = "history" },
   [NH_PGOP_HISTORY_LIST] = { "nh_history_list",
     "SELECT at, message_id, message_type, status, detail, error_text, error_type, error_stack, previous_payload"
     " FROM history WHERE endpoint = $1 AND event_id = $2 ORDER BY id", 2 },
   [NH_PGOP_SESSION_GET] = { "nh_session_get",
     "SELECT blocked_by, draining, retry_due, next_park_seq FROM sessions WHERE endpoint = $1 AND session_id = $2",
-    2 },
+    2, .set = NH_PGOP_SESSION_GET_SET },
   [NH_PGOP_SESSION_PUT] = { "nh_session_put",
     "INSERT INTO sessions(endpoint, session_id, blocked_by, draining, retry_due, next_park_seq)"
     " VALUES ($1,$2,$3,$4,$5,$6) ON CONFLICT (endpoint, session_id) DO UPDATE SET blocked_by = excluded.blocked_by,"
@@ -211,6 +221,29 @@ static const nh_pg_opdef_t ops[NH_PGOP_COUNT] = {
     "SELECT (SELECT count(*) FROM sessions WHERE endpoint = $1 AND blocked_by IS NOT NULL),"
     " (SELECT count(*) FROM audit WHERE endpoint = $1 AND status = 'Pending' AND sub_status = 'Handoff'),"
     " (SELECT count(*) FROM parked WHERE endpoint = $1)", 1 },
+  /* The set twins: the rows in the order given (ORDINALITY), so that seq and id follow
+   * the write list as the row statements' do. */
+  [NH_PGOP_AUDIT_PUT_SET] = { "nh_audit_put_set",
+    "INSERT INTO audit(" AUDIT_PUT_COLS ")"
+    " SELECT c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11::bigint, c12, c13, c14, c15::bigint, c16, c17,"
+    " c18::bigint, c18::bigint, c19, c20, c21::bigint, c22::bigint, c23::bigint, c24::bigint, c25"
+    " FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[],"
+    " $9::text[], $10::text[], $11::text[], $12::text[], $13::text[], $14::text[], $15::text[], $16::bytea[],"
+    " $17::bytea[], $18::text[], $19::text[], $20::text[], $21::text[], $22::text[], $23::text[], $24::text[],"
+    " $25::text[]) WITH ORDINALITY AS u(c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16,"
+    " c17, c18, c19, c20, c21, c22, c23, c24, c25, o) ORDER BY o" AUDIT_PUT_UPSERT, 25,
+    .types = "tttttttttttttttbbtttttttt" },
+  [NH_PGOP_HISTORY_ADD_SET] = { "nh_history_add_set",
+    "INSERT INTO history(" HISTORY_COLS ")"
+    " SELECT c1, c2, c3, c4, c5, c6, c7::bigint, c8, c9, c10, c11"
+    " FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[],"
+    " $9::text[], $10::text[], $11::bytea[]) WITH ORDINALITY AS u(c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, o)"
+    " ORDER BY o", 11, .types = "ttttttttttb" },
+  /* a read's twin answers each row's ordinal first (nh_pg_set.h) */
+  [NH_PGOP_SESSION_GET_SET] = { "nh_session_get_set",
+    "SELECT u.o, s.blocked_by, s.draining, s.retry_due, s.next_park_seq"
+    " FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS u(e, s, o)"
+    " JOIN sessions s ON s.endpoint = u.e AND s.session_id = u.s ORDER BY u.o", 2, .types = "tt" },
 };
 
 const nh_pg_optab_t nh_pg_store_optab = { "store", 3, ops, NH_PGOP_COUNT };   /* "nh_" */

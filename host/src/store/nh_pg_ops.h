@@ -81,6 +81,10 @@ typedef enum nh_pgop {
   /* the store-wide gauges (dispatch/nh_gauges_pg.c): an endpoint's (blocked sessions,
    * pending hand-offs, parked events), nh_store_endpoint_stats and _parked in one row */
   NH_PGOP_ENDPOINT_GAUGES,
+  /* the set twins of row operations (nh_pg_opdef_t's set): each parameter an array */
+  NH_PGOP_AUDIT_PUT_SET,
+  NH_PGOP_HISTORY_ADD_SET,
+  NH_PGOP_SESSION_GET_SET,
   NH_PGOP_COUNT
 } nh_pgop_t;
 
@@ -97,6 +101,16 @@ typedef struct nh_pg_opdef {
   const char *name;   /* the prepared statement's name, unique over every table */
   const char *sql;
   int nparams;
+  /* A row operation a commit may send for many rows as one statement (nh_pg_set.h):
+   * `set` is its twin in the same table, which takes as parameter i the array of every
+   * row's parameter i, and `types` (on the twin) each array's elements: 't' text (numbers
+   * too, cast in its SQL), 'b' bytea. `rel` is the table the row operation writes: rows
+   * of one table whose first `key` parameters repeat (an upsert's key, a guarded delete's)
+   * do not go in one statement. 0: none, the operation is sent row by row. */
+  int set;
+  const char *types;
+  const char *rel;
+  int key;
 } nh_pg_opdef_t;
 
 typedef struct nh_pg_optab {
@@ -295,6 +309,8 @@ typedef struct nh_pg_opcopy {
 } nh_pg_opcopy_t;
 nh_pg_opcopy_t *nh_pg_opcopy_new(const nh_pg_optab_t *tab, int op, nh_pg_args_t *a);
 void nh_pg_opcopy_free(nh_pg_opcopy_t *c);
+/* The parameters of a copied operation, borrowed from it (valid while it lives). */
+void nh_pg_opcopy_args(const nh_pg_opcopy_t *c, nh_pg_args_t *a);
 /* Adds the copied operation to a batch (nh_pg_batch_add_op). */
 int nh_pg_opcopy_send(nh_pg_db_t *db, const nh_pg_opcopy_t *c, nh_pg_result_cb cb, void *data, nh_error_t *err);
 

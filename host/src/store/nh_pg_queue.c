@@ -83,6 +83,12 @@ int nh_pg_queue_migrate(PGconn *conn, nh_error_t *err)
   " originating_message_id, parent_message_id, from_, retry_count, delivery_count, enqueued_at,"   \
   " visible_at, body, error_text, error_type, releases, reply_to, traceparent, tracestate"
 
+/* The columns a queue insert writes. */
+#define INSERT_COLS                                                                               \
+  "endpoint, session_id, message_id, event_id, event_type, message_type, correlation_id,"           \
+  " originating_message_id, parent_message_id, from_, retry_count, enqueued_at, visible_at, body,"  \
+  " error_text, error_type, reply_to, traceparent, tracestate"
+
 static const nh_pg_opdef_t ops[NH_PGQ_COUNT] = {
   [NH_PGQ_SUB_DEL] = { "nhq_sub_del", "DELETE FROM subscriptions WHERE endpoint = $1", 1 },
   [NH_PGQ_SUB_ADD] = { "nhq_sub_add",
@@ -99,13 +105,11 @@ static const nh_pg_opdef_t ops[NH_PGQ_COUNT] = {
    * second writer of the session waits for the first to end before it takes its seq, and
    * a session's rows become visible in seq order (other sessions' writers do not wait). */
   [NH_PGQ_INSERT] = { "nhq_insert",
-    "INSERT INTO queue(endpoint, session_id, message_id, event_id, event_type, message_type, correlation_id,"
-    " originating_message_id, parent_message_id, from_, retry_count, enqueued_at, visible_at, body,"
-    " error_text, error_type, reply_to, traceparent, tracestate)"
+    "INSERT INTO queue(" INSERT_COLS ")"
     " SELECT $1::text, $2::text, $3::text, $4::text, $5::text, $6::text, $7::text, $8::text, $9::text, $10::text,"
     " $11::bigint, $12::bigint, $12::bigint, $13::bytea, $14::text, $15::text, $16::text, $17::text, $18::text"
     " FROM (SELECT pg_advisory_xact_lock(hashtextextended($1::text || chr(31) || $2::text, 0))) session_order"
-    " RETURNING seq", 18 },
+    " RETURNING seq", 18, .set = NH_PGQ_INSERT_SET, .rel = "queue" },
   [NH_PGQ_HEADS] = { "nhq_heads",
     "SELECT " ROW_COLS " FROM queue q WHERE q.endpoint = $1 AND NOT EXISTS"
     " (SELECT 1 FROM session_locks l WHERE l.endpoint = $1 AND l.session_id = q.session_id"
@@ -119,7 +123,7 @@ static const nh_pg_opdef_t ops[NH_PGQ_COUNT] = {
   [NH_PGQ_RENEW] = { "nhq_renew",
     "UPDATE session_locks SET locked_until = $4 WHERE endpoint = $1 AND session_id = $2 AND owner = $3", 4 },
   [NH_PGQ_DELIVERED] = { "nhq_delivered", "UPDATE queue SET delivery_count = delivery_count + 1 WHERE seq = $1", 1 },
-  [NH_PGQ_DELETE] = { "nhq_delete", "DELETE FROM queue WHERE seq = $1", 1 },
+  [NH_PGQ_DELETE] = { "nhq_delete", "DELETE FROM queue WHERE seq = $1", 1, .set = NH_PGQ_DELETE_SET, .rel = "queue" },
   [NH_PGQ_DEAD] = { "nhq_dead",
     "INSERT INTO dead_letters(seq, endpoint, session_id, message_id, event_id, event_type, message_type, body,"
     " reason, delivery_count, at) SELECT seq, endpoint, session_id, message_id, event_id, event_type,"
@@ -158,8 +162,10 @@ static const nh_pg_opdef_t ops[NH_PGQ_COUNT] = {
    * live leases as a hashed NOT IN (session_id is never NULL), not an anti-join the
    * planner ran as a scan of every lease per queue row; cand's rows by `seq = ANY` of an
    * array (index lookups), not a join it ran as a sequential scan of the queue; and the
-   * leased sessions as an IN over a subquery kept apart (OFFSET 0), hashed, not a nested
-   * loop over the CTE for each candidate. 30 ms became 5-15 ms per call of 256 heads. */
+   * leased sessions as an IN tested IS TRUE: a test PostgreSQL cannot turn into a semi
+   * join (it did, OFFSET 0 or not, and scanned the CTE once per candidate: 8 of a call's
+   * 11 ms), so it stays a hashed subplan. 30 ms became 5-15 ms per call of 256 heads, then
+   * about 6 ms. */
   [NH_PGQ_HEADS_AND_LOCK] = { "nhq_heads_and_lock",
     "WITH scan AS ("
     "  SELECT q.seq, q.session_id, q.visible_at FROM queue q WHERE q.endpoint = $1 AND q.session_id NOT IN"
@@ -174,7 +180,7 @@ static const nh_pg_opdef_t ops[NH_PGQ_COUNT] = {
     "  ON CONFLICT (endpoint, session_id) DO UPDATE SET owner = excluded.owner, locked_until = excluded.locked_until"
     "  WHERE session_locks.locked_until <= $2::bigint RETURNING session_id),"
     " taken AS (UPDATE queue q SET delivery_count = q.delivery_count + 1 FROM cand c"
-    "  WHERE q.seq = c.seq AND c.session_id IN (SELECT session_id FROM leased OFFSET 0) RETURNING q.*)"
+    "  WHERE q.seq = c.seq AND (c.session_id IN (SELECT session_id FROM leased)) IS TRUE RETURNING q.*)"
     " SELECT seq, session_id, message_id, event_id, event_type, message_type, correlation_id,"
     " originating_message_id, parent_message_id, from_, retry_count, delivery_count - 1, enqueued_at,"
     " visible_at, body, error_text, error_type, releases, reply_to, traceparent, tracestate FROM taken ORDER BY seq",
@@ -182,7 +188,8 @@ static const nh_pg_opdef_t ops[NH_PGQ_COUNT] = {
   [NH_PGQ_SESSION_NEXT] = { "nhq_session_next",
     "SELECT " ROW_COLS " FROM queue WHERE endpoint = $1 AND seq > $3 AND session_id = $2 ORDER BY seq LIMIT $4", 4 },
   [NH_PGQ_HELD] = { "nhq_held",
-    "SELECT count(*) FROM session_locks WHERE endpoint = $1 AND session_id = $2 AND owner = $3", 3 },
+    "SELECT count(*) FROM session_locks WHERE endpoint = $1 AND session_id = $2 AND owner = $3", 3,
+    .set = NH_PGQ_HELD_SET },
   /* The cast of a text that is no number is the error that fails the batch: it reads
    * "invalid input syntax for type integer: "session lock lost: <session>"" in the log.
    * The text includes the count (repeat(' ', 0) is empty) so that the planner cannot fold
@@ -190,8 +197,37 @@ static const nh_pg_opdef_t ops[NH_PGQ_COUNT] = {
   [NH_PGQ_UNLOCK_OWNED] = { "nhq_unlock_owned",
     "WITH d AS (DELETE FROM session_locks WHERE endpoint = $1 AND session_id = $2 AND owner = $3 RETURNING 1)"
     " SELECT CASE WHEN count(*) = 0 THEN ('session lock lost: ' || $2::text || repeat(' ', count(*)::int))::int"
-    " ELSE 1 END FROM d", 3 },
+    " ELSE 1 END FROM d", 3, .set = NH_PGQ_UNLOCK_OWNED_SET, .rel = "session_locks", .key = 2 },
   [NH_PGQ_NOTIFY] = { "nhq_notify", "SELECT pg_notify('" NH_PGQ_CHANNEL "', $1)", 1 },
+  /* The set twins (nh_pg_opdef_t's set). INSERT's takes every session's advisory lock
+   * before its first row (an uncorrelated condition: evaluated once, first), in the
+   * order of the locks' keys, so that two writers of the same sessions never wait for
+   * each other in a circle; then inserts in the order given. */
+  [NH_PGQ_INSERT_SET] = { "nhq_insert_set",
+    "INSERT INTO queue(" INSERT_COLS ")"
+    " SELECT c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11::bigint, c12::bigint, c12::bigint, c13, c14, c15, c16,"
+    " c17, c18 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[],"
+    " $8::text[], $9::text[], $10::text[], $11::text[], $12::text[], $13::bytea[], $14::text[], $15::text[],"
+    " $16::text[], $17::text[], $18::text[]) WITH ORDINALITY AS u(c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11,"
+    " c12, c13, c14, c15, c16, c17, c18, o)"
+    " WHERE (SELECT count(*) FROM (SELECT h, pg_advisory_xact_lock(h) FROM (SELECT DISTINCT"
+    "  hashtextextended(e || chr(31) || s, 0) AS h FROM unnest($1::text[], $2::text[]) AS k(e, s) ORDER BY 1) hs)"
+    "  session_order) >= 0"
+    " ORDER BY o RETURNING seq", 18, .types = "ttttttttttttbttttt" },
+  [NH_PGQ_DELETE_SET] = { "nhq_delete_set", "DELETE FROM queue WHERE seq = ANY ($1::text[]::bigint[])", 1,
+    .types = "t" },
+  /* fails as UNLOCK_OWNED does, naming the sessions whose lease was lost */
+  [NH_PGQ_UNLOCK_OWNED_SET] = { "nhq_unlock_owned_set",
+    "WITH u AS (SELECT * FROM unnest($1::text[], $2::text[], $3::text[]) AS u(e, s, o)),"
+    " d AS (DELETE FROM session_locks l USING u WHERE l.endpoint = u.e AND l.session_id = u.s AND l.owner = u.o"
+    "  RETURNING l.endpoint, l.session_id)"
+    " SELECT CASE WHEN count(*) = cardinality($1::text[]) THEN 1 ELSE ('session lock lost: ' ||"
+    " (SELECT string_agg(u.s, ', ') FROM u WHERE (u.e, u.s) NOT IN (SELECT endpoint, session_id FROM d)) ||"
+    " repeat(' ', count(*)::int))::int END FROM d", 3, .types = "ttt" },
+  [NH_PGQ_HELD_SET] = { "nhq_held_set",
+    "SELECT u.o, (SELECT count(*) FROM session_locks l WHERE l.endpoint = u.e AND l.session_id = u.s"
+    " AND l.owner = u.w) FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS u(e, s, w, o)"
+    " ORDER BY u.o", 3, .types = "ttt" },
 };
 
 const nh_pg_optab_t nh_pgq_optab = { "queue", 4, ops, NH_PGQ_COUNT };   /* "nhq_" */

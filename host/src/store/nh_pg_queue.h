@@ -59,6 +59,11 @@ typedef enum nh_pgqop {
   NH_PGQ_HELD,             /* 1 if `owner` holds the session's lease (expired or not), else 0 */
   NH_PGQ_UNLOCK_OWNED,     /* UNLOCK that fails its batch when the lease is not `owner`'s any more */
   NH_PGQ_NOTIFY,           /* wakes the hosts listening on NH_PGQ_CHANNEL: the endpoint has work */
+  /* the set twins of row operations (nh_pg_opdef_t's set): each parameter an array */
+  NH_PGQ_INSERT_SET,
+  NH_PGQ_DELETE_SET,
+  NH_PGQ_UNLOCK_OWNED_SET,
+  NH_PGQ_HELD_SET,
   NH_PGQ_COUNT
 } nh_pgqop_t;
 

@@ -77,6 +77,7 @@ typedef struct nh_uow_stats {
   uint64_t filled;      /* ... keys they read */
   uint64_t commits;     /* PostgreSQL: commit batches sent */
   uint64_t writes;      /* ... writes they carried */
+  uint64_t statements;  /* ... statements those writes took (nh_pg_set.h: a set of rows is one) */
 } nh_uow_stats_t;
 void nh_uow_stats(const nh_uow_t *u, nh_uow_stats_t *out);
 

@@ -118,9 +118,16 @@ static nh_pgop_t read_args(nh_pg_args_t *a, const entry_t *e)
   }
 }
 
+/* Every wanted entry's read, those with set twins as one statement of each (nh_pg_set.h):
+ * a fill's hundreds of session states and lease checks. */
 static int build_fill(void *data, nh_pg_db_t *db, nh_error_t *err)
 {
   nh_uowpg_t *p = data;
+  nh_pg_sets_t *g = &p->fill_sets;
+  if (p->fill_sets_live) nh_pg_sets_free(g);   /* a batch built again after its link came back */
+  nh_pg_sets_init(g);
+  p->fill_sets_live = 1;
+  const nh_pg_optab_t *store = &nh_pg_store_optab;
   for (entry_t *e = p->wanted; e; e = e->want_next) {
     nh_pg_args_t a;
     if (e->kind == K_DUE) {   /* the scan's reads, merged once the last is in (due_merge) */
@@ -129,26 +136,35 @@ static int build_fill(void *data, nh_pg_db_t *db, nh_error_t *err)
       free(e->due_cursor);
       e->due_cursor = NULL;
       e->nparts = 0;
-      if (nh_pg_batch_add(db, nh_pgargs_sessions_retry_due(&a, e->k1, nh_time_now_ms(), limit), &a, on_read, e, err) ||
-          nh_pg_batch_add(db, nh_pgargs_sessions_draining(&a, e->k1, e->k2, limit), &a, on_read, e, err) ||
-          (*e->k2 && nh_pg_batch_add(db, nh_pgargs_sessions_draining(&a, e->k1, "", limit), &a, on_read, e, err)))
-        return err->code;
+      nh_pgop_t op = nh_pgargs_sessions_retry_due(&a, e->k1, nh_time_now_ms(), limit);
+      if (nh_pg_sets_add(g, db, store, (int)op, &a, on_read, e, err)) return err->code;
+      op = nh_pgargs_sessions_draining(&a, e->k1, e->k2, limit);
+      if (nh_pg_sets_add(g, db, store, (int)op, &a, on_read, e, err)) return err->code;
+      if (*e->k2) {
+        op = nh_pgargs_sessions_draining(&a, e->k1, "", limit);
+        if (nh_pg_sets_add(g, db, store, (int)op, &a, on_read, e, err)) return err->code;
+      }
       continue;
     }
     if (e->kind == K_OP) {
-      if (nh_pg_opcopy_send(db, e->op, on_read, e, err)) return err->code;
+      nh_pg_opcopy_args(e->op, &a);
+      if (nh_pg_sets_add(g, db, e->op->tab, e->op->op, &a, on_read, e, err)) return err->code;
       continue;
     }
     nh_pgop_t op = read_args(&a, e);
-    if (nh_pg_batch_add(db, op, &a, on_read, e, err)) return err->code;
+    if (nh_pg_sets_add(g, db, store, (int)op, &a, on_read, e, err)) return err->code;
   }
-  return NH_OK;
+  return nh_pg_sets_flush(g, db, err);
 }
 
 static void fill_done(void *data, nh_pg_batch_outcome_t outcome, const nh_error_t *err)
 {
   nh_uowpg_t *p = data;
   p->busy = 0;
+  if (p->fill_sets_live) {   /* every callback has run, or none will */
+    nh_pg_sets_free(&p->fill_sets);
+    p->fill_sets_live = 0;
+  }
   int ok = outcome == NH_PG_COMMITTED;
   if (ok) {   /* every on_read has run */
     for (entry_t *e = p->wanted, *next; e; e = next) {
@@ -205,19 +221,30 @@ static nh_pgop_t write_args(nh_pg_args_t *a, const write_t *w)
   }
 }
 
+/* The write list in as few statements as its tables allow (nh_pg_set.h): a pump's
+ * hundreds of audit puts, history rows, queue inserts and deletes and lease ends go as
+ * one statement of each. */
 static int build_commit(void *data, nh_pg_db_t *db, nh_error_t *err)
 {
   nh_uowpg_t *p = data;
-  for (size_t i = 0; i < p->sent; i++) {
-    if (p->writes[i].kind == W_OP) {
-      if (nh_pg_opcopy_send(db, p->writes[i].op, NULL, NULL, err)) return err->code;
-      continue;
-    }
+  nh_pg_sets_t g;
+  nh_pg_sets_init(&g);
+  int rc = NH_OK;
+  for (size_t i = 0; i < p->sent && rc == NH_OK; i++) {
+    const write_t *w = &p->writes[i];
     nh_pg_args_t a;
-    nh_pgop_t op = write_args(&a, &p->writes[i]);
-    if (nh_pg_batch_add(db, op, &a, NULL, NULL, err)) return err->code;
+    if (w->kind == W_OP) {
+      nh_pg_opcopy_args(w->op, &a);
+      rc = nh_pg_sets_add(&g, db, w->op->tab, w->op->op, &a, NULL, NULL, err);
+    } else {
+      nh_pgop_t op = write_args(&a, w);
+      rc = nh_pg_sets_add(&g, db, &nh_pg_store_optab, (int)op, &a, NULL, NULL, err);
+    }
   }
-  return NH_OK;
+  if (rc == NH_OK) rc = nh_pg_sets_flush(&g, db, err);
+  p->u->stats.statements += g.statements;
+  nh_pg_sets_free(&g);
+  return rc ? err->code : NH_OK;
 }
 
 static void commit_done(void *data, nh_pg_batch_outcome_t outcome, const nh_error_t *err)

@@ -8,6 +8,7 @@
 
 #include "nh_pg_link.h"
 #include "nh_pg_ops.h"
+#include "nh_pg_set.h"
 #include "nh_uow_int.h"
 
 /* Parked rows per window read. A session replays one parked row per pump, and the pass that
@@ -119,6 +120,8 @@ struct nh_uowpg {
   nh_uow_fill_cb fill_cb;
   nh_uow_commit_cb commit_cb;
   void *cb_data;
+  nh_pg_sets_t fill_sets;   /* the fill out: its read sets' callbacks (nh_pg_set.h) */
+  int fill_sets_live;
 };
 
 

@@ -52,6 +52,7 @@ nh_uowpg_t *nh_uowpg_new(nh_uow_t *u, nh_pg_link_t *link)
 void nh_uowc_destroy(nh_uowpg_t *p)
 {
   nh_uow_t *u = p->u;
+  if (p->fill_sets_live) nh_pg_sets_free(&p->fill_sets);
   nh_uowc_writes_truncate(p, 0);
   free(p->writes);
   nh_uowc_entries_free(p);

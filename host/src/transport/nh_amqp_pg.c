@@ -26,6 +26,7 @@
 #include "core/nh_util.h"
 #include "store/nh_pg_amqp.h"
 #include "store/nh_pg_link.h"
+#include "store/nh_pg_set.h"
 #include "store/nh_uow.h"
 
 #include <stdio.h>
@@ -146,12 +147,23 @@ static int build(void *data, nh_pg_db_t *db, nh_error_t *err)
   amqp_pg_t *p = data;
   amqp_t *a = p->a;
   nh_pg_args_t args;
-  for (int i = 0; i < p->nout; i++)
-    if (nh_pg_opcopy_send(db, p->out[i], NULL, NULL, err)) return err->code;
+  /* the writes as set statements (store/nh_pg_set.h): the acked rows' deletes one */
+  nh_pg_sets_t g;
+  nh_pg_sets_init(&g);
+  int rc = NH_OK;
+  for (int i = 0; i < p->nout && rc == NH_OK; i++) {
+    nh_pg_opcopy_args(p->out[i], &args);
+    rc = nh_pg_sets_add(&g, db, p->out[i]->tab, p->out[i]->op, &args, NULL, NULL, err);
+  }
   p->gen = a->conn_gen;
   p->ndel = a->nacked;
-  for (int i = 0; i < p->ndel; i++)
-    if (nh_pga_batch_add(db, nh_pgaargs_out_del(&args, a->acked[i]), &args, NULL, NULL, err)) return err->code;
+  for (int i = 0; i < p->ndel && rc == NH_OK; i++) {
+    nh_pgaop_t op = nh_pgaargs_out_del(&args, a->acked[i]);
+    rc = nh_pg_sets_add(&g, db, &nh_pga_optab, (int)op, &args, NULL, NULL, err);
+  }
+  if (rc == NH_OK) rc = nh_pg_sets_flush(&g, db, err);
+  nh_pg_sets_free(&g);
+  if (rc) return err->code;
   if (p->adopts) {
     nh_pgaop_t op = nh_pgaargs_out_adopt(&args, a->owner, nh_time_now_ms() - NH_AMQP_PG_GONE_MS);
     if (nh_pga_batch_add(db, op, &args, on_adopted, p, err)) return err->code;
