@@ -5,6 +5,8 @@
 #include "admin/nh_admin.h"
 #include "core/nh_log.h"
 #include "core/nh_runtime.h"
+#include "store/nh_pg.h"
+#include "store/nh_pg_ops.h"
 
 #include <signal.h>
 #include <stdio.h>
@@ -65,7 +67,16 @@ int nh_cmd_console(int argc, char **argv)
   addr.opts.console_only = 1;
   nh_error_t err = {0};
   nh_store_t *store = NULL;
-  if (nh_store_open(&store, a.store, 0, &err)) {
+  int pg = nh_pg_url_is(a.store);
+  if (pg) {
+    /* the hosts' PostgreSQL store: checked (reachable, its schema known, migrated if no host
+     * has started on it yet) on one connection, then served as a host serves it, its reads
+     * and requests on the thread pool's own connections */
+    nh_pg_db_t *db = nh_cli_pg_open("console", a.store, &rc);
+    if (!db) return rc;
+    nh_pg_db_free(db);
+    addr.opts.pg_url = a.store;
+  } else if (nh_store_open(&store, a.store, 0, &err)) {
     fprintf(stderr, "nimbus-host console: %s (give the store of the hosts with --store PATH)\n", err.msg);
     return err.code == NH_EUSAGE ? NH_EXIT_USAGE : NH_EXIT_FAIL;
   }
@@ -85,8 +96,10 @@ int nh_cmd_console(int argc, char **argv)
   c.sigint.data = c.sigterm.data = &c;
   uv_signal_start(&c.sigint, on_stop, SIGINT);
   uv_signal_start(&c.sigterm, on_stop, SIGTERM);
+  char *shown = pg ? nh_pg_url_display(a.store) : NULL;
   nh_log_info("console", "serving the store %s (no adapters run here; actions wait for the hosts that own the "
-              "endpoints)", a.store);
+              "endpoints)", shown ? shown : a.store);
+  free(shown);
   nh_runtime_run(&rt, UV_RUN_DEFAULT);
   nh_runtime_close_parts(&rt);
   uv_run(&rt.loop, UV_RUN_DEFAULT);

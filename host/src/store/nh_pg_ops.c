@@ -239,11 +239,15 @@ static const nh_pg_opdef_t ops[NH_PGOP_COUNT] = {
     " FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[],"
     " $9::text[], $10::text[], $11::bytea[]) WITH ORDINALITY AS u(c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, o)"
     " ORDER BY o", 11, .types = "ttttttttttb" },
-  /* a read's twin answers each row's ordinal first (nh_pg_set.h) */
+  /* A read's twin answers each row's ordinal first (nh_pg_set.h). Each row a lookup of
+   * the primary key, whatever the statistics say: a LATERAL subquery with a LIMIT is never
+   * flattened into a join, which a plan made while the table was small could run as a scan
+   * of every session (thousands, in an outage) per fill. */
   [NH_PGOP_SESSION_GET_SET] = { "nh_session_get_set",
     "SELECT u.o, s.blocked_by, s.draining, s.retry_due, s.next_park_seq"
-    " FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS u(e, s, o)"
-    " JOIN sessions s ON s.endpoint = u.e AND s.session_id = u.s ORDER BY u.o", 2, .types = "tt" },
+    " FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS u(e, k, o)"
+    " CROSS JOIN LATERAL (SELECT blocked_by, draining, retry_due, next_park_seq FROM sessions"
+    "  WHERE endpoint = u.e AND session_id = u.k LIMIT 1) s ORDER BY u.o", 2, .types = "tt" },
 };
 
 const nh_pg_optab_t nh_pg_store_optab = { "store", 3, ops, NH_PGOP_COUNT };   /* "nh_" */
