@@ -11,10 +11,14 @@
 
 void nh_uowc_entry_clear_overlay(entry_t *e)
 {
+  /* ov_st and ov_audit are only ever set with ov (apply_*), and every pass resets every
+   * entry: clearing the untouched ones was 6% of a host's CPU on PostgreSQL */
+  if (e->ov) {
+    nh_session_state_clear(&e->ov_st);
+    nh_audit_clear(&e->ov_audit);
+  }
   e->ov = 0;
   e->ov_found = 0;
-  nh_session_state_clear(&e->ov_st);
-  nh_audit_clear(&e->ov_audit);
   e->delta = 0;
   e->dead = 0;
   for (int i = 0; i < e->nparks; i++) nh_msg_clear(&e->parks[i]);

@@ -16,6 +16,7 @@
  * which fails the whole commit if another host took the session over in between. */
 #include "nh_embedded.h"
 #include "core/nh_log.h"
+#include "core/nh_strset.h"
 #include "core/nh_util.h"
 #include "store/nh_pg_link.h"
 #include "store/nh_pg_queue.h"
@@ -64,8 +65,8 @@ typedef struct pgq {
    * remembered for the pass, and the rest is given back (nh_uow_hooks_t). */
   leasing_t *leasings;
   int nleasings, leasings_cap;
-  char **used;        /* "endpoint\x1fsession" handed over in this pass */
-  int nused, used_cap;
+  nh_strset_t used;   /* "endpoint\x1fsession" handed over in this pass (a set: a pass's end
+                         asks it of every lease its fills took, hundreds) */
   char **woken;       /* endpoints this pass queued for: one NOTIFY each as it commits */
   int nwoken;
 } pgq_t;
@@ -107,11 +108,9 @@ static void leasing_note(pgq_t *q, const char *key, const char *endpoint, int he
 
 static void used_note(pgq_t *q, const char *endpoint, const char *session)
 {
-  if (q->nused == q->used_cap) {
-    q->used_cap = q->used_cap ? q->used_cap * 2 : 64;
-    q->used = nh_xrealloc(q->used, sizeof *q->used * (size_t)q->used_cap);
-  }
-  q->used[q->nused++] = session_key(endpoint, session);
+  char *k = session_key(endpoint, session);
+  nh_strset_add(&q->used, k);
+  free(k);
 }
 
 /* k is session_key(endpoint, session): compared in place, with no key built per lookup
@@ -124,15 +123,18 @@ static int key_is(const char *k, const char *endpoint, const char *session)
 
 static int used_has(pgq_t *q, const char *endpoint, const char *session)
 {
-  for (int i = 0; i < q->nused; i++)
-    if (key_is(q->used[i], endpoint, session)) return 1;
-  return 0;
+  if (!q->used.count) return 0;
+  char *k = session_key(endpoint, session);
+  int has = nh_strset_has(&q->used, k);
+  free(k);
+  return has;
 }
 
 static void used_clear(pgq_t *q)
 {
-  for (int i = 0; i < q->nused; i++) free(q->used[i]);
-  q->nused = 0;
+  if (!q->used.count) return;
+  nh_strset_free(&q->used);
+  nh_strset_init(&q->used, 64);
 }
 
 static void leasings_clear(pgq_t *q)
@@ -579,8 +581,7 @@ static void pgq_free(pgq_t *q)
   free(q->lost);
   leasings_clear(q);
   free(q->leasings);
-  used_clear(q);
-  free(q->used);
+  nh_strset_free(&q->used);
   woken_clear(q);
   free(q->woken);
   nh_pg_db_free(q->sync);
@@ -667,6 +668,7 @@ nh_transport_t *nh_embedded_pg_init(nh_pg_link_t *link, PGconn *conn, const char
   q->link = link;
   q->sync = nh_pg_db_new(conn);
   q->owner = nh_xstrdup(owner);
+  nh_strset_init(&q->used, 64);
   reap_dead_owners(q);
   if (nh_pg_link_listen(link, NH_PGQ_CHANNEL, on_notify, q, err)) {
     pgq_free(q);
