@@ -238,9 +238,7 @@ end
 B.run(main, function()
   hosts:cleanup(os.getenv("BENCH_KEEP") == "1")
   for _, name in ipairs(dbs) do B.sh(pgsh .. " dropdb " .. name .. " >/dev/null 2>&1") end
-  for _, v in ipairs(vhosts) do
-    B.sh(("curl -sf -u guest:guest -X DELETE http://127.0.0.1:15672/api/vhosts/%s >/dev/null 2>&1"):format(v))
-  end
+  for _, v in ipairs(vhosts) do pcall(mgmt, "DELETE", "/vhosts/" .. v) end
   if broker_started then B.sh(RMQ .. " stop >/dev/null 2>&1") end
   B.sh("rm -rf " .. q(TMP))
 end)

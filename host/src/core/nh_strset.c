@@ -70,3 +70,13 @@ void nh_strset_free(nh_strset_t *set)
   set->cap = 0;
   set->count = 0;
 }
+
+void nh_strset_clear(nh_strset_t *set)
+{
+  if (!set->count) return;
+  for (size_t i = 0; i < set->cap; i++) {
+    free(set->keys[i]);
+    set->keys[i] = NULL;
+  }
+  set->count = 0;
+}

@@ -17,6 +17,7 @@ void nh_strset_init(nh_strset_t *set, size_t max_keys);
 int nh_strset_add(nh_strset_t *set, const char *key);   /* 1 if newly added, 0 if present */
 int nh_strset_has(const nh_strset_t *set, const char *key);
 void nh_strset_free(nh_strset_t *set);
+void nh_strset_clear(nh_strset_t *set);                 /* empty again; the table is kept for reuse */
 uint64_t nh_strset_hash(const char *s);                  /* the set's hash (FNV-1a) */
 
 #endif

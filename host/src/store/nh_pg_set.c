@@ -163,10 +163,7 @@ int nh_pg_sets_flush(nh_pg_sets_t *g, nh_pg_db_t *db, nh_error_t *err)
     g->statements++;
   }
   g->n = 0;
-  if (g->keys.count) {
-    nh_strset_free(&g->keys);
-    nh_strset_init(&g->keys, 64);
-  }
+  nh_strset_clear(&g->keys);
   return rc;
 }
 
@@ -188,7 +185,6 @@ static char *key_of(const nh_pg_opdef_t *def, const nh_pg_args_t *a)
 int nh_pg_sets_add(nh_pg_sets_t *g, nh_pg_db_t *db, const nh_pg_optab_t *tab, int op, nh_pg_args_t *args,
                    nh_pg_result_cb cb, void *data, nh_error_t *err)
 {
-  g->rows++;
   const nh_pg_opdef_t *def = op >= 0 && op < tab->count ? &tab->ops[op] : NULL;
   if (!def || !def->set || args->n != def->nparams) {   /* a barrier (or a misuse the send reports) */
     int rc = nh_pg_sets_flush(g, db, err);

@@ -55,7 +55,7 @@ typedef struct nh_pg_sets {
   nh_strset_t keys;   /* "rel\x1fkey..." of the rows held */
   nh_pg_split_t **splits;   /* the sent read sets' callbacks: kept until nh_pg_sets_free */
   int nsplits;
-  uint64_t rows, statements;   /* row operations given, statements sent for them */
+  uint64_t statements;   /* statements sent for the row operations given */
 } nh_pg_sets_t;
 
 void nh_pg_sets_init(nh_pg_sets_t *g);

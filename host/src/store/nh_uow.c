@@ -58,8 +58,7 @@ void nh_uow_pass_begin(nh_uow_t *u)
   if ((u->mode & NH_UOW_COLD) && u->fresh.count) {
     for (size_t i = 0; i < u->fresh.cap; i++)
       if (u->fresh.keys[i]) nh_strset_add(&u->known, u->fresh.keys[i]);
-    nh_strset_free(&u->fresh);
-    nh_strset_init(&u->fresh, 64);
+    nh_strset_clear(&u->fresh);
   }
 }
 
@@ -89,10 +88,8 @@ void nh_uow_end(nh_uow_t *u)
   u->pass = 0;
   if (u->pg) nh_uowpg_end(u->pg);
   if (u->mode & NH_UOW_COLD) {
-    nh_strset_free(&u->known);
-    nh_strset_init(&u->known, 64);
-    nh_strset_free(&u->fresh);
-    nh_strset_init(&u->fresh, 64);
+    nh_strset_clear(&u->known);
+    nh_strset_clear(&u->fresh);
   }
 }
 

@@ -132,9 +132,7 @@ static int used_has(pgq_t *q, const char *endpoint, const char *session)
 
 static void used_clear(pgq_t *q)
 {
-  if (!q->used.count) return;
-  nh_strset_free(&q->used);
-  nh_strset_init(&q->used, 64);
+  nh_strset_clear(&q->used);
 }
 
 static void leasings_clear(pgq_t *q)
