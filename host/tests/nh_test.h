@@ -326,7 +326,13 @@ static int nh_test_run_all(int argc, char **argv)
   return failed ? 1 : 0;
 }
 
+/* Every test runs on the sqlite VFS the host runs on (core/nh_sqlite_vfs.h). */
+int nh_sqlite_vfs_install(void);
 #define NH_TEST_MAIN()                                                                             \
-  int main(int argc, char **argv) { return nh_test_run_all(argc, argv); }
+  int main(int argc, char **argv)                                                                  \
+  {                                                                                                \
+    nh_sqlite_vfs_install();                                                                       \
+    return nh_test_run_all(argc, argv);                                                            \
+  }
 
 #endif

@@ -11,7 +11,8 @@
 -- BENCH_POLL_MS (store poll interval, 20), BENCH_KEEP=1 (keep the temp dir and the vhost),
 -- BENCH_DEADLINE (seconds for the whole bench, 300), BENCH_SKIP_HOST=1 (no host runs),
 -- BENCH_ROUNDS (rounds of host, node, bare runs, 3; medians are reported),
--- BENCH_PERF=FILE (attach `perf record -g` to the first timed host, profile to FILE),
+-- BENCH_PERF=FILE (attach `perf record -g` to the first timed host, profile to FILE; BENCH_PERF_OPTS
+-- replaces `-F 999 -g`, e.g. "-F 4999 --call-graph dwarf"),
 -- BENCH_HOST_WRAP=CMD (timed hosts run under CMD, e.g. "valgrind --tool=callgrind
 -- --callgrind-out-file=/tmp/cg.%p": instructions per event, repeatable on a busy machine),
 -- BENCH_NODE (the Node.js peer: unset = run it when it can be set up, else say why not and go
@@ -409,7 +410,8 @@ local function run_host(round)
   local h = start_host("host" .. round, adapter, store)
   local perf
   if os.getenv("BENCH_PERF") and round == 1 then   -- attaches while the host starts: misses its first ~0.1 s
-    perf = spawn("perf", "perf record -F 999 -g -p " .. h.pid .. " -o " .. sh_quote(os.getenv("BENCH_PERF")))
+    perf = spawn("perf", "perf record " .. (os.getenv("BENCH_PERF_OPTS") or "-F 999 -g") .. " -p " .. h.pid ..
+                 " -o " .. sh_quote(os.getenv("BENCH_PERF")))
   end
   sql_open(store, round, fifo)
   local t_ready = wait_ready(h, 30)
