@@ -252,6 +252,57 @@ TEST(diagnostic_id_on_the_service_bus_profile)
   }
 }
 
+/* The routing key carries the session's bucket (docs/broker-partitions.md): the hash is
+ * FNV-1a, fixed here because every host version must put a session in the same partition. */
+TEST(routing_keys_carry_the_session_bucket_and_decode_back_to_the_type)
+{
+  ASSERT_EQ_INT((int)nh_amqp_session_bucket("s1"), 201);
+  ASSERT_EQ_INT((int)nh_amqp_session_bucket("order-42"), 244);
+  char key[128], words[32];
+  nh_amqp_routing_key("OrderPlaced", "s1", key, sizeof key);
+  ASSERT_EQ_STR(key, "OrderPlaced.1.1.0.0.1.0.0.1");
+  nh_amqp_bucket_words(5, 3, words);   /* partition 5 of 8 binds Type.#.1.0.1 */
+  ASSERT_EQ_STR(words, ".1.0.1");
+  nh_amqp_bucket_words(0, 0, words);   /* one queue binds Type.# */
+  ASSERT_EQ_STR(words, "");
+
+  nh_msg_t m;
+  memset(&m, 0, sizeof m);
+  m.type = NH_MT_EVENT;
+  m.message_id = "m-9";
+  m.event_type = "OrderPlaced";
+  m.session_id = "s1";
+  m.body = "{}";
+  m.body_len = 2;
+  pn_message_t *pm = pn_message();
+  nh_amqp_msg_encode(pm, &m, NULL, 0);   /* through the exchange: the routing key */
+  ASSERT_EQ_STR(pn_message_get_subject(pm), "OrderPlaced.1.1.0.0.1.0.0.1");
+  nh_msg_t got;
+  nh_amqp_msg_decode(pm, "Ep", &got);
+  ASSERT_EQ_STR(got.event_type, "OrderPlaced");
+  nh_msg_clear(&got);
+  /* a sender that sets no EventTypeId: the type is the subject without the bucket words */
+  pn_data_clear(pn_message_properties(pm));
+  pn_data_t *p = pn_message_properties(pm);
+  pn_data_put_map(p);
+  pn_data_enter(p);
+  pn_data_put_string(p, pn_bytes(11, "MessageType"));
+  pn_data_put_string(p, pn_bytes(12, "EventRequest"));
+  pn_data_exit(p);
+  nh_amqp_msg_decode(pm, "Ep", &got);
+  ASSERT_EQ_STR(got.event_type, "OrderPlaced");
+  nh_msg_clear(&got);
+  pn_message_set_subject(pm, "Order.1.0");   /* too few words: a type with dots of its own */
+  nh_amqp_msg_decode(pm, "Ep", &got);
+  ASSERT_EQ_STR(got.event_type, "Order.1.0");
+  nh_msg_clear(&got);
+  nh_amqp_msg_encode(pm, &m, "Ep", 0);   /* straight to a queue: the type */
+  ASSERT_EQ_STR(pn_message_get_subject(pm), "OrderPlaced");
+  nh_amqp_msg_encode(pm, &m, NULL, 1);   /* Service Bus filters subscriptions on the type */
+  ASSERT_EQ_STR(pn_message_get_subject(pm), "OrderPlaced");
+  pn_message_free(pm);
+}
+
 TEST(malformed_messages_name_the_problem)
 {
   pn_message_t *pm = pn_message();

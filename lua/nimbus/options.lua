@@ -85,6 +85,13 @@ local function integer(min, max)
     if math.type(v) ~= "integer" or v < min or v > max then return ("an integer from %d to %d"):format(min, max) end
   end
 end
+local function power_of_two(max)
+  return function(v)
+    if math.type(v) ~= "integer" or v < 1 or v > max or v & (v - 1) ~= 0 then
+      return ("a power of two from 1 to %d (1, 2, 4, ...)"):format(max)
+    end
+  end
+end
 local function one_of(...)
   local names = { ... }
   return function(v)
@@ -123,6 +130,7 @@ M.ENDPOINT = {
   { "inbox", of_type("boolean", "true or false") },
   { "timeout", seconds(0.001) },
   { "cpu_budget", seconds(0.001) },
+  { "partitions", power_of_two(256) },
 }
 M.HANDLER = { { "is_alive", of_type("function", "a function(ctx) returning true while the work progresses") } }
 M.CHECKER = { { "every", seconds(0.001), required = true }, { "timeout", seconds(0.001) } }

@@ -52,6 +52,7 @@ local nimbus = {}
 
 ---@class nimbus.EndpointOptions
 ---@field concurrency? integer sessions in flight at once (1..100000, default 100)
+---@field partitions? integer RabbitMQ: spread the sessions over this many single-active-consumer queues (a power of two, 1..256, default 1)
 ---@field lock? nimbus.LockOptions
 ---@field retry? nimbus.RetryOptions failures: retried, then the session blocks
 ---@field transient? nimbus.TransientOptions nimbus.transient(...) errors: Pending+Retrying meanwhile

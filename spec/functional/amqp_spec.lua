@@ -36,14 +36,7 @@ local function rows_or_none(sb)
   return sb:events()
 end
 
--- Queues of a vhost, by name, from the management API (mgmt defaults to the suite's broker).
-local function queue_names(vhost, mgmt)
-  local r = nh.rmq_api("GET", "/queues/" .. nh.urlencode(vhost), nil, { mgmt = mgmt })
-  local names = {}
-  for _, q in ipairs(nh.decode(r.body)) do names[#names + 1] = q.name end
-  table.sort(names)
-  return names
-end
+local queue_names = nh.rmq_queue_names
 
 -- Puts one message straight onto an endpoint's queue, shaped as nimbus-host sends events
 -- (group-id = session, subject = event type, MessageType/EventTypeId/EventId application

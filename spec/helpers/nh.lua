@@ -213,6 +213,15 @@ function M.rmq_api(method, path, body, opts)
   return r
 end
 
+-- Names of a vhost's queues, sorted, from the management API (mgmt: another broker's).
+function M.rmq_queue_names(vhost, mgmt)
+  local r = M.rmq_api("GET", "/queues/" .. M.urlencode(vhost), nil, { mgmt = mgmt })
+  local names = {}
+  for _, q in ipairs(M.decode(r.body)) do names[#names + 1] = q.name end
+  table.sort(names)
+  return names
+end
+
 -- Creates a fresh vhost with full permissions for the transport's user; returns its name.
 local function create_vhost()
   local name = "nh-" .. random_hex(8)

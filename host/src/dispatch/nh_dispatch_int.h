@@ -16,6 +16,7 @@ typedef struct nh_endpoint {
   char *name;
   nh_vm_t *vm;
   int concurrency;               /* sessions in flight at once */
+  int partitions;                /* broker queues the endpoint's sessions are spread over (a power of two) */
   int inbox;
   int64_t lock_ms, renew_max_ms;
   double timeout_s, cpu_budget_s;  /* per handler task: wall-clock deadline, CPU between yields */

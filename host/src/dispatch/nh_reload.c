@@ -25,6 +25,16 @@ int nh_dispatch_subscribe_all(nh_dispatch_t *d, nh_error_t *err)
   for (nh_endpoint_t *ep = d->endpoints; ep; ep = ep->next) {
     if (ep->retired) continue;
     if (ep->lock_ms < d->tr->lock_ms || ep == d->endpoints) d->tr->lock_ms = ep->lock_ms;
+    if (d->tr->vt->set_partitions) {
+      if (d->tr->vt->set_partitions(d->tr, ep->name, ep->partitions, err)) {
+        if (d->store) nh_store_rollback(d->store);
+        return NH_EFAIL;
+      }
+    } else if (ep->partitions > 1 && !d->started) {
+      nh_log_info("dispatch", "%s: partitions = %d is for a broker (RabbitMQ); the %s transport keeps sessions in "
+                  "order across hosts through the store, so it has no effect here", ep->name, ep->partitions,
+                  d->tr->vt->name);
+    }
     if (d->tr->vt->subscribe(d->tr, ep->name, (const char *const *)ep->types, ep->commands, ep->ntypes, err)) {
       if (d->store) nh_store_rollback(d->store);
       return NH_EFAIL;
@@ -47,6 +57,7 @@ static void adopt(nh_endpoint_t *live, nh_endpoint_t *fresh)
 {
   live->vm = fresh->vm;
   live->concurrency = fresh->concurrency;
+  live->partitions = fresh->partitions;
   live->inbox = fresh->inbox;
   live->lock_ms = fresh->lock_ms;
   live->renew_max_ms = fresh->renew_max_ms;

@@ -117,6 +117,14 @@ static void buf_remove(rec_t *r)
   nh_queue_remove(&r->node);
   r->buffered = 0;
   ep->nbuf--;
+  r->part->nbuf--;
+}
+
+/* In handlers: the endpoint's count, and its queue's (its credit window, nh_amqp_topup). */
+static void inflight_add(rec_t *r, int n)
+{
+  r->ep->inflight += n;
+  r->part->inflight += n;
 }
 
 /* Back into the buffer at its arrival position, ahead of its session's later messages. */
@@ -128,6 +136,7 @@ static void buf_insert(rec_t *r)
   while (at != &ep->buf && nh_queue_data(at, rec_t, node)->id > r->id) at = nh_queue_prev(at);
   nh_queue_insert_head(at, &r->node);   /* right after at (at the head when at is ep->buf) */
   r->buffered = 1;
+  r->part->nbuf++;
   if (++ep->nbuf > ep->max_nbuf) ep->max_nbuf = ep->nbuf;
 }
 
@@ -159,8 +168,12 @@ static void recs_drop_all(amqp_t *a)
     aep_t *ep = nh_queue_data(q, aep_t, node);
     nh_queue_init(&ep->buf);   /* its deliveries are freed above */
     ep->nbuf = ep->inflight = 0;
-    ep->link = NULL;
-    ep->attached = 0;
+    for (int i = 0; i < ep->nparts; i++) {
+      apart_t *p = &ep->parts[i];
+      p->link = NULL;
+      p->attached = 0;
+      p->nbuf = p->inflight = 0;
+    }
     ep->declared = 0;   /* declared again on the next connection */
   }
   a->ntxh = 0;
@@ -176,14 +189,22 @@ aep_t *nh_amqp_ep_find(amqp_t *a, const char *name)
   return NULL;
 }
 
-static aep_t *ep_by_link(amqp_t *a, pn_link_t *l)
+static apart_t *part_by_link(amqp_t *a, pn_link_t *l)
 {
   nh_queue_t *q;
   nh_queue_foreach(q, &a->eps) {
     aep_t *ep = nh_queue_data(q, aep_t, node);
-    if (ep->link == l) return ep;
+    for (int i = 0; i < ep->nparts; i++)
+      if (ep->parts[i].link == l) return &ep->parts[i];
   }
   return NULL;
+}
+
+int nh_amqp_ep_attached(const aep_t *ep)
+{
+  for (int i = 0; i < ep->nparts; i++)
+    if (!ep->parts[i].attached) return 0;
+  return 1;
 }
 
 /* Credit = free capacity: at most a window (4 x the endpoint's concurrency) buffered or
@@ -192,14 +213,20 @@ static aep_t *ep_by_link(amqp_t *a, pn_link_t *l)
  * credit. RabbitMQ 3.x is one: it also gives credit back on every settlement (as 0-9-1
  * acks do) and adds our flows on top (rabbitmq-server#2597), which with top-ups at every
  * batch let 11,000 messages pile up behind a 1,024 window (make bench). */
+/* With partitions each queue has its share of the window: a host given one partition
+ * gets no more of it than its share, and one given all of them no more than the whole. */
 void nh_amqp_topup(aep_t *ep)
 {
-  if (!ep->link || !ep->attached) return;
   int window = ep->reply ? NH_REPLY_WINDOW : ep->capacity * NH_WINDOW_FACTOR;
+  window /= ep->nparts;
   if (window < NH_MIN_WINDOW) window = NH_MIN_WINDOW;
-  int credit = pn_link_credit(ep->link);
-  int have = ep->nbuf + ep->inflight + (credit > 0 ? credit : 0);
-  if (have <= window / 2) pn_link_flow(ep->link, window - have);
+  for (int i = 0; i < ep->nparts; i++) {
+    apart_t *p = &ep->parts[i];
+    if (!p->link || !p->attached) continue;
+    int credit = pn_link_credit(p->link);
+    int have = p->nbuf + p->inflight + (credit > 0 ? credit : 0);
+    if (have <= window / 2) pn_link_flow(p->link, window - have);
+  }
 }
 
 void *nh_amqp_grow(void *p, int *cap, int need, size_t size)
@@ -272,7 +299,7 @@ static int handout(amqp_t *a, rec_t *r)
   }
   buf_remove(r);
   r->handouts++;
-  ep->inflight++;
+  inflight_add(r, 1);
   a->txh = nh_amqp_grow(a->txh, &a->ctxh, a->ntxh + 1, sizeof *a->txh);
   a->txh[a->ntxh++] = r->id;
   nh_msg_t *m = nh_xmalloc(sizeof *m);
@@ -334,7 +361,7 @@ static int am_settle(nh_transport_t *t, const nh_msg_t *m, nh_settle_t how, int6
     /* Kept here, unsettled, in its place; the store's session hold (delay) keeps the
      * session's later messages behind it. A transient release is not a delivery. */
     if (!r->buffered) {
-      r->ep->inflight--;
+      inflight_add(r, -1);
       if (delay_ms > 0) {
         r->handouts--;
         r->msg.release_count++;
@@ -374,6 +401,10 @@ static int am_send(nh_transport_t *t, const nh_msg_t *m, const char *to_endpoint
     return a->emb->vt->send(a->emb, m, to_endpoint, copies, err);   /* operator control messages */
   char address[600];
   if (nh_amqp_address(a, to_endpoint, address, sizeof address, err)) return err->code;
+  aep_t *to = to_endpoint && !a->sb ? nh_amqp_ep_find(a, to_endpoint) : NULL;
+  if (to && to->nparts > 1 && m->session_id)   /* one of ours with partitions: its session's queue */
+    snprintf(address, sizeof address, "%s",
+             to->parts[nh_amqp_session_bucket(m->session_id) & (unsigned)(to->nparts - 1)].address);
   int rc = nh_amqp_outbox_add(a, address, m, to_endpoint, err);
   if (rc == NH_OK) *copies = 1;   /* the broker fans out; how many copies is not known here */
   return rc;
@@ -416,7 +447,7 @@ static void apply_settlements(amqp_t *a)
       }
       /* rcv-settle-mode second (Service Bus): settled when the broker confirms */
       if (!a->sb) pn_delivery_settle(r->dlv);
-      r->ep->inflight--;
+      inflight_add(r, -1);
       rec_free(a, r);
     }
     free(p->reason);
@@ -434,7 +465,7 @@ static void give_back(amqp_t *a, int from)
   for (int i = from; i < a->ntxh; i++) {
     rec_t *r = nh_amqp_rec_get(a, a->txh[i]);
     if (r && !r->buffered) {
-      r->ep->inflight--;
+      inflight_add(r, -1);
       r->handouts--;
       buf_insert(r);
     }
@@ -575,11 +606,13 @@ static void refuse_control(aep_t *ep, nh_msg_t *m)
   m->event_id = nh_xstrdup(eid);
 }
 
-static void receive_delivery(amqp_t *a, aep_t *ep, pn_delivery_t *d)
+static void receive_delivery(amqp_t *a, apart_t *part, pn_delivery_t *d)
 {
+  aep_t *ep = part->ep;
   rec_t *r = nh_xcalloc(1, sizeof *r);
   r->id = ++a->next_id;
   r->ep = ep;
+  r->part = part;
   r->dlv = d;
   if (nh_amqp_msg_read(d, a->pm, &a->buf, &a->bufcap) != NH_OK) {
     char id[37];
@@ -638,12 +671,12 @@ static void on_event(void *data, pn_event_t *e)
   case PN_LINK_REMOTE_OPEN: {
     pn_link_t *l = pn_event_link(e);
     if (pn_link_is_receiver(l)) {
-      aep_t *ep = ep_by_link(a, l);
+      apart_t *p = part_by_link(a, l);
       /* Service Bus refuses a link with an attach without a source, then a detach
        * saying why: that is not attached */
-      if (ep && pn_terminus_get_address(pn_link_remote_source(l))) {
-        ep->attached = 1;
-        nh_amqp_topup(ep);
+      if (p && pn_terminus_get_address(pn_link_remote_source(l))) {
+        p->attached = 1;
+        nh_amqp_topup(p->ep);
         nh_amqp_check_ready(a);
       }
     } else {
@@ -671,7 +704,8 @@ static void on_event(void *data, pn_event_t *e)
     pn_delivery_t *d = pn_event_delivery(e);
     pn_link_t *l = pn_delivery_link(d);
     if (pn_link_is_receiver(l)) {
-      aep_t *ep = ep_by_link(a, l);
+      apart_t *part = part_by_link(a, l);
+      aep_t *ep = part ? part->ep : NULL;
       if (!pn_delivery_readable(d) && pn_delivery_updated(d)) {   /* mode second: the broker's answer */
         /* the same outcome back means done (a dead-letter comes back as rejected) */
         if (pn_delivery_remote_state(d) != pn_delivery_local_state(d)) {
@@ -684,7 +718,7 @@ static void on_event(void *data, pn_event_t *e)
         break;
       }
       if (!ep || !pn_delivery_readable(d) || pn_delivery_partial(d)) break;
-      receive_delivery(a, ep, d);
+      receive_delivery(a, part, d);
       nh_amqp_wake(a);
     } else if (pn_delivery_updated(d)) {
       nh_amqp_outbox_outcome(a, d);
@@ -697,31 +731,81 @@ static void on_event(void *data, pn_event_t *e)
   }
 }
 
+static void parts_free(aep_t *ep)
+{
+  for (int i = 0; i < ep->nparts; i++) {
+    free(ep->parts[i].queue);
+    free(ep->parts[i].address);
+  }
+  free(ep->parts);
+  ep->parts = NULL;
+  ep->nparts = 0;
+}
+
+/* The endpoint's queues and their receivers' sources, before any is attached. */
+static void parts_make(amqp_t *a, aep_t *ep, int n)
+{
+  parts_free(ep);
+  ep->parts = nh_xcalloc((size_t)n, sizeof *ep->parts);
+  ep->nparts = n;
+  for (int i = 0; i < n; i++) {
+    apart_t *p = &ep->parts[i];
+    char queue[600], buf[1024];
+    nh_rmq_partition_queue(ep->name, n, i, queue, sizeof queue);
+    if (a->sb) snprintf(buf, sizeof buf, "%s", ep->entity);
+    else snprintf(buf, sizeof buf, "/amq/queue/%s", queue);
+    p->ep = ep;
+    p->queue = nh_xstrdup(queue);
+    p->address = nh_xstrdup(buf);
+  }
+}
+
+static aep_t *ep_get(amqp_t *a, const char *endpoint)
+{
+  aep_t *ep = nh_amqp_ep_find(a, endpoint);
+  if (ep) return ep;
+  ep = nh_xcalloc(1, sizeof *ep);
+  ep->a = a;
+  ep->name = nh_xstrdup(endpoint);
+  ep->reply = strncmp(endpoint, "_reply.", 7) == 0;
+  if (a->sb) {
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s/Subscriptions/%s", a->url.exchange, endpoint);
+    ep->entity = nh_xstrdup(buf);
+  }
+  ep->capacity = 64;
+  parts_make(a, ep, 1);
+  nh_queue_init(&ep->buf);
+  nh_queue_insert_head(&a->eps, &ep->node);
+  return ep;
+}
+
+static int am_set_partitions(nh_transport_t *t, const char *endpoint, int n, nh_error_t *err)
+{
+  amqp_t *a = (amqp_t *)t;
+  aep_t *ep = nh_amqp_ep_find(a, endpoint);
+  if (ep && ep->nparts == n) return NH_OK;
+  if (n > 1 && a->sb)
+    return nh_error_set(err, NH_EUSAGE, "%s: partitions = %d is for RabbitMQ; on Service Bus a session-enabled "
+                        "subscription keeps sessions in order across hosts (leave partitions out)", endpoint, n);
+  if (n > 1 && a->url.no_management)
+    return nh_error_set(err, NH_EUSAGE, "%s: partitions = %d needs the RabbitMQ management API to declare its queues "
+                        "(the transport URL has management=none)", endpoint, n);
+  if (ep && (ep->ever_declared || ep->decl))
+    return nh_error_set(err, NH_EUSAGE, "%s: partitions cannot change from %d to %d while the host runs: that would "
+                        "reorder its sessions. Stop every host of it, drain the old queues, then start with the new "
+                        "value (docs/broker-partitions.md)", endpoint, ep->nparts, n);
+  parts_make(a, ep ? ep : ep_get(a, endpoint), n);
+  return NH_OK;
+}
+
 static int am_subscribe(nh_transport_t *t, const char *endpoint, const char *const *types, const int *commands, int n,
                         nh_error_t *err)
 {
   amqp_t *a = (amqp_t *)t;
   int reply = strncmp(endpoint, "_reply.", 7) == 0;
   if (!reply && a->emb->vt->subscribe(a->emb, endpoint, types, commands, n, err)) return NH_EFAIL;
-  aep_t *ep = nh_amqp_ep_find(a, endpoint);
-  if (!ep) {
-    ep = nh_xcalloc(1, sizeof *ep);
-    ep->a = a;
-    ep->name = nh_xstrdup(endpoint);
-    ep->reply = reply;
-    char buf[1024];
-    if (a->sb) {
-      snprintf(buf, sizeof buf, "%s/Subscriptions/%s", a->url.exchange, endpoint);
-      ep->entity = nh_xstrdup(buf);
-      ep->address = nh_xstrdup(buf);
-    } else {
-      snprintf(buf, sizeof buf, "/amq/queue/%s", endpoint);
-      ep->address = nh_xstrdup(buf);
-    }
-    ep->capacity = 64;
-    nh_queue_init(&ep->buf);
-    nh_queue_insert_head(&a->eps, &ep->node);
-  }
+  aep_t *ep = ep_get(a, endpoint);
   for (int i = 0; i < ep->ntypes; i++) free(ep->types[i]);
   free(ep->types);
   ep->types = nh_xcalloc((size_t)(n > 0 ? n : 1), sizeof(char *));
@@ -800,8 +884,8 @@ static void am_close(nh_transport_t *t)
     aep_t *ep = nh_queue_data(q, aep_t, node);
     for (int i = 0; i < ep->ntypes; i++) free(ep->types[i]);
     free(ep->types);
+    parts_free(ep);
     free(ep->name);
-    free(ep->address);
     free(ep->entity);
     free(ep);
   }
@@ -832,7 +916,8 @@ static void am_stats(nh_transport_t *t, nh_transport_stats_t *out)
   nh_queue_foreach(q, &a->eps) {
     aep_t *ep = nh_queue_data(q, aep_t, node);
     out->buffered += ep->nbuf;
-    if (ep->link && a->ssn) out->credit += pn_link_credit(ep->link);
+    for (int i = 0; a->ssn && i < ep->nparts; i++)
+      if (ep->parts[i].link) out->credit += pn_link_credit(ep->parts[i].link);
   }
   if (!out->connected) out->why = a->ssn ? "connected, declaring the topology" : "not connected to the broker";
 }
@@ -861,6 +946,7 @@ static const nh_transport_vtbl_t amqp_vtbl = {
   .send = am_send,
   .close = am_close,
   .set_capacity = am_set_capacity,
+  .set_partitions = am_set_partitions,
   .probe = nh_amqp_vt_probe,
   .stats = am_stats,
   .attach = am_attach,

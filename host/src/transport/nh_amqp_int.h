@@ -56,7 +56,20 @@ pn_connection_t *nh_amqp_conn_pn(nh_amqp_conn_t *c);   /* NULL while not open */
 
 /* nh_msg_t -> AMQP message: the NimBus wire properties as application properties,
  * SessionId as group-id, the JSON payload as one data section, durable. */
-void nh_amqp_msg_encode(pn_message_t *pm, const nh_msg_t *m, const char *to, int diagnostic_id);
+/* to: a direct send (its queue); servicebus: the Service Bus profile (subject = the type,
+ * Diagnostic-Id). Otherwise the subject is the routing key (nh_amqp_routing_key). */
+void nh_amqp_msg_encode(pn_message_t *pm, const nh_msg_t *m, const char *to, int servicebus);
+
+/* Partitions on RabbitMQ (docs/broker-partitions.md): a session's bucket is the low
+ * NH_AMQP_BUCKET_BITS bits of a stable hash of its id; the routing key is the event type
+ * followed by the bucket's bits as words, most significant first ("Ev.0.1.1.0.0.1.0.1"),
+ * so partition i of 2^k binds "Ev.#.<the k low bits of i>" and one queue binds "Ev.#". */
+#define NH_AMQP_BUCKET_BITS 8
+#define NH_AMQP_BUCKETS (1u << NH_AMQP_BUCKET_BITS)
+unsigned nh_amqp_session_bucket(const char *session);
+/* The low nbits of bucket as words ".b.b.b", most significant first, into out (2 * nbits + 1). */
+void nh_amqp_bucket_words(unsigned bucket, int nbits, char *out);
+void nh_amqp_routing_key(const char *type, const char *session, char *out, size_t len);
 /* AMQP message -> nh_msg_t (owned strings). A message the host cannot take is returned
  * with type NH_MT_UNKNOWN and error_text saying why (it is then dead-lettered). */
 void nh_amqp_msg_decode(pn_message_t *pm, const char *endpoint, nh_msg_t *m);
@@ -73,12 +86,18 @@ void nh_amqp_event_id(const char *endpoint, const char *message_id, int64_t crea
 /* ---------------------------------------------------------------- RabbitMQ topology (nh_amqp_rmq.c) */
 
 typedef struct nh_rmq_decl nh_rmq_decl_t;
-/* Declares exchange, the queue `queue` and one binding per routing key through the
- * management API, in order, asynchronously. done(data, NULL) on success; done(data,
- * why) on a failure retrying cannot fix (credentials, vhost, an inequivalent queue):
- * transient ones (broker unreachable, 5xx) are retried inside with backoff. */
-nh_rmq_decl_t *nh_rmq_declare(uv_loop_t *loop, const nh_amqp_url_t *url, const char *queue, int reply_queue,
-                              const char *const *keys, int nkeys, void (*done)(void *, const char *), void *data);
+/* Declares the exchange, the endpoint's queue (partitions 1: `name`; else `name.p0` ..
+ * `name.p<partitions-1>`, each single-active-consumer) and its bindings (per event type
+ * `type.#`, or `type.#.<bits of i>` for partition i) through the management API, in
+ * order, asynchronously; first it refuses queues of another partition count that still
+ * exist. done(data, NULL) on success; done(data, why) on a failure retrying cannot fix
+ * (credentials, vhost, an inequivalent queue, another partition count): transient ones
+ * (broker unreachable, 5xx) are retried inside with backoff. */
+nh_rmq_decl_t *nh_rmq_declare(uv_loop_t *loop, const nh_amqp_url_t *url, const char *name, int reply_queue,
+                              int partitions, const char *const *types, int ntypes,
+                              void (*done)(void *, const char *), void *data);
+/* The queue of partition i of an endpoint with `partitions` (the endpoint's name when 1). */
+void nh_rmq_partition_queue(const char *endpoint, int partitions, int i, char *out, size_t len);
 void nh_rmq_cancel(nh_rmq_decl_t *decl);
 /* Does anything consume `routing_key` on the exchange (a binding with that key or #),
  * or, with `queue`, does that queue exist? done(data, 1|0, NULL), or (data, -1, why). */

@@ -1,6 +1,8 @@
 /* Mapping between nh_msg_t and AMQP messages (the NimBus wire contract on AMQP 1.0,
  * docs/design.md section 10):
- *   properties: message-id, correlation-id, group-id = SessionId, subject = EventTypeId,
+ *   properties: message-id, correlation-id, group-id = SessionId, subject = EventTypeId
+ *               (on RabbitMQ, for the exchange: the routing key, EventTypeId and the session's
+ *               bucket, nh_amqp_routing_key),
  *               reply-to, content-type application/json, creation-time = enqueued at
  *   application-properties: MessageType, EventTypeId, EventId (when known), To, From,
  *               OriginatingMessageId, ParentMessageId ("self" when none), RetryCount,
@@ -38,14 +40,55 @@ static pn_atom_t atom_str(const char *s)
   return a;
 }
 
-void nh_amqp_msg_encode(pn_message_t *pm, const nh_msg_t *m, const char *to, int diagnostic_id)
+/* FNV-1a (32 bits) over the session id's bytes: stable across versions and machines. */
+unsigned nh_amqp_session_bucket(const char *session)
+{
+  uint32_t h = 2166136261u;
+  for (const unsigned char *p = (const unsigned char *)session; *p; p++) h = (h ^ *p) * 16777619u;
+  return h & (NH_AMQP_BUCKETS - 1);
+}
+
+void nh_amqp_bucket_words(unsigned bucket, int nbits, char *out)
+{
+  for (int i = nbits - 1; i >= 0; i--) {
+    *out++ = '.';
+    *out++ = (char)('0' + ((bucket >> i) & 1));
+  }
+  *out = '\0';
+}
+
+void nh_amqp_routing_key(const char *type, const char *session, char *out, size_t len)
+{
+  char words[2 * NH_AMQP_BUCKET_BITS + 1];
+  nh_amqp_bucket_words(nh_amqp_session_bucket(session), NH_AMQP_BUCKET_BITS, words);
+  snprintf(out, len, "%s%s", type, words);
+}
+
+/* The event type of a routing key, without the session's bucket words ("Ev.0.1.1.0.0.1.0.1"). */
+static char *type_of_key(const char *key)
+{
+  if (!key) return NULL;
+  size_t n = strlen(key), tail = 2 * NH_AMQP_BUCKET_BITS;
+  int bucketed = n > tail;
+  for (size_t i = n - tail; bucketed && i < n; i += 2)
+    bucketed = key[i] == '.' && (key[i + 1] == '0' || key[i + 1] == '1');
+  return bucketed ? nh_xstrndup(key, n - tail) : nh_xstrdup(key);
+}
+
+void nh_amqp_msg_encode(pn_message_t *pm, const nh_msg_t *m, const char *to, int servicebus)
 {
   pn_message_clear(pm);
   pn_message_set_durable(pm, true);
   if (m->message_id) pn_message_set_id(pm, atom_str(m->message_id));
   if (m->correlation_id) pn_message_set_correlation_id(pm, atom_str(m->correlation_id));
   if (m->session_id) pn_message_set_group_id(pm, m->session_id);
-  if (m->event_type) pn_message_set_subject(pm, m->event_type);
+  if (m->event_type && !servicebus && !to && m->session_id) {
+    char key[1024];   /* the exchange routes on it: a session's events of every type to one partition */
+    nh_amqp_routing_key(m->event_type, m->session_id, key, sizeof key);
+    pn_message_set_subject(pm, key);
+  } else if (m->event_type) {
+    pn_message_set_subject(pm, m->event_type);   /* Service Bus filters subscriptions on it (sys.Label) */
+  }
   if (m->reply_to) pn_message_set_reply_to(pm, m->reply_to);
   pn_message_set_content_type(pm, "application/json");
   pn_message_set_creation_time(pm, m->enqueued_at ? m->enqueued_at : nh_time_now_ms());
@@ -64,7 +107,7 @@ void nh_amqp_msg_encode(pn_message_t *pm, const nh_msg_t *m, const char *to, int
   put_prop(p, "ErrorType", m->error_type);
   put_prop(p, "traceparent", m->traceparent);
   put_prop(p, "tracestate", m->tracestate);
-  if (diagnostic_id) put_prop(p, "Diagnostic-Id", m->traceparent);
+  if (servicebus) put_prop(p, "Diagnostic-Id", m->traceparent);
   pn_data_put_string(p, pn_bytes(strlen("RetryCount"), "RetryCount"));
   pn_data_put_int(p, m->retry_count);
   pn_data_exit(p);
@@ -230,7 +273,7 @@ void nh_amqp_msg_decode(pn_message_t *pm, const char *endpoint, nh_msg_t *m)
   free(diag);
   m->retry_count = retry ? atoi(retry) : 0;
   free(retry);
-  m->event_type = etype ? etype : nh_xstrdup(pn_message_get_subject(pm));
+  m->event_type = etype ? etype : type_of_key(pn_message_get_subject(pm));
   m->type = mtype ? nh_msg_type_parse(mtype) : NH_MT_EVENT;
 
   /* the body: a data section (or an amqp-value string/binary) holding JSON */

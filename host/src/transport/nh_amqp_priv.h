@@ -24,6 +24,7 @@
 enum { A_OUT_ADD, A_OUT_NEXT, A_OUT_DEL, A_DLV_BUMP, A_DLV_DEL, A_OUT_LEFT, A_OUT_OWNERS, A_OUT_CLAIM, A_OUT_DROP, A_OUT_ONE, A_COUNT };
 
 typedef struct aep aep_t;
+typedef struct apart apart_t;
 typedef struct amqp amqp_t;
 typedef struct amqp_pg amqp_pg_t;
 struct nh_uow;
@@ -35,6 +36,7 @@ typedef struct rec {
   struct rec *hnext;             /* hash chain */
   nh_queue_t node;               /* the endpoint's buffer (ep->buf), while buffered */
   aep_t *ep;
+  apart_t *part;                 /* the queue (and receiver) it came from */
   pn_delivery_t *dlv;
   nh_msg_t msg;
   int buffered;
@@ -45,19 +47,30 @@ typedef struct rec {
   int lock_lost;                 /* Service Bus: a renew-lock answer said the lock is gone */
 } rec_t;
 
+/* One queue of an endpoint and its receiver: the endpoint's queue, or with partitions
+ * one of its `<endpoint>.p<i>` (docs/broker-partitions.md). */
+struct apart {
+  aep_t *ep;
+  char *queue;
+  char *address;                 /* the receiver's source */
+  pn_link_t *link;
+  int attached;
+  int nbuf, inflight;            /* its deliveries buffered, in handlers */
+};
+
 struct aep {
   struct amqp *a;
   char *name;
-  char *address;                 /* the receiver's source */
+  apart_t *parts;                /* nparts = partitions (1 on Service Bus and for replies) */
+  int nparts;
   char *entity;                  /* Service Bus: the subscription path (token audience) */
   char **types;
   int ntypes;
   int capacity;
   int reply;                     /* this process's reply queue */
   int declared;
+  int ever_declared;             /* its queues exist: their number is fixed while the host runs */
   nh_rmq_decl_t *decl;
-  pn_link_t *link;
-  int attached;
   nh_queue_t buf;                /* buffered deliveries, in arrival (id) order */
   int nbuf, inflight;
   int max_nbuf;                  /* the most ever buffered (a broker may send past the credit) */
@@ -131,6 +144,7 @@ void nh_amqp_wake(amqp_t *a);
 rec_t *nh_amqp_rec_get(amqp_t *a, uint64_t id);
 aep_t *nh_amqp_ep_find(amqp_t *a, const char *name);
 void nh_amqp_topup(aep_t *ep);
+int nh_amqp_ep_attached(const aep_t *ep);   /* every receiver of it attached */
 void *nh_amqp_grow(void *p, int *cap, int need, size_t size);
 
 /* nh_amqp.c, read-only: its sqlite migrations (their number in *count) and the text of

@@ -20,11 +20,15 @@
 #define NH_RMQ_RETRY_MAX_MS 10000
 #define NH_REPLY_QUEUE_EXPIRES_MS 600000
 
+typedef struct nh_rmq_decl nh_rmq_decl_t;
+
 typedef struct step {
   const char *method;
   char *path;   /* after /api */
   char *body;
   const char *what;
+  /* A read whose answer decides: NULL to go on, else why not (freed by the caller). */
+  char *(*check)(nh_rmq_decl_t *d, const char *body, size_t len);
 } step_t;
 
 struct nh_rmq_decl {
@@ -38,6 +42,8 @@ struct nh_rmq_decl {
   uv_timer_t timer;
   void (*done)(void *, const char *);
   void *data;
+  char *name;           /* the endpoint */
+  int partitions;
 };
 
 static char *esc(const char *s)
@@ -62,8 +68,9 @@ static void add(nh_rmq_decl_t *d, const char *method, const char *what, json_t *
   step_t *s = &d->steps[d->nsteps++];
   s->method = method;
   s->path = nh_xstrdup(path);
-  s->body = json_dumps(body, JSON_COMPACT);
+  s->body = body ? json_dumps(body, JSON_COMPACT) : NULL;
   s->what = what;
+  s->check = NULL;
   json_decref(body);
 }
 
@@ -86,6 +93,13 @@ static void on_done(void *data, nh_http_res_t *res)
   char why[1024];
   if (res->status >= 200 && res->status < 300) {
     d->retry_ms = NH_RMQ_RETRY_MIN_MS;
+    char *refused = s->check ? s->check(d, res->body ? res->body : "", res->body_len) : NULL;
+    if (refused) {
+      snprintf(why, sizeof why, "%s", refused);
+      free(refused);
+      finish(d, why);
+      return;
+    }
     if (++d->at == d->nsteps) {
       finish(d, NULL);
       return;
@@ -102,6 +116,13 @@ static void on_done(void *data, nh_http_res_t *res)
   } else if (res->status == 404) {
     snprintf(why, sizeof why, "%s: not found (HTTP 404) at %s: does the vhost %s exist?", s->what, d->url->management,
              d->url->vhost ? d->url->vhost : "/");
+    fatal = 1;
+  } else if ((res->status == 400 || res->status == 406) && res->body &&
+             strstr(res->body, "x-single-active-consumer")) {
+    snprintf(why, sizeof why, "%s: the queue exists on the broker without x-single-active-consumer (declared before "
+             "the endpoint had partitions), and RabbitMQ cannot change that on a queue: let the hosts that consume it "
+             "drain it, delete it (rabbitmqctl delete_queue NAME, or the management UI), then start again (HTTP %ld: "
+             "%.300s)", s->what, res->status, res->body);
     fatal = 1;
   } else if (res->status == 400 || res->status == 406) {
     snprintf(why, sizeof why, "%s: the broker refused it (HTTP %ld): %.400s", s->what, res->status,
@@ -156,14 +177,76 @@ static char *base_with_credentials(const nh_amqp_url_t *u)
   return out;
 }
 
-nh_rmq_decl_t *nh_rmq_declare(uv_loop_t *loop, const nh_amqp_url_t *url, const char *queue, int reply_queue,
-                              const char *const *keys, int nkeys, void (*done)(void *, const char *), void *data)
+void nh_rmq_partition_queue(const char *endpoint, int partitions, int i, char *out, size_t len)
+{
+  if (partitions <= 1) snprintf(out, len, "%s", endpoint);
+  else snprintf(out, len, "%s.p%d", endpoint, i);
+}
+
+static int log2_of(int n)
+{
+  int k = 0;
+  while ((1 << k) < n) k++;
+  return k;
+}
+
+/* Is `q` a queue of endpoint `name` under some partition count: `name` or `name.p<digits>`? */
+static int queue_of(const char *name, const char *q)
+{
+  size_t n = strlen(name);
+  if (strncmp(q, name, n) != 0) return 0;
+  if (q[n] == '\0') return 1;
+  if (q[n] != '.' || q[n + 1] != 'p' || !q[n + 2]) return 0;
+  for (const char *c = q + n + 2; *c; c++)
+    if (*c < '0' || *c > '9') return 0;
+  return 1;
+}
+
+/* A queue of another partition count still there would keep getting copies of the
+ * endpoint's events through its bindings, and its backlog would run out of order
+ * beside the new queues: refused until it is drained and deleted. */
+static char *check_layout(nh_rmq_decl_t *d, const char *body, size_t len)
+{
+  json_t *arr = json_loadb(body, len, 0, NULL);
+  char *why = NULL;
+  size_t i;
+  json_t *q;
+  json_array_foreach(arr, i, q) {
+    const char *qn = json_string_value(json_object_get(q, "name"));
+    if (!qn || !queue_of(d->name, qn)) continue;
+    int mine = 0;
+    for (int p = 0; p < d->partitions && !mine; p++) {
+      char want[600];
+      nh_rmq_partition_queue(d->name, d->partitions, p, want, sizeof want);
+      mine = strcmp(want, qn) == 0;
+    }
+    if (mine) continue;
+    char buf[1600];
+    json_int_t msgs = json_integer_value(json_object_get(q, "messages"));
+    snprintf(buf, sizeof buf, "endpoint %s has partitions = %d, but queue %s of another partition count is on the "
+             "broker (%lld message(s)): changing the partitions of an endpoint would reorder its sessions. Run the "
+             "endpoint with its old partitions until that queue is empty, stop every host of it, delete the old "
+             "queue(s) (rabbitmqctl delete_queue %s), then start with partitions = %d",
+             d->name, d->partitions, qn, (long long)msgs, qn, d->partitions);
+    why = nh_xstrdup(buf);
+    break;
+  }
+  json_decref(arr);
+  return why;
+}
+
+nh_rmq_decl_t *nh_rmq_declare(uv_loop_t *loop, const nh_amqp_url_t *url, const char *name, int reply_queue,
+                              int partitions, const char *const *types, int ntypes,
+                              void (*done)(void *, const char *), void *data)
 {
   nh_rmq_decl_t *d = nh_xcalloc(1, sizeof *d);
   d->loop = loop;
   d->url = url;
   d->done = done;
   d->data = data;
+  d->name = nh_xstrdup(name);
+  d->partitions = partitions < 1 ? 1 : partitions;
+  const char *queue = name;
   d->retry_ms = NH_RMQ_RETRY_MIN_MS;
   d->base = base_with_credentials(url);
   uv_timer_init(loop, &d->timer);
@@ -185,13 +268,26 @@ nh_rmq_decl_t *nh_rmq_declare(uv_loop_t *loop, const nh_amqp_url_t *url, const c
     add(d, "PUT", "declaring the dead-letter queue", json_pack("{s:b}", "durable", 1), "/queues/%s/%s", vh, dq);
     add(d, "POST", "binding the dead-letter queue", json_pack("{s:s}", "routing_key", queue), "/bindings/%s/e/%s/q/%s",
         vh, dx, dq);
-    add(d, "PUT", "declaring the endpoint queue",
-        json_pack("{s:b, s:{s:s, s:s}}", "durable", 1, "arguments", "x-dead-letter-exchange", dlx,
-                  "x-dead-letter-routing-key", queue),
-        "/queues/%s/%s", vh, q);
-    for (int i = 0; i < nkeys; i++)
-      add(d, "POST", "binding the endpoint queue", json_pack("{s:s}", "routing_key", keys[i]),
-          "/bindings/%s/e/%s/q/%s", vh, ex, q);
+    add(d, "GET", "listing the endpoint's queues", NULL, "/queues/%s?columns=name,messages", vh);
+    d->steps[d->nsteps - 1].check = check_layout;
+    int bits = log2_of(d->partitions);
+    for (int p = 0; p < d->partitions; p++) {
+      char pq[600], words[2 * NH_AMQP_BUCKET_BITS + 1];
+      nh_rmq_partition_queue(name, d->partitions, p, pq, sizeof pq);
+      nh_amqp_bucket_words((unsigned)p, bits, words);
+      char *pqe = esc(pq);
+      json_t *args = json_pack("{s:s, s:s}", "x-dead-letter-exchange", dlx, "x-dead-letter-routing-key", queue);
+      if (d->partitions > 1) json_object_set_new(args, "x-single-active-consumer", json_true());
+      add(d, "PUT", d->partitions > 1 ? "declaring a partition queue" : "declaring the endpoint queue",
+          json_pack("{s:b, s:o}", "durable", 1, "arguments", args), "/queues/%s/%s", vh, pqe);
+      for (int i = 0; i < ntypes; i++) {
+        char key[700];   /* with one queue `type.#` also takes a key without bucket words (an older sender) */
+        snprintf(key, sizeof key, "%s.#%s", types[i], words);
+        add(d, "POST", "binding the endpoint queue", json_pack("{s:s}", "routing_key", key),
+            "/bindings/%s/e/%s/q/%s", vh, ex, pqe);
+      }
+      free(pqe);
+    }
     free(ex);
     free(dx);
     free(dq);
@@ -214,6 +310,7 @@ void nh_rmq_cancel(nh_rmq_decl_t *d)
   }
   free(d->steps);
   free(d->base);
+  free(d->name);
   uv_close((uv_handle_t *)&d->timer, timer_closed);
 }
 
@@ -241,6 +338,15 @@ void nh_rmq_probe_cancel(nh_rmq_probe_t *p)
   probe_free(p);
 }
 
+/* Does a binding with key rk take events of `type`: "type", "#", or the host's own
+ * "type.#" and "type.#.<partition bits>"? */
+static int binds_type(const char *rk, const char *type)
+{
+  size_t n = strlen(type);
+  if (strcmp(rk, "#") == 0 || strcmp(rk, type) == 0) return 1;
+  return strncmp(rk, type, n) == 0 && strncmp(rk + n, ".#", 2) == 0;
+}
+
 static void probe_done(void *data, nh_http_res_t *res)
 {
   probe_t *p = data;
@@ -262,7 +368,7 @@ static void probe_done(void *data, nh_http_res_t *res)
     json_t *b;
     json_array_foreach(arr, i, b) {
       const char *rk = json_string_value(json_object_get(b, "routing_key"));
-      if (rk && (strcmp(rk, p->key) == 0 || strcmp(rk, "#") == 0)) found = 1;
+      if (rk && binds_type(rk, p->key)) found = 1;
     }
     json_decref(arr);
   } else if (res->status == 0) {

@@ -96,18 +96,30 @@ int nh_amqp_sb_renew(amqp_t *a, const char *endpoint, const char *session)
   return 1;
 }
 
+/* A receiver per queue of the endpoint. With partitions every host attaches to every
+ * partition; RabbitMQ's single active consumer gives each to one of them at a time, and
+ * the others' receivers wait, credit granted, until it moves to them. */
 void nh_amqp_attach(amqp_t *a, aep_t *ep)
 {
-  if (!a->ssn || ep->link || !ep->declared || (ep->reply && (a->url.no_management || a->sb))) return;
-  char name[700];
-  snprintf(name, sizeof name, "nh-recv:%s", ep->name);
-  ep->link = pn_receiver(a->ssn, name);
-  pn_terminus_set_address(pn_link_source(ep->link), ep->address);
-  pn_terminus_set_address(pn_link_target(ep->link), name);   /* unique per link, as the SDKs do */
-  pn_link_set_snd_settle_mode(ep->link, PN_SND_UNSETTLED);
-  /* Service Bus peek-lock is mode second; RabbitMQ settles on our disposition */
-  pn_link_set_rcv_settle_mode(ep->link, a->sb ? PN_RCV_SECOND : PN_RCV_FIRST);
-  pn_link_open(ep->link);
+  if (!a->ssn || !ep->declared || (ep->reply && (a->url.no_management || a->sb))) return;
+  for (int i = 0; i < ep->nparts; i++) {
+    apart_t *p = &ep->parts[i];
+    if (p->link) continue;
+    char name[700];
+    snprintf(name, sizeof name, "nh-recv:%s", p->queue);
+    p->link = pn_receiver(a->ssn, name);
+    pn_terminus_set_address(pn_link_source(p->link), p->address);
+    pn_terminus_set_address(pn_link_target(p->link), name);   /* unique per link, as the SDKs do */
+    pn_link_set_snd_settle_mode(p->link, PN_SND_UNSETTLED);
+    /* Service Bus peek-lock is mode second; RabbitMQ settles on our disposition */
+    pn_link_set_rcv_settle_mode(p->link, a->sb ? PN_RCV_SECOND : PN_RCV_FIRST);
+    pn_link_open(p->link);
+  }
+}
+
+static void set_attached(aep_t *ep)
+{
+  for (int i = 0; i < ep->nparts; i++) ep->parts[i].attached = 1;
 }
 
 static void token_refused(amqp_t *a, const char *entity, int code, const char *desc)
@@ -137,7 +149,7 @@ void nh_amqp_check_ready(amqp_t *a)
   nh_queue_t *q;
   nh_queue_foreach(q, &a->eps) {
     const aep_t *ep = nh_queue_data(q, aep_t, node);
-    if (!ep->declared || !ep->attached) return;
+    if (!ep->declared || !nh_amqp_ep_attached(ep)) return;
   }
   a->ready_sent = 1;
   nh_amqp_status(a, NH_AMQP_READY, a->url.display);
@@ -175,7 +187,8 @@ void nh_amqp_declare(amqp_t *a, aep_t *ep)
 {
   if (a->sb) {   /* the topology exists already; the token opens it (on a connection) */
     if (ep->reply) {   /* no reply queues on Service Bus: nimbus.request times out */
-      ep->declared = ep->attached = 1;
+      ep->declared = 1;
+      set_attached(ep);
       nh_amqp_check_ready(a);
     } else if (a->ssn) {
       char mgmt[1100];
@@ -187,14 +200,14 @@ void nh_amqp_declare(amqp_t *a, aep_t *ep)
   }
   if (a->url.no_management) {   /* provisioned outside the host */
     ep->declared = 1;
-    if (ep->reply) ep->attached = 1;   /* no reply queue without the API: requests time out */
+    if (ep->reply) set_attached(ep);   /* no reply queue without the API: requests time out */
     else nh_amqp_attach(a, ep);
     nh_amqp_check_ready(a);
     return;
   }
   if (ep->decl) nh_rmq_cancel(ep->decl);
-  ep->decl = nh_rmq_declare(a->loop, &a->url, ep->name, ep->reply, (const char *const *)ep->types, ep->ntypes,
-                            declared, ep);
+  ep->decl = nh_rmq_declare(a->loop, &a->url, ep->name, ep->reply, ep->nparts, (const char *const *)ep->types,
+                            ep->ntypes, declared, ep);
 }
 
 static void declared(void *data, const char *why)
@@ -208,7 +221,10 @@ static void declared(void *data, const char *why)
     return;
   }
   nh_log_debug("amqp", "%s: queue and bindings declared", ep->name);
-  ep->declared = 1;
+  if (ep->nparts > 1 && !ep->ever_declared)
+    nh_log_info("amqp", "%s: %d partition queues (%s .. %s), each consumed by one host at a time", ep->name,
+                ep->nparts, ep->parts[0].queue, ep->parts[ep->nparts - 1].queue);
+  ep->declared = ep->ever_declared = 1;
   nh_amqp_attach(a, ep);
   if (a->conn) nh_amqp_conn_flush(a->conn);
   nh_amqp_check_ready(a);

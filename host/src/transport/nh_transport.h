@@ -65,6 +65,10 @@ typedef struct nh_transport_vtbl {
    * concurrency); a broker transport sizes its credit from it (AMQP: a window of
    * NH_WINDOW_FACTOR times this, see nh_amqp_topup). */
   void (*set_capacity)(nh_transport_t *t, const char *endpoint, int n);
+  /* Optional, before subscribe: the endpoint's sessions are spread over n broker queues,
+   * each consumed by one process at a time (RabbitMQ: docs/broker-partitions.md). Refuses
+   * (NH_EUSAGE) a change of n for an endpoint already consuming: it would reorder sessions. */
+  int (*set_partitions)(nh_transport_t *t, const char *endpoint, int n, nh_error_t *err);
   /* Optional, for transports whose send cannot tell how many endpoints consume a type
    * (a broker's fan-out): asks, and calls done(data, 1 | 0 | -1 unknown) later. */
   int (*probe)(nh_transport_t *t, const char *event_type, void (*done)(void *, int), void *data);

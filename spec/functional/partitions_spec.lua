@@ -1,0 +1,229 @@
+-- Endpoints with partitions on RabbitMQ (docs/broker-partitions.md): the sessions of an
+-- endpoint spread over `partitions` queues `<Endpoint>.p<i>`, each single-active-consumer,
+-- so that several hosts consume one endpoint and RabbitMQ gives each queue to one of them
+-- at a time. Runs as ctest functional_amqp_partitions (NH_TRANSPORT set, the broker
+-- started by the rabbitmq fixture); every sandbox has its own vhost and its own sqlite
+-- store, shared by the hosts the test starts.
+local nh = require("nh")
+
+if nh.transport ~= "amqp" then
+  error("partitions_spec.lua tests RabbitMQ partitions and needs NH_TRANSPORT=amqp://guest:guest@127.0.0.1:5672 "
+    .. "(run it with `ctest -R functional_amqp_partitions`, which starts the broker)")
+end
+
+local function vq(sb, queue) return "/queues/" .. nh.urlencode(sb.vhost) .. "/" .. nh.urlencode(queue) end
+
+local function queue(sb, name)
+  local r = nh.rmq_api("GET", vq(sb, name), nil, { ok = function(st) return st == 200 or st == 404 end })
+  return r.status == 200 and nh.decode(r.body) or nil
+end
+
+
+-- Consumers of a queue and how many of them RabbitMQ made active.
+local function consumers(sb, name)
+  local q = queue(sb, name) or {}
+  local n, active = 0, 0
+  for _, c in ipairs(q.consumer_details or {}) do
+    n = n + 1
+    if c.active then active = active + 1 end
+  end
+  return n, active
+end
+
+-- The connection (its client port) RabbitMQ made the active consumer of a queue, or nil.
+local function active_peer(sb, name)
+  local q = queue(sb, name) or {}
+  for _, c in ipairs(q.consumer_details or {}) do
+    if c.active then return c.channel_details and c.channel_details.peer_port end
+  end
+end
+
+-- Per session: the tags its handlers started with, in the order they started (across hosts:
+-- the recorder appends to one file). `published[s]` is the order of publishing.
+local function assert_session_order(sb, published)
+  local by = {}
+  for _, c in ipairs(sb:calls()) do
+    by[c.session] = by[c.session] or {}
+    table.insert(by[c.session], c.tag)
+  end
+  for s, tags in pairs(published) do
+    local pos = {}
+    for i, t in ipairs(tags) do pos[t] = i end
+    local at = 0
+    for _, t in ipairs(by[s] or {}) do
+      local p = assert(pos[t], "a call of an unknown tag " .. tostring(t))
+      -- the next event, or the same one again (a handler killed before its outcome was
+      -- recorded runs again), never an earlier one and never one skipped ahead
+      assert(p == at or p == at + 1, ("session %s started %s after %s: %s"):format(s, t, tags[at] or "nothing",
+        table.concat(by[s], " ")))
+      at = p
+    end
+    assert.equal(#tags, at, "session " .. s .. " ran " .. table.concat(by[s] or {}, " "))
+  end
+end
+
+-- `sessions` x `per` events, types A and B by turns; the event tagged `gate` holds its handler
+-- (and its host's loop) until the sandbox file "go" exists.
+local function publish_round(sb, published, sessions, per, round, gate)
+  for i = 1, per do
+    for s = 1, sessions do
+      local session = "s" .. s
+      local tag = ("%s-r%d-%d"):format(session, round, i)
+      sb:publish(i % 2 == 0 and "B" or "A", { tag = tag, gate = tag == gate and "go" or nil }, { session = session })
+      published[session] = published[session] or {}
+      table.insert(published[session], tag)
+    end
+  end
+end
+
+local function completed(sb, n)
+  return sb:wait_rows(function(rows)
+    return nh.count(rows, function(r) return r.status == "Completed" end) >= n
+  end, n .. " Completed events")
+end
+
+describe("RabbitMQ partitions", function()
+  local sb
+
+  before_each(function() sb = nh.sandbox() end)
+  after_each(function() sb:cleanup() end)
+
+  it("partitions = 4: four single-active-consumer queues, one host active on each, a session's events of two "
+    .. "types in one partition and in order", function()
+    local adapter = sb:recorder{ types = { "A", "B" }, options = "partitions = 4" }
+    local h1 = sb:spawn(adapter)
+    assert.truthy(h1:log():find("4 partition queues (Ep.p0 .. Ep.p3)", 1, true), h1:log())
+    sb:spawn(adapter)
+    sb:spawn(adapter)
+    local names = nh.rmq_queue_names(sb.vhost)
+    for i = 0, 3 do
+      local q = queue(sb, "Ep.p" .. i)
+      assert.truthy(q, "no queue Ep.p" .. i .. " in " .. table.concat(names, ", "))
+      assert.is_true(q.arguments["x-single-active-consumer"], "Ep.p" .. i .. " is not single active consumer")
+      assert.equal("Ep", q.arguments["x-dead-letter-routing-key"])
+    end
+    assert.is_nil(queue(sb, "Ep"), "a plain Ep queue beside the partitions")
+    -- every host consumes every partition; RabbitMQ lets one of them at a time
+    nh.eventually(function()
+      for i = 0, 3 do
+        local n, active = consumers(sb, "Ep.p" .. i)
+        if n ~= 3 or active ~= 1 then return false end
+      end
+      return true
+    end, nil, function()
+      local s = {}
+      for i = 0, 3 do s[#s + 1] = ("Ep.p%d: %d consumers, %d active"):format(i, consumers(sb, "Ep.p" .. i)) end
+      return table.concat(s, "; ")
+    end)
+
+    local published = {}
+    publish_round(sb, published, 12, 4, 1)
+    completed(sb, 48)
+    assert_session_order(sb, published)
+    -- the broker's statistics lag behind by up to its collection interval (5 s)
+    local got
+    nh.eventually(function()
+      got = 0
+      for i = 0, 3 do got = got + (((queue(sb, "Ep.p" .. i).message_stats or {}).deliver_get) or 0) end
+      return got == 48
+    end, nil, function() return "deliveries over the partition queues: " .. tostring(got) end)
+  end)
+
+  it("a session's events of two types go to one partition queue", function()
+    local adapter = sb:recorder{ types = { "A", "B" }, options = "partitions = 8" }
+    assert.equal(0, sb:spawn(adapter):stop())   -- declares the queues, then no consumer
+    for s = 1, 6 do
+      sb:publish("A", { tag = "a" .. s }, { session = "k" .. s })
+      sb:publish("B", { tag = "b" .. s }, { session = "k" .. s })
+    end
+    local depths, total = {}, 0
+    nh.eventually(function()
+      total, depths = 0, {}
+      for i = 0, 7 do
+        local n = (queue(sb, "Ep.p" .. i) or {}).messages or 0
+        depths[#depths + 1] = n
+        total = total + n
+      end
+      return total == 12
+    end, nil, function() return "queue depths " .. table.concat(depths, " ") end)
+    for _, n in ipairs(depths) do
+      assert.equal(0, n % 2, "a queue holds one event of a session without the other: " .. table.concat(depths, " "))
+    end
+    assert.is_true(nh.count(depths, function(n) return n > 0 end) >= 2, "every session in one queue: "
+      .. table.concat(depths, " "))
+    -- and a host started again takes them all, in order
+    sb:spawn(adapter)
+    completed(sb, 12)
+    for s = 1, 6 do assert.same({ "a" .. s, "b" .. s }, sb:call_tags("k" .. s)) end
+  end)
+
+  it("kill -9 of the host active on the partitions: a live host takes them over, nothing is lost, sessions stay "
+    .. "in order", function()
+    -- a short lock: the killed host's session locks in the store end soon after it
+    local adapter = sb:recorder{ types = { "A", "B" }, options = "partitions = 4, lock = { duration = 2 }" }
+    local h1 = sb:spawn(adapter)
+    local h2 = sb:spawn(adapter)
+    nh.eventually(function()
+      for i = 0, 3 do if select(2, consumers(sb, "Ep.p" .. i)) ~= 1 then return false end end
+      return true
+    end, nil, "every partition has an active consumer")
+    local published = {}
+    publish_round(sb, published, 8, 3, 1, "s1-r1-2")
+    -- mid-stream: the active host is inside a handler, its outcome not recorded
+    nh.eventually(function() return sb:call_count("s1-r1-2") == 1 end, nil, "the held handler started")
+    assert.equal(137, h1:kill())
+    sb:touch("go")
+    nh.eventually(function()
+      for i = 0, 3 do
+        local n, active = consumers(sb, "Ep.p" .. i)
+        if n ~= 1 or active ~= 1 then return false end
+      end
+      return true
+    end, nil, "the killed host's consumers are gone and the live host is active on every partition")
+    publish_round(sb, published, 8, 2, 2)
+    completed(sb, 40)
+    assert_session_order(sb, published)
+    assert.is_true(h2:alive())
+    local rows = sb:events()
+    assert.equal(40, nh.count(rows, function(r) return r.status == "Completed" end))
+    assert.equal(2, sb:call_count("s1-r1-2"), "the killed handler ran again on the live host")
+    assert.truthy(active_peer(sb, "Ep.p0"))
+  end)
+
+  describe("bad configuration", function()
+    it("partitions that are not a power of two: the adapter does not load, and the message says why", function()
+      local adapter = sb:recorder{ types = { "A" }, options = "partitions = 6" }
+      local h = sb:spawn(adapter, { wait = false })
+      assert.equal(2, h:wait_exit(60))   -- a usage error
+      assert.truthy(h:log():find("partitions", 1, true) and h:log():find("power of two", 1, true), h:log())
+      assert.same({}, nh.rmq_queue_names(sb.vhost))
+    end)
+
+    it("queues of another partition count still on the broker: refused, saying how to move", function()
+      local one = sb:recorder{ types = { "A" } }
+      assert.equal(0, sb:spawn(one):stop())
+      sb:publish("A", { tag = "waiting" }, { session = "s1" })
+      local four = sb:recorder{ types = { "A" }, options = "partitions = 4", name = "Ep4.lua" }
+      os.remove(one)
+      local h = sb:spawn(four, { wait = false })
+      assert.equal(1, h:wait_exit(60))
+      local log = h:log()
+      assert.truthy(log:find("queue Ep of another partition count", 1, true), log)
+      assert.truthy(log:find("reorder", 1, true), log)
+      assert.truthy(log:find("rabbitmqctl delete_queue Ep", 1, true), log)
+      assert.is_nil(queue(sb, "Ep.p0"), "partition queues declared beside the old one")
+      nh.eventually(function() return (queue(sb, "Ep") or {}).messages == 1 end, nil, "the waiting event stays in Ep")
+    end)
+
+    it("a partition queue declared earlier without single active consumer: refused, saying what to do", function()
+      nh.rmq_api("PUT", vq(sb, "Ep.p0"), { durable = true, arguments = {
+        ["x-dead-letter-exchange"] = "nimbus.events.dead-letter", ["x-dead-letter-routing-key"] = "Ep" } })
+      local adapter = sb:recorder{ types = { "A" }, options = "partitions = 2" }
+      local h = sb:spawn(adapter, { wait = false })
+      assert.equal(1, h:wait_exit(60))
+      local log = h:log()
+      assert.truthy(log:find("without x-single-active-consumer", 1, true), log)
+      assert.truthy(log:find("delete it", 1, true), log)
+    end)
+  end)
+end)
