@@ -275,7 +275,7 @@ TEST(routing_keys_carry_the_session_bucket_and_decode_back_to_the_type)
   m.body = "{}";
   m.body_len = 2;
   pn_message_t *pm = pn_message();
-  nh_amqp_msg_encode(pm, &m, NULL, 0);   /* through the exchange: the routing key */
+  nh_amqp_msg_encode(pm, &m, NULL, NH_AMQP_ENC_BUCKETS);   /* through the exchange: the routing key */
   ASSERT_EQ_STR(pn_message_get_subject(pm), "OrderPlaced.1.1.0.0.1.0.0.1");
   nh_msg_t got;
   nh_amqp_msg_decode(pm, "Ep", &got);
@@ -296,9 +296,11 @@ TEST(routing_keys_carry_the_session_bucket_and_decode_back_to_the_type)
   nh_amqp_msg_decode(pm, "Ep", &got);
   ASSERT_EQ_STR(got.event_type, "Order.1.0");
   nh_msg_clear(&got);
-  nh_amqp_msg_encode(pm, &m, "Ep", 0);   /* straight to a queue: the type */
+  nh_amqp_msg_encode(pm, &m, "Ep", NH_AMQP_ENC_BUCKETS);   /* straight to a queue: the type */
   ASSERT_EQ_STR(pn_message_get_subject(pm), "OrderPlaced");
-  nh_amqp_msg_encode(pm, &m, NULL, 1);   /* Service Bus filters subscriptions on the type */
+  nh_amqp_msg_encode(pm, &m, NULL, 0);   /* management=none: bindings made by hand on the type */
+  ASSERT_EQ_STR(pn_message_get_subject(pm), "OrderPlaced");
+  nh_amqp_msg_encode(pm, &m, NULL, NH_AMQP_ENC_SERVICEBUS);   /* Service Bus filters subscriptions on it */
   ASSERT_EQ_STR(pn_message_get_subject(pm), "OrderPlaced");
   pn_message_free(pm);
 }

@@ -74,6 +74,20 @@ static int count_plain(const char *path)
   return n;
 }
 
+/* A cache of 10 pages: 400 rows of a transaction spill frames into the WAL before it
+ * ends, and it is rolled back. */
+static int spill_and_roll_back(sqlite3 *db)
+{
+  int rc = sqlite3_exec(db, "PRAGMA cache_size=10; BEGIN", NULL, NULL, NULL);
+  if (rc == SQLITE_OK)
+    rc = sqlite3_exec(db,
+                      "WITH RECURSIVE n(i) AS (SELECT 100 UNION ALL SELECT i + 1 FROM n WHERE i < 499)"
+                      " INSERT INTO t SELECT i, printf('%.600c', 'y') FROM n",
+                      NULL, NULL, NULL);
+  int rb = sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
+  return rc != SQLITE_OK ? rc : rb;
+}
+
 TEST(a_commit_s_frames_go_down_in_a_few_writes)
 {
   ASSERT_EQ_INT(nh_sqlite_vfs_install(), 0);
@@ -124,18 +138,33 @@ TEST(a_spilled_transaction_rolled_back_leaves_nothing)
   sqlite3 *db = open_db(nh_test_path("spill.db"), NULL, "NORMAL");
   ASSERT_NOT_NULL(db);
   ASSERT_EQ_INT(insert_rows(db, 1, 10), SQLITE_OK);
-  /* A cache of 10 pages: 400 rows spill frames into the WAL before the end. */
-  ASSERT_EQ_INT(sqlite3_exec(db, "PRAGMA cache_size=10; BEGIN", NULL, NULL, NULL), SQLITE_OK);
-  ASSERT_EQ_INT(sqlite3_exec(db,
-                             "WITH RECURSIVE n(i) AS (SELECT 100 UNION ALL SELECT i + 1 FROM n WHERE i < 499)"
-                             " INSERT INTO t SELECT i, printf('%.600c', 'y') FROM n",
-                             NULL, NULL, NULL),
-                SQLITE_OK);
-  ASSERT_EQ_INT(sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL), SQLITE_OK);
+  ASSERT_EQ_INT(spill_and_roll_back(db), SQLITE_OK);
   ASSERT_EQ_INT(insert_rows(db, 1000, 5), SQLITE_OK);
   ASSERT_EQ_INT(count_plain(nh_test_path("spill.db")), 15);
   sqlite3_close(db);
   ASSERT_EQ_INT(count_plain(nh_test_path("spill.db")), 15);
+}
+
+/* The frames a rolled-back transaction left in one connection's buffer must never reach
+ * the file: another connection commits at those offsets next. (Here sqlite's own rollback
+ * reads the WAL, which writes the buffer while the lock is still held; the shim drops what
+ * is left when the lock goes, for the paths that do not.) */
+TEST(a_rollback_s_frames_never_overwrite_another_connection_s_commit)
+{
+  ASSERT_EQ_INT(nh_sqlite_vfs_install(), 0);
+  const char *path = nh_test_path("two.db");
+  sqlite3 *x = open_db(path, NULL, "NORMAL");
+  sqlite3 *y = open_db(path, NULL, "NORMAL");
+  ASSERT_NOT_NULL(x);
+  ASSERT_NOT_NULL(y);
+  ASSERT_EQ_INT(insert_rows(x, 1, 10), SQLITE_OK);
+  ASSERT_EQ_INT(spill_and_roll_back(x), SQLITE_OK);
+  ASSERT_EQ_INT(insert_rows(y, 1000, 300), SQLITE_OK);   /* over the offsets x's frames had */
+  sqlite3_close(x);   /* what x still held must not be written now */
+  ASSERT_EQ_INT(count_plain(path), 310);
+  ASSERT_EQ_INT(insert_rows(y, 5000, 3), SQLITE_OK);
+  sqlite3_close(y);
+  ASSERT_EQ_INT(count_plain(path), 313);
 }
 
 TEST(a_failed_write_fails_its_commit_and_keeps_the_earlier_ones)

@@ -11,6 +11,13 @@ if nh.transport ~= "amqp" then
     .. "(run it with `ctest -R functional_amqp_partitions`, which starts the broker)")
 end
 
+-- The partition of a session: FNV-1a of its id, low bits (host/src/transport/nh_amqp_msg.c).
+local function partition_of(session, partitions)
+  local h = 2166136261
+  for i = 1, #session do h = ((h ~ session:byte(i)) * 16777619) & 0xffffffff end
+  return (h & 0xff) & (partitions - 1)
+end
+
 local function vq(sb, queue) return "/queues/" .. nh.urlencode(sb.vhost) .. "/" .. nh.urlencode(queue) end
 
 local function queue(sb, name)
@@ -88,8 +95,8 @@ describe("RabbitMQ partitions", function()
   before_each(function() sb = nh.sandbox() end)
   after_each(function() sb:cleanup() end)
 
-  it("partitions = 4: four single-active-consumer queues, one host active on each, a session's events of two "
-    .. "types in one partition and in order", function()
+  it("partitions = 4: four single-active-consumer queues, each consumed by one of three hosts at a time, every "
+    .. "session in order", function()
     local adapter = sb:recorder{ types = { "A", "B" }, options = "partitions = 4" }
     local h1 = sb:spawn(adapter)
     assert.truthy(h1:log():find("4 partition queues (Ep.p0 .. Ep.p3)", 1, true), h1:log())
@@ -136,21 +143,20 @@ describe("RabbitMQ partitions", function()
       sb:publish("A", { tag = "a" .. s }, { session = "k" .. s })
       sb:publish("B", { tag = "b" .. s }, { session = "k" .. s })
     end
-    local depths, total = {}, 0
-    nh.eventually(function()
-      total, depths = 0, {}
-      for i = 0, 7 do
-        local n = (queue(sb, "Ep.p" .. i) or {}).messages or 0
-        depths[#depths + 1] = n
-        total = total + n
-      end
-      return total == 12
-    end, nil, function() return "queue depths " .. table.concat(depths, " ") end)
-    for _, n in ipairs(depths) do
-      assert.equal(0, n % 2, "a queue holds one event of a session without the other: " .. table.concat(depths, " "))
+    -- each queue holds both events of exactly the sessions the hash gives it
+    local want, used = {}, {}
+    for i = 0, 7 do want[i + 1] = 0 end
+    for s = 1, 6 do
+      local p = partition_of("k" .. s, 8)
+      want[p + 1] = want[p + 1] + 2
+      used[p] = true
     end
-    assert.is_true(nh.count(depths, function(n) return n > 0 end) >= 2, "every session in one queue: "
-      .. table.concat(depths, " "))
+    local depths = {}
+    nh.eventually(function()
+      for i = 0, 7 do depths[i + 1] = (queue(sb, "Ep.p" .. i) or {}).messages or 0 end
+      return table.concat(depths, " ") == table.concat(want, " ")
+    end, nil, function() return ("queue depths %s, expected %s"):format(table.concat(depths, " "), table.concat(want, " ")) end)
+    assert.is_true(next(used, next(used)) ~= nil, "the six sessions hash to one partition: the test shows nothing")
     -- and a host started again takes them all, in order
     sb:spawn(adapter)
     completed(sb, 12)
@@ -188,6 +194,19 @@ describe("RabbitMQ partitions", function()
     assert.equal(40, nh.count(rows, function(r) return r.status == "Completed" end))
     assert.equal(2, sb:call_count("s1-r1-2"), "the killed handler ran again on the live host")
     assert.truthy(active_peer(sb, "Ep.p0"))
+  end)
+
+  it("a reload that changes partitions is refused, and the running version keeps serving", function()
+    local adapter = sb:recorder{ types = { "A" }, options = "partitions = 2" }
+    local h = sb:spawn(adapter)
+    local src = nh.read(adapter)
+    nh.write(adapter, (src:gsub("partitions = 2", "partitions = 4")))
+    h:wait_log("reload of " .. adapter .. " failed; the running version keeps serving:")
+    assert.truthy(h:log():find("partitions cannot change from 2 to 4", 1, true), h:log())
+    assert.is_nil(queue(sb, "Ep.p2"))
+    sb:publish("A", { tag = "after" }, { session = "s1" })
+    completed(sb, 1)
+    assert.is_true(h:alive())
   end)
 
   describe("bad configuration", function()

@@ -12,10 +12,21 @@
  * buffer is taken only by a connection that writes (readers never write the WAL). */
 #define GATHER_CAP (128 * 1024)
 #define FRAME_HDR 24
+#define WAL_HDR 32
+#define WAL_WRITE_LOCK 0   /* sqlite's wal.c: the wal-index lock a writer holds */
+#define MAX_WRITERS 8
 
-typedef struct gfile {
-  sqlite3_file base;       /* methods: gather_io */
+typedef struct gfile gfile_t;
+struct gfile {
+  sqlite3_file base;       /* methods: gather_io (a -wal file) or main_io (a database) */
   sqlite3_file *real;      /* the default VFS's file, in the same allocation after this */
+  const char *name;        /* sqlite's, valid until close */
+  /* A database and its -wal file, paired at the WAL's first write (made while the
+   * database's connection holds the WAL write lock): when that lock is let go, whatever
+   * the WAL still buffers belongs to a transaction that did not commit and is dropped, so
+   * it can never be written over frames another connection commits next. */
+  gfile_t *peer;
+  int pgsz;                /* -wal: the page size in its header (0: not known yet) */
   unsigned char *buf;
   sqlite3_int64 off;       /* file offset of buf[0] */
   int len;
@@ -24,12 +35,38 @@ typedef struct gfile {
    * the padding frames and split writes synchronous=FULL adds around its sync point, and a
    * commit header whose checksum sqlite rewrites after the frame (walRewriteChecksums). */
   int through;
-} gfile_t;
+};
 
 static sqlite3_vfs gather_vfs;
 static sqlite3_vfs *below;
-static sqlite3_io_methods gather_io;
-static _Atomic uint64_t n_asked, n_done;
+static sqlite3_io_methods gather_io, main_io;
+static _Atomic uint64_t n_asked, n_done, n_dropped;
+
+/* Databases this thread's connections hold the WAL write lock of (a connection is used
+ * by one thread at a time; a thread rarely writes two databases at once). */
+static __thread gfile_t *writers[MAX_WRITERS];
+static __thread int nwriters;
+
+static void writer_forget(gfile_t *m)
+{
+  for (int i = 0; i < nwriters; i++)
+    if (writers[i] == m) {
+      writers[i] = writers[--nwriters];
+      return;
+    }
+}
+
+/* The database holding the write lock whose -wal file this is, or NULL. */
+static gfile_t *writer_of(const gfile_t *w)
+{
+  size_t n = strlen(w->name);
+  for (int i = 0; i < nwriters; i++) {
+    size_t m = strlen(writers[i]->name);
+    if (m + 4 == n && strncmp(w->name, writers[i]->name, m) == 0 && strcmp(w->name + m, "-wal") == 0)
+      return writers[i];
+  }
+  return NULL;
+}
 
 static int flush(gfile_t *f)
 {
@@ -46,18 +83,40 @@ static int write_down(gfile_t *f, const void *p, int amt, sqlite3_int64 off)
   return f->real->pMethods->xWrite(f->real, p, amt, off);
 }
 
+static int be32(const unsigned char *b) { return (int)((unsigned)b[0] << 24 | b[1] << 16 | b[2] << 8 | b[3]); }
+
+/* A frame header is 24 bytes at a frame's start: a 24-byte piece of a page that
+ * synchronous=FULL splits at its sync point is not one. The page size is in the WAL
+ * header, written by this file or (a WAL that existed before) read back once. */
+static int frame_header(gfile_t *f, int amt, sqlite3_int64 off)
+{
+  if (amt != FRAME_HDR) return 0;
+  if (!f->pgsz) {
+    unsigned char h[WAL_HDR];
+    if (f->real->pMethods->xRead(f->real, h, WAL_HDR, 0) == SQLITE_OK) f->pgsz = be32(h + 8);
+  }
+  if (f->pgsz <= 0) return 1;
+  return off >= WAL_HDR && (off - WAL_HDR) % (f->pgsz + FRAME_HDR) == 0;
+}
+
 /* Bytes 4-7 of a frame header: the database size after a commit, 0 in other frames. */
-static int commit_header(const void *p, int amt)
+static int commit_header(const void *p)
 {
   const unsigned char *h = p;
-  return amt == FRAME_HDR && (h[4] | h[5] | h[6] | h[7]) != 0;
+  return (h[4] | h[5] | h[6] | h[7]) != 0;
 }
 
 static int g_write(sqlite3_file *file, const void *p, int amt, sqlite3_int64 off)
 {
   gfile_t *f = (gfile_t *)file;
   atomic_fetch_add_explicit(&n_asked, 1, memory_order_relaxed);
-  if (amt == FRAME_HDR) f->through = commit_header(p, amt);
+  if (off == 0 && amt >= WAL_HDR) f->pgsz = be32((const unsigned char *)p + 8);   /* a new WAL header */
+  if (!f->peer && (f->peer = writer_of(f)) != NULL) f->peer->peer = f;
+  if (!f->peer) {   /* not under a write lock this file can see (exclusive mode): as it comes */
+    int rc = flush(f);
+    return rc != SQLITE_OK ? rc : write_down(f, p, amt, off);
+  }
+  if (frame_header(f, amt, off)) f->through = commit_header(p);
   int contiguous = f->len && off == f->off + f->len && f->len + amt <= GATHER_CAP;
   if (!contiguous) {
     int rc = flush(f);
@@ -78,14 +137,17 @@ static int g_read(sqlite3_file *file, void *p, int amt, sqlite3_int64 off)
   return rc != SQLITE_OK ? rc : f->real->pMethods->xRead(f->real, p, amt, off);
 }
 
+/* Nothing committed is ever left in the buffer (a commit goes down at its commit frame):
+ * what is left is a transaction's that did not commit, and is dropped. */
 static int g_close(sqlite3_file *file)
 {
   gfile_t *f = (gfile_t *)file;
-  int rc = flush(f);
+  atomic_fetch_add_explicit(&n_dropped, (uint64_t)f->len, memory_order_relaxed);
   free(f->buf);
   f->buf = NULL;
-  int crc = f->real->pMethods->xClose(f->real);
-  return rc != SQLITE_OK ? rc : crc;
+  f->len = 0;
+  if (f->peer) f->peer->peer = NULL;
+  return f->real->pMethods->xClose(f->real);
 }
 
 static int g_truncate(sqlite3_file *file, sqlite3_int64 size)
@@ -131,6 +193,37 @@ static int g_shm_lock(sqlite3_file *file, int ofs, int n, int flags)
 {
   return REAL(file)->pMethods->xShmLock(REAL(file), ofs, n, flags);
 }
+
+/* A database: its file below's, and the WAL write lock watched (see gfile_t.peer). */
+static int m_write(sqlite3_file *file, const void *p, int amt, sqlite3_int64 off)
+{
+  return REAL(file)->pMethods->xWrite(REAL(file), p, amt, off);
+}
+
+static int m_shm_lock(sqlite3_file *file, int ofs, int n, int flags)
+{
+  gfile_t *m = (gfile_t *)file;
+  int rc = m->real->pMethods->xShmLock(m->real, ofs, n, flags);
+  if (rc != SQLITE_OK || ofs != WAL_WRITE_LOCK || n != 1 || !(flags & SQLITE_SHM_EXCLUSIVE)) return rc;
+  if (flags & SQLITE_SHM_LOCK) {
+    if (nwriters < MAX_WRITERS) writers[nwriters++] = m;
+  } else {
+    writer_forget(m);
+    if (m->peer && m->peer->len) {   /* a transaction's frames that did not commit */
+      atomic_fetch_add_explicit(&n_dropped, (uint64_t)m->peer->len, memory_order_relaxed);
+      m->peer->len = 0;
+    }
+  }
+  return rc;
+}
+
+static int m_close(sqlite3_file *file)
+{
+  gfile_t *m = (gfile_t *)file;
+  writer_forget(m);
+  if (m->peer) m->peer->peer = NULL;
+  return m->real->pMethods->xClose(m->real);
+}
 static void g_shm_barrier(sqlite3_file *file) { REAL(file)->pMethods->xShmBarrier(REAL(file)); }
 static int g_shm_unmap(sqlite3_file *file, int del) { return REAL(file)->pMethods->xShmUnmap(REAL(file), del); }
 static int g_fetch(sqlite3_file *file, sqlite3_int64 off, int amt, void **out)
@@ -142,21 +235,23 @@ static int g_unfetch(sqlite3_file *file, sqlite3_int64 off, void *p)
   return REAL(file)->pMethods->xUnfetch(REAL(file), off, p);
 }
 
-/* Only WAL files are wrapped; every other file is opened by the VFS below straight into
- * sqlite's allocation (which is large enough for ours), so it pays nothing. */
+/* WAL files and databases are wrapped; every other file (journals, temporary files) is
+ * opened by the VFS below straight into sqlite's allocation (large enough for ours). */
 static int g_open(sqlite3_vfs *vfs, const char *name, sqlite3_file *file, int flags, int *out_flags)
 {
   (void)vfs;
-  if (!(flags & SQLITE_OPEN_WAL)) return below->xOpen(below, name, file, flags, out_flags);
+  int wal = (flags & SQLITE_OPEN_WAL) != 0;
+  if ((!wal && !(flags & SQLITE_OPEN_MAIN_DB)) || !name) return below->xOpen(below, name, file, flags, out_flags);
   gfile_t *f = (gfile_t *)file;
   memset(f, 0, sizeof *f);
+  f->name = name;
   f->real = (sqlite3_file *)(f + 1);
   int rc = below->xOpen(below, name, f->real, flags, out_flags);
   if (rc != SQLITE_OK) {
     f->base.pMethods = NULL;   /* sqlite closes nothing that did not open */
     return rc;
   }
-  f->base.pMethods = &gather_io;
+  f->base.pMethods = wal ? &gather_io : &main_io;
   return SQLITE_OK;
 }
 
@@ -233,6 +328,10 @@ static void install(void)
     3, g_close, g_read, g_write, g_truncate, g_sync, g_size, g_lock, g_unlock, g_check_lock, g_fcntl,
     g_sector, g_device, g_shm_map, g_shm_lock, g_shm_barrier, g_shm_unmap, g_fetch, g_unfetch,
   };
+  main_io = gather_io;
+  main_io.xClose = m_close;
+  main_io.xWrite = m_write;
+  main_io.xShmLock = m_shm_lock;
   gather_vfs = (sqlite3_vfs){
     .iVersion = 2,
     .szOsFile = (int)sizeof(gfile_t) + below->szOsFile,
@@ -266,3 +365,5 @@ void nh_sqlite_vfs_counts(uint64_t *asked, uint64_t *done)
   if (asked) *asked = atomic_load_explicit(&n_asked, memory_order_relaxed);
   if (done) *done = atomic_load_explicit(&n_done, memory_order_relaxed);
 }
+
+uint64_t nh_sqlite_vfs_dropped(void) { return atomic_load_explicit(&n_dropped, memory_order_relaxed); }

@@ -97,8 +97,27 @@ static void drop_pending(nh_dispatch_t *d)
   }
 }
 
+/* A broker's partitions of a consuming endpoint are fixed while the host runs: another
+ * count would put its sessions in other queues beside the backlog of the old ones. */
+static int check_partitions(nh_dispatch_t *d, nh_adapter_t *a, nh_error_t *err)
+{
+  if (!d->tr->vt->set_partitions) return NH_OK;
+  for (nh_endpoint_t *fresh = d->pending_eps; fresh; fresh = fresh->next) {
+    nh_endpoint_t *live = NULL;
+    for (nh_endpoint_t *ep = d->endpoints; ep && !live; ep = ep->next)
+      if (strcmp(ep->name, fresh->name) == 0) live = ep;
+    if (live && live->partitions != fresh->partitions)
+      return nh_error_set(err, NH_EUSAGE, "%s: endpoint %s: partitions cannot change from %d to %d while the host "
+                          "runs: that would reorder its sessions. Stop every host of it, drain the old queues, then "
+                          "start with the new value (docs/broker-partitions.md)", a->path, fresh->name,
+                          live->partitions, fresh->partitions);
+  }
+  return NH_OK;
+}
+
 static int check_subscriptions(nh_dispatch_t *d, nh_adapter_t *a, nh_error_t *err)
 {
+  if (check_partitions(d, a, err)) return NH_EUSAGE;
   if (!d->tr->vt->subscribe_check) return NH_OK;
   int n = 0;
   for (nh_endpoint_t *ep = d->endpoints; ep; ep = ep->next) n++;

@@ -760,6 +760,16 @@ static void parts_make(amqp_t *a, aep_t *ep, int n)
   }
 }
 
+static void ep_free(aep_t *ep)
+{
+  for (int i = 0; i < ep->ntypes; i++) free(ep->types[i]);
+  free(ep->types);
+  parts_free(ep);
+  free(ep->name);
+  free(ep->entity);
+  free(ep);
+}
+
 static aep_t *ep_get(amqp_t *a, const char *endpoint)
 {
   aep_t *ep = nh_amqp_ep_find(a, endpoint);
@@ -804,7 +814,14 @@ static int am_subscribe(nh_transport_t *t, const char *endpoint, const char *con
 {
   amqp_t *a = (amqp_t *)t;
   int reply = strncmp(endpoint, "_reply.", 7) == 0;
-  if (!reply && a->emb->vt->subscribe(a->emb, endpoint, types, commands, n, err)) return NH_EFAIL;
+  if (!reply && a->emb->vt->subscribe(a->emb, endpoint, types, commands, n, err)) {
+    aep_t *ep = nh_amqp_ep_find(a, endpoint);
+    if (ep && !ep->types && !ep->ever_declared && !ep->decl) {   /* made by set_partitions just now */
+      nh_queue_remove(&ep->node);
+      ep_free(ep);
+    }
+    return NH_EFAIL;
+  }
   aep_t *ep = ep_get(a, endpoint);
   for (int i = 0; i < ep->ntypes; i++) free(ep->types[i]);
   free(ep->types);
@@ -881,13 +898,7 @@ static void am_close(nh_transport_t *t)
   on_down(a, "closed", 0);   /* senders and deliveries */
   nh_queue_t *q, *next;
   nh_queue_foreach_safe(q, next, &a->eps) {
-    aep_t *ep = nh_queue_data(q, aep_t, node);
-    for (int i = 0; i < ep->ntypes; i++) free(ep->types[i]);
-    free(ep->types);
-    parts_free(ep);
-    free(ep->name);
-    free(ep->entity);
-    free(ep);
+    ep_free(nh_queue_data(q, aep_t, node));
   }
   for (int i = 0; i < a->npend; i++) free(a->pend[i].reason);
   free(a->pend);

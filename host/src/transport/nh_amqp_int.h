@@ -56,14 +56,18 @@ pn_connection_t *nh_amqp_conn_pn(nh_amqp_conn_t *c);   /* NULL while not open */
 
 /* nh_msg_t -> AMQP message: the NimBus wire properties as application properties,
  * SessionId as group-id, the JSON payload as one data section, durable. */
-/* to: a direct send (its queue); servicebus: the Service Bus profile (subject = the type,
- * Diagnostic-Id). Otherwise the subject is the routing key (nh_amqp_routing_key). */
-void nh_amqp_msg_encode(pn_message_t *pm, const nh_msg_t *m, const char *to, int servicebus);
+/* to: a direct send (its queue). flags: NH_AMQP_ENC_SERVICEBUS (the Service Bus profile:
+ * Diagnostic-Id), NH_AMQP_ENC_BUCKETS (a send through the exchange has the routing key
+ * nh_amqp_routing_key as subject; without it, and on a direct send, the subject is the type:
+ * Service Bus filters on it, and a topology made by hand, management=none, binds it). */
+enum { NH_AMQP_ENC_SERVICEBUS = 1, NH_AMQP_ENC_BUCKETS = 2 };
+void nh_amqp_msg_encode(pn_message_t *pm, const nh_msg_t *m, const char *to, int flags);
 
 /* Partitions on RabbitMQ (docs/broker-partitions.md): a session's bucket is the low
  * NH_AMQP_BUCKET_BITS bits of a stable hash of its id; the routing key is the event type
  * followed by the bucket's bits as words, most significant first ("Ev.0.1.1.0.0.1.0.1"),
- * so partition i of 2^k binds "Ev.#.<the k low bits of i>" and one queue binds "Ev.#". */
+ * so partition i of 2^k binds "Ev", 8-k words "*" and the k low bits of i ("Ev.*.*.*.*.*.1.0.1"
+ * for i = 5 of 8), and one queue binds "Ev.*.*.*.*.*.*.*.*" and "Ev". */
 #define NH_AMQP_BUCKET_BITS 8
 #define NH_AMQP_BUCKETS (1u << NH_AMQP_BUCKET_BITS)
 unsigned nh_amqp_session_bucket(const char *session);
@@ -88,7 +92,8 @@ void nh_amqp_event_id(const char *endpoint, const char *message_id, int64_t crea
 typedef struct nh_rmq_decl nh_rmq_decl_t;
 /* Declares the exchange, the endpoint's queue (partitions 1: `name`; else `name.p0` ..
  * `name.p<partitions-1>`, each single-active-consumer) and its bindings (per event type
- * `type.#`, or `type.#.<bits of i>` for partition i) through the management API, in
+ * `type.*.*.*.*.*.*.*.*` and `type`, or for partition i of 2^k `type`, 8-k `.*` words and the
+ * k bits of i) through the management API, in
  * order, asynchronously; first it refuses queues of another partition count that still
  * exist. done(data, NULL) on success; done(data, why) on a failure retrying cannot fix
  * (credentials, vhost, an inequivalent queue, another partition count): transient ones

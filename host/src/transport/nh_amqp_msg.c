@@ -75,19 +75,19 @@ static char *type_of_key(const char *key)
   return bucketed ? nh_xstrndup(key, n - tail) : nh_xstrdup(key);
 }
 
-void nh_amqp_msg_encode(pn_message_t *pm, const nh_msg_t *m, const char *to, int servicebus)
+void nh_amqp_msg_encode(pn_message_t *pm, const nh_msg_t *m, const char *to, int flags)
 {
   pn_message_clear(pm);
   pn_message_set_durable(pm, true);
   if (m->message_id) pn_message_set_id(pm, atom_str(m->message_id));
   if (m->correlation_id) pn_message_set_correlation_id(pm, atom_str(m->correlation_id));
   if (m->session_id) pn_message_set_group_id(pm, m->session_id);
-  if (m->event_type && !servicebus && !to && m->session_id) {
+  if (m->event_type && (flags & NH_AMQP_ENC_BUCKETS) && !to && m->session_id) {
     char key[1024];   /* the exchange routes on it: a session's events of every type to one partition */
     nh_amqp_routing_key(m->event_type, m->session_id, key, sizeof key);
     pn_message_set_subject(pm, key);
   } else if (m->event_type) {
-    pn_message_set_subject(pm, m->event_type);   /* Service Bus filters subscriptions on it (sys.Label) */
+    pn_message_set_subject(pm, m->event_type);
   }
   if (m->reply_to) pn_message_set_reply_to(pm, m->reply_to);
   pn_message_set_content_type(pm, "application/json");
@@ -107,7 +107,7 @@ void nh_amqp_msg_encode(pn_message_t *pm, const nh_msg_t *m, const char *to, int
   put_prop(p, "ErrorType", m->error_type);
   put_prop(p, "traceparent", m->traceparent);
   put_prop(p, "tracestate", m->tracestate);
-  if (servicebus) put_prop(p, "Diagnostic-Id", m->traceparent);
+  if (flags & NH_AMQP_ENC_SERVICEBUS) put_prop(p, "Diagnostic-Id", m->traceparent);
   pn_data_put_string(p, pn_bytes(strlen("RetryCount"), "RetryCount"));
   pn_data_put_int(p, m->retry_count);
   pn_data_exit(p);

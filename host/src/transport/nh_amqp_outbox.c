@@ -17,7 +17,8 @@
 
 int nh_amqp_outbox_encode(amqp_t *a, const nh_msg_t *m, const char *to, size_t *size, nh_error_t *err)
 {
-  nh_amqp_msg_encode(a->pm, m, to, a->url.servicebus);
+  int flags = a->url.servicebus ? NH_AMQP_ENC_SERVICEBUS : a->url.no_management ? 0 : NH_AMQP_ENC_BUCKETS;
+  nh_amqp_msg_encode(a->pm, m, to, flags);
   int rc;
   for (;;) {
     *size = a->bufcap;

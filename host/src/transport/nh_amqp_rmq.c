@@ -281,10 +281,17 @@ nh_rmq_decl_t *nh_rmq_declare(uv_loop_t *loop, const nh_amqp_url_t *url, const c
       add(d, "PUT", d->partitions > 1 ? "declaring a partition queue" : "declaring the endpoint queue",
           json_pack("{s:b, s:o}", "durable", 1, "arguments", args), "/queues/%s/%s", vh, pqe);
       for (int i = 0; i < ntypes; i++) {
-        char key[700];   /* with one queue `type.#` also takes a key without bucket words (an older sender) */
-        snprintf(key, sizeof key, "%s.#%s", types[i], words);
+        /* exactly the bucket's words after the type: `*` for the bits the partition does not
+         * choose on, so a type with dots of its own ("Order.Created") never matches "Order" */
+        char key[700];
+        int n = snprintf(key, sizeof key, "%s", types[i]);
+        for (int b = bits; b < NH_AMQP_BUCKET_BITS && n < (int)sizeof key - 2; b++) n += snprintf(key + n, sizeof key - (size_t)n, ".*");
+        snprintf(key + n, sizeof key - (size_t)n, "%s", words);
         add(d, "POST", "binding the endpoint queue", json_pack("{s:s}", "routing_key", key),
             "/bindings/%s/e/%s/q/%s", vh, ex, pqe);
+        if (d->partitions == 1)   /* and the bare type: senders that add no bucket (older, by hand) */
+          add(d, "POST", "binding the endpoint queue", json_pack("{s:s}", "routing_key", types[i]),
+              "/bindings/%s/e/%s/q/%s", vh, ex, pqe);
       }
       free(pqe);
     }
@@ -338,13 +345,17 @@ void nh_rmq_probe_cancel(nh_rmq_probe_t *p)
   probe_free(p);
 }
 
-/* Does a binding with key rk take events of `type`: "type", "#", or the host's own
- * "type.#" and "type.#.<partition bits>"? */
+/* Does a binding with key rk take events of `type`: "type", "#", or the host's own "type"
+ * followed by the bucket's words, each `*`, 0 or 1 (nh_rmq_declare)? */
 static int binds_type(const char *rk, const char *type)
 {
   size_t n = strlen(type);
   if (strcmp(rk, "#") == 0 || strcmp(rk, type) == 0) return 1;
-  return strncmp(rk, type, n) == 0 && strncmp(rk + n, ".#", 2) == 0;
+  if (strncmp(rk, type, n) != 0) return 0;
+  const char *w = rk + n;
+  int words = 0;
+  for (; w[0] == '.' && (w[1] == '*' || w[1] == '0' || w[1] == '1') && (w[2] == '.' || w[2] == '\0'); w += 2) words++;
+  return *w == '\0' && words == NH_AMQP_BUCKET_BITS;
 }
 
 static void probe_done(void *data, nh_http_res_t *res)
