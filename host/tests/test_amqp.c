@@ -252,6 +252,18 @@ TEST(diagnostic_id_on_the_service_bus_profile)
   }
 }
 
+/* The application properties become MessageType = EventRequest and nothing else. */
+static void only_message_type(pn_message_t *pm)
+{
+  pn_data_t *p = pn_message_properties(pm);
+  pn_data_clear(p);
+  pn_data_put_map(p);
+  pn_data_enter(p);
+  pn_data_put_string(p, pn_bytes(11, "MessageType"));
+  pn_data_put_string(p, pn_bytes(12, "EventRequest"));
+  pn_data_exit(p);
+}
+
 /* The routing key carries the session's bucket (docs/broker-partitions.md): the hash is
  * FNV-1a, fixed here because every host version must put a session in the same partition. */
 TEST(routing_keys_carry_the_session_bucket_and_decode_back_to_the_type)
@@ -282,13 +294,7 @@ TEST(routing_keys_carry_the_session_bucket_and_decode_back_to_the_type)
   ASSERT_EQ_STR(got.event_type, "OrderPlaced");
   nh_msg_clear(&got);
   /* a sender that sets no EventTypeId: the type is the subject without the bucket words */
-  pn_data_clear(pn_message_properties(pm));
-  pn_data_t *p = pn_message_properties(pm);
-  pn_data_put_map(p);
-  pn_data_enter(p);
-  pn_data_put_string(p, pn_bytes(11, "MessageType"));
-  pn_data_put_string(p, pn_bytes(12, "EventRequest"));
-  pn_data_exit(p);
+  only_message_type(pm);
   nh_amqp_msg_decode(pm, "Ep", &got);
   ASSERT_EQ_STR(got.event_type, "OrderPlaced");
   nh_msg_clear(&got);
@@ -330,12 +336,7 @@ TEST(malformed_messages_name_the_problem)
   ASSERT_EQ_STR(got.message_id, "m-3");
   nh_msg_clear(&got);
   /* a map body is not JSON text */
-  pn_data_t *p = pn_message_properties(pm);
-  pn_data_put_map(p);
-  pn_data_enter(p);
-  pn_data_put_string(p, pn_bytes(11, "MessageType"));
-  pn_data_put_string(p, pn_bytes(12, "EventRequest"));
-  pn_data_exit(p);
+  only_message_type(pm);
   pn_data_t *b = pn_message_body(pm);
   pn_data_clear(b);
   pn_data_put_map(b);

@@ -26,7 +26,7 @@ struct gfile {
    * the WAL still buffers belongs to a transaction that did not commit and is dropped, so
    * it can never be written over frames another connection commits next. */
   gfile_t *peer;
-  int pgsz;                /* -wal: the page size in its header (0: not known yet) */
+  int pgsz;                /* -wal: the page size in its header (0: not known yet, -1: unreadable) */
   unsigned char *buf;
   sqlite3_int64 off;       /* file offset of buf[0] */
   int len;
@@ -68,19 +68,18 @@ static gfile_t *writer_of(const gfile_t *w)
   return NULL;
 }
 
+static int write_down(gfile_t *f, const void *p, int amt, sqlite3_int64 off)
+{
+  atomic_fetch_add_explicit(&n_done, 1, memory_order_relaxed);
+  return f->real->pMethods->xWrite(f->real, p, amt, off);
+}
+
 static int flush(gfile_t *f)
 {
   if (!f->len) return SQLITE_OK;
   int len = f->len;
   f->len = 0;
-  atomic_fetch_add_explicit(&n_done, 1, memory_order_relaxed);
-  return f->real->pMethods->xWrite(f->real, f->buf, len, f->off);
-}
-
-static int write_down(gfile_t *f, const void *p, int amt, sqlite3_int64 off)
-{
-  atomic_fetch_add_explicit(&n_done, 1, memory_order_relaxed);
-  return f->real->pMethods->xWrite(f->real, p, amt, off);
+  return write_down(f, f->buf, len, f->off);
 }
 
 static int be32(const unsigned char *b) { return (int)((unsigned)b[0] << 24 | b[1] << 16 | b[2] << 8 | b[3]); }
@@ -93,7 +92,8 @@ static int frame_header(gfile_t *f, int amt, sqlite3_int64 off)
   if (amt != FRAME_HDR) return 0;
   if (!f->pgsz) {
     unsigned char h[WAL_HDR];
-    if (f->real->pMethods->xRead(f->real, h, WAL_HDR, 0) == SQLITE_OK) f->pgsz = be32(h + 8);
+    f->pgsz = f->real->pMethods->xRead(f->real, h, WAL_HDR, 0) == SQLITE_OK ? be32(h + 8) : 0;
+    if (f->pgsz <= 0) f->pgsz = -1;   /* read once, not at every header */
   }
   if (f->pgsz <= 0) return 1;
   return off >= WAL_HDR && (off - WAL_HDR) % (f->pgsz + FRAME_HDR) == 0;

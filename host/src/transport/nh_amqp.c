@@ -212,9 +212,9 @@ int nh_amqp_ep_attached(const aep_t *ep)
  * window: one flow frame per half window, and a bound on brokers that do not keep to the
  * credit. RabbitMQ 3.x is one: it also gives credit back on every settlement (as 0-9-1
  * acks do) and adds our flows on top (rabbitmq-server#2597), which with top-ups at every
- * batch let 11,000 messages pile up behind a 1,024 window (make bench). */
-/* With partitions each queue has its share of the window: a host given one partition
- * gets no more of it than its share, and one given all of them no more than the whole. */
+ * batch let 11,000 messages pile up behind a 1,024 window (make bench). With partitions
+ * each queue has its share of the window: a host given one partition gets no more than
+ * its share, and one given all of them no more than the whole. */
 void nh_amqp_topup(aep_t *ep)
 {
   int window = ep->reply ? NH_REPLY_WINDOW : ep->capacity * NH_WINDOW_FACTOR;

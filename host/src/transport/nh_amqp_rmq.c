@@ -183,6 +183,8 @@ void nh_rmq_partition_queue(const char *endpoint, int partitions, int i, char *o
   else snprintf(out, len, "%s.p%d", endpoint, i);
 }
 
+#define ANY_BUCKET ".*.*.*.*.*.*.*.*"
+
 static int log2_of(int n)
 {
   int k = 0;
@@ -284,9 +286,8 @@ nh_rmq_decl_t *nh_rmq_declare(uv_loop_t *loop, const nh_amqp_url_t *url, const c
         /* exactly the bucket's words after the type: `*` for the bits the partition does not
          * choose on, so a type with dots of its own ("Order.Created") never matches "Order" */
         char key[700];
-        int n = snprintf(key, sizeof key, "%s", types[i]);
-        for (int b = bits; b < NH_AMQP_BUCKET_BITS && n < (int)sizeof key - 2; b++) n += snprintf(key + n, sizeof key - (size_t)n, ".*");
-        snprintf(key + n, sizeof key - (size_t)n, "%s", words);
+        _Static_assert(sizeof ANY_BUCKET - 1 == 2 * NH_AMQP_BUCKET_BITS, "one `.*` per bucket bit");
+        snprintf(key, sizeof key, "%s%.*s%s", types[i], 2 * (NH_AMQP_BUCKET_BITS - bits), ANY_BUCKET, words);
         add(d, "POST", "binding the endpoint queue", json_pack("{s:s}", "routing_key", key),
             "/bindings/%s/e/%s/q/%s", vh, ex, pqe);
         if (d->partitions == 1)   /* and the bare type: senders that add no bucket (older, by hand) */
