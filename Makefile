@@ -45,7 +45,7 @@ bench: build
 	@$(BUILD)/host/nimbus-host -l spec/bench/renewals.lua $(BUILD)/host/nimbus-host
 	@$(BUILD)/host/nimbus-host -l spec/bench/reload.lua $(BUILD)/host/nimbus-host
 	@$(BUILD)/host/nimbus-host -l spec/bench/amqp.lua $(BUILD)/host/nimbus-host $(BUILD)/bench/nh-amqp-bench
-	@$(BUILD)/host/nimbus-host -l spec/bench/partitions.lua $(BUILD)/host/nimbus-host
+	@$(BUILD)/host/nimbus-host -l spec/bench/partitions.lua $(BUILD)/host/nimbus-host $(BUILD)/bench/nh-amqp-bench
 	@$(BUILD)/host/nimbus-host -l spec/bench/store_pg.lua $(BUILD)
 	@$(BUILD)/host/nimbus-host -l spec/bench/pg_host.lua $(BUILD)
 

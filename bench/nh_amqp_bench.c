@@ -13,6 +13,9 @@
  *   application/json, application-properties MessageType/EventTypeId/To/OriginatingMessageId/
  *   ParentMessageId/RetryCount, one data section {"n":i,"pad":"xxx..."}). Unsettled: at most
  *   NH_BENCH_WINDOW (1000) are in flight; exits once every one is accepted (1 if any is not).
+ *   NH_BENCH_BUCKETS=1: the link goes to the exchange alone and the subject is the routing key
+ *   of a host with partitions, the type followed by the 8 bits of the session's bucket as
+ *   words (docs/broker-partitions.md).
  *   Prints {"sent":N,"accepted":N,"seconds":S,"rate":R,...}.
  * consume: N messages from /amq/queue/QUEUE (rcv-settle-mode first, credit CREDIT (1000),
  *   topped up at half); each is read and accepted, nothing else. Never grants more than N
@@ -61,6 +64,7 @@ typedef struct {
   char address[512];
   char event_type[512];
   long n, sessions, payload, window, credit;
+  long buckets;                  /* send: the routing key carries the session's bucket */
   /* send */
   long sent, settled, accepted, rejected;
   char first_bad_state[64];
@@ -260,6 +264,15 @@ static void send_one(bench_t *b)
   pn_message_set_id(b->msg, atom);
   pn_message_set_correlation_id(b->msg, atom);
   pn_message_set_group_id(b->msg, group);
+  if (b->buckets) {   /* FNV-1a of the session, low 8 bits, as the host routes (nh_amqp_msg.c) */
+    uint32_t h = 2166136261u;
+    for (const char *c = group; *c; c++) h = (h ^ (unsigned char)*c) * 16777619u;
+    char key[600];
+    int k = snprintf(key, sizeof key, "%s", b->event_type);
+    for (int bit = 7; bit >= 0 && k < (int)sizeof key - 3; bit--)
+      k += snprintf(key + k, sizeof key - (size_t)k, ".%u", (h >> bit) & 1u);
+    pn_message_set_subject(b->msg, key);
+  }
   struct timespec wall;
   clock_gettime(CLOCK_REALTIME, &wall);   /* as nimbus-host's own publishers stamp it */
   pn_message_set_creation_time(b->msg, (pn_timestamp_t)wall.tv_sec * 1000 + wall.tv_nsec / 1000000);
@@ -475,6 +488,7 @@ int main(int argc, char **argv)
     b->sessions = parse_long(argv[5], "SESSIONS", 1);
     b->payload = argc > 6 ? parse_long(argv[6], "PAYLOAD_BYTES", 0) : 64;
     b->window = env_long("NH_BENCH_WINDOW", 1000, 1);
+    b->buckets = env_long("NH_BENCH_BUCKETS", 0, 0);
   } else if (strcmp(argv[1], "consume") == 0) {
     if (argc < 5 || argc > 6) usage();
     b->mode = MODE_CONSUME;
@@ -492,6 +506,9 @@ int main(int argc, char **argv)
     const char *et = last ? last + 1 : b->address;
     memcpy(b->event_type, et, strlen(et) + 1); /* shorter than address, same size */
     if (!b->event_type[0]) die("ADDRESS '%s' ends in '/': no event type (routing key) in it", b->address);
+    /* with buckets the subject is the routing key: RabbitMQ takes it only when the address
+     * names the exchange alone */
+    if (b->buckets && last) b->address[last - b->address] = '\0';
     init_message(b);
   } else {
     if (strlen(argv[3]) + 12 >= sizeof b->address) die("QUEUE is too long");

@@ -131,6 +131,9 @@ amqp1_0.default_user = guest
 amqp1_0.default_vhost = /
 log.console = false
 log.file.level = info
+# how often queues report to the management API (default 5 s); hosts spreading partitions
+# read who is active there (docs/broker-partitions.md), so moves show sooner
+collect_statistics_interval = ${NH_RMQ_STATS_MS:-1000}
 EOF
   # Plugin dependencies (management_agent, web_dispatch, amqp10_common, ...) are resolved at boot.
   echo '[rabbitmq_amqp1_0,rabbitmq_management].' > "$RABBITMQ_ENABLED_PLUGINS_FILE"

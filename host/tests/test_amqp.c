@@ -379,4 +379,35 @@ TEST(event_id_with_a_creation_time_is_time_ordered)
   ASSERT_TRUE(strncmp(a, "018bcfe5-6800", 13) == 0);   /* 1700000000000 ms = 0x018bcfe56800 */
 }
 
+TEST(spreading_hands_on_what_is_beyond_the_share_only_when_the_view_is_whole)
+{
+  int out[8];
+  /* 8 partitions all here, two others waiting on each: 8 / 3 rounded up is 3, so 5 go,
+   * the least loaded first */
+  int owner[8] = { 0, 0, 0, 0, 0, 0, 0, 0 }, waiting[8] = { 2, 2, 2, 2, 2, 2, 2, 2 };
+  int load[8] = { 9, 0, 4, 0, 1, 7, 0, 2 };
+  int n = nh_amqp_spread_pick(8, 3, owner, waiting, load, out);
+  ASSERT_EQ_INT(n, 5);
+  int got[8] = { 0 };
+  for (int i = 0; i < n; i++) got[out[i]] = 1;
+  ASSERT_TRUE(got[1] && got[3] && got[6] && got[4] && got[7]);
+  ASSERT_TRUE(!got[0] && !got[5] && !got[2]);
+  /* alone: nothing to hand on */
+  ASSERT_EQ_INT(nh_amqp_spread_pick(8, 1, owner, waiting, load, out), 0);
+  /* 3, 3, 2 is even */
+  int even[8] = { 0, 0, 0, 1, 1, 1, 2, 2 };
+  ASSERT_EQ_INT(nh_amqp_spread_pick(8, 3, even, waiting, load, out), 0);
+  /* 3, 4, 1: the host with 4 hands on one; this host (3, above the share rounded down while
+   * another has less) hands on one too */
+  int uneven[8] = { 0, 0, 0, 1, 1, 1, 1, 2 };
+  ASSERT_EQ_INT(nh_amqp_spread_pick(8, 3, uneven, waiting, load, out), 1);
+  ASSERT_EQ_INT(out[0], 1);   /* the least loaded of 0..2 */
+  /* a partition shown without an active consumer (a move the API shows late): wait */
+  int moving[8] = { 0, 0, 0, 0, 0, 0, 0, -1 };
+  ASSERT_EQ_INT(nh_amqp_spread_pick(8, 3, moving, waiting, load, out), 0);
+  /* nobody else waits on a partition: it stays */
+  int alone[8] = { 0, 0, 0, 0, 0, 0, 0, 0 }, none[8] = { 0 };
+  ASSERT_EQ_INT(nh_amqp_spread_pick(8, 2, alone, none, load, out), 0);
+}
+
 NH_TEST_MAIN()

@@ -37,6 +37,55 @@ local function consumers(sb, name)
   return n, active
 end
 
+-- Who RabbitMQ made active on each partition of Ep: { [i] = connection name or nil }, and
+-- per connection consuming them, on how many it is active ({ [conn] = n }, 0 for a host
+-- that only waits).
+local function owners(sb, partitions)
+  local r = nh.rmq_api("GET", "/consumers/" .. nh.urlencode(sb.vhost))
+  local owner, active = {}, {}
+  for _, c in ipairs(nh.decode(r.body)) do
+    local i = tonumber(c.queue.name:match("^Ep%.p(%d+)$"))
+    local conn = type(c.channel_details) == "table" and c.channel_details.connection_name   -- [] while it closes
+    if i and i < partitions and conn then
+      active[conn] = (active[conn] or 0) + (c.active and 1 or 0)
+      if c.active then owner[i] = conn end
+    end
+  end
+  return owner, active
+end
+
+-- What the broker shows, and the end of each host's log (what it handed on, and why not).
+local function describe_owners(sb, partitions, hosts)
+  local owner, active = owners(sb, partitions)
+  local s = {}
+  for i = 0, partitions - 1 do s[#s + 1] = ("p%d: %s"):format(i, owner[i] or "none") end
+  for conn, n in pairs(active) do s[#s + 1] = ("%s active on %d"):format(conn, n) end
+  local out = table.concat(s, "; ")
+  for i, h in ipairs(hosts or {}) do out = out .. ("\n--- host %d:\n%s"):format(i, h:log():sub(-3000)) end
+  return out
+end
+
+-- Every partition has an active consumer, `hosts` connections consume them, and each is
+-- active on its share: partitions / hosts, rounded down or up.
+local function spread_evenly(sb, partitions, hosts)
+  local owner, active = owners(sb, partitions)
+  for i = 0, partitions - 1 do if not owner[i] then return false end end
+  local n = 0
+  for _, k in pairs(active) do
+    n = n + 1
+    if k < partitions // hosts or k > -(-partitions // hosts) then return false end
+  end
+  return n == hosts
+end
+
+-- A session id whose events land in partition `p` of `partitions`.
+local function session_in(p, partitions, prefix)
+  for k = 1, 10000 do
+    local s = prefix .. k
+    if partition_of(s, partitions) == p then return s end
+  end
+end
+
 -- Per session: the tags its handlers started with, in the order they started (across hosts:
 -- the recorder appends to one file). `published[s]` is the order of publishing.
 local function assert_session_order(sb, published)
@@ -155,19 +204,22 @@ describe("RabbitMQ partitions", function()
     for s = 1, 6 do assert.same({ "a" .. s, "b" .. s }, sb:call_tags("k" .. s)) end
   end)
 
-  it("kill -9 of the host active on the partitions: a live host takes them over, nothing is lost, sessions stay "
+  it("kill -9 of a host mid-handler: the live host takes its partitions over, nothing is lost, sessions stay "
     .. "in order", function()
     -- a short lock: the killed host's session locks in the store end soon after it
     local adapter = sb:recorder{ types = { "A", "B" }, options = "partitions = 4, lock = { duration = 2 }" }
-    local h1 = sb:spawn(adapter)
-    local h2 = sb:spawn(adapter)
-    nh.eventually(function()
-      for i = 0, 3 do if select(2, consumers(sb, "Ep.p" .. i)) ~= 1 then return false end end
-      return true
-    end, nil, "every partition has an active consumer")
+    local hosts = { sb:spawn(adapter) }
+    nh.eventually(function() return spread_evenly(sb, 4, 1) end, nil, function() return describe_owners(sb, 4) end)
+    local first = owners(sb, 4)[0]
+    hosts[2] = sb:spawn(adapter)
+    nh.eventually(function() return spread_evenly(sb, 4, 2) end, 60,
+      function() return describe_owners(sb, 4, hosts) end)
+    -- the host active on s1's partition holds s1's second event in its handler (and its loop)
+    local h1 = owners(sb, 4)[partition_of("s1", 4)] == first and hosts[1] or hosts[2]
+    local h2 = h1 == hosts[1] and hosts[2] or hosts[1]
     local published = {}
     publish_round(sb, published, 8, 3, 1, "s1-r1-2")
-    -- mid-stream: the active host is inside a handler, its outcome not recorded
+    -- mid-stream: that host is inside a handler, its outcome not recorded
     nh.eventually(function() return sb:call_count("s1-r1-2") == 1 end, nil, "the held handler started")
     assert.equal(137, h1:kill())
     sb:touch("go")
@@ -185,6 +237,76 @@ describe("RabbitMQ partitions", function()
     local rows = sb:events()
     assert.equal(40, nh.count(rows, function(r) return r.status == "Completed" end))
     assert.equal(2, sb:call_count("s1-r1-2"), "the killed handler ran again on the live host")
+  end)
+
+  it("hosts started one after another spread eight partitions between them, and again when one is killed; every "
+    .. "event runs once, every session in order", function()
+    local adapter = sb:recorder{ types = { "A", "B" }, options = "partitions = 8, lock = { duration = 2 }" }
+    local hosts = { sb:spawn(adapter) }
+    nh.eventually(function() return spread_evenly(sb, 8, 1) end, nil, function() return describe_owners(sb, 8) end)
+    local published = {}
+    publish_round(sb, published, 16, 2, 1)
+    -- two more hosts while events flow: the first hands partitions on as they come
+    hosts[2] = sb:spawn(adapter)
+    publish_round(sb, published, 16, 2, 2)
+    hosts[3] = sb:spawn(adapter)
+    publish_round(sb, published, 16, 2, 3)
+    nh.eventually(function() return spread_evenly(sb, 8, 3) end, 60,
+      function() return describe_owners(sb, 8, hosts) end)
+    assert.truthy(hosts[1]:log():find("handing partition Ep.p", 1, true), hosts[1]:log())
+    publish_round(sb, published, 16, 2, 4)
+    completed(sb, 128)
+    -- the first host goes: the broker gives its partitions to the hosts in line, and the two
+    -- live ones even out
+    assert.equal(137, hosts[1]:kill())
+    nh.eventually(function() return spread_evenly(sb, 8, 2) end, 60,
+      function() return describe_owners(sb, 8, hosts) end)
+    publish_round(sb, published, 16, 2, 5)
+    completed(sb, 160)
+    assert_session_order(sb, published)
+    for s, tags in pairs(published) do
+      for _, t in ipairs(tags) do assert.equal(1, sb:call_count(t), s .. ": " .. t .. " ran more or less than once") end
+    end
+    assert.is_true(hosts[2]:alive() and hosts[3]:alive())
+  end)
+
+  it("a partition is handed on only once the handler running on it has finished; the session's next event runs "
+    .. "after it, on the other host", function()
+    local adapter = sb:recorder{ types = { "A" }, options = "partitions = 2" }
+    local h1 = sb:spawn(adapter)
+    nh.eventually(function() return spread_evenly(sb, 2, 1) end, nil, function() return describe_owners(sb, 2) end)
+    local first = owners(sb, 2)[0]
+    -- one held handler and one event behind it in each partition: whichever h1 hands on is busy
+    local sa, sb2 = session_in(0, 2, "a"), session_in(1, 2, "b")
+    for _, s in ipairs({ sa, sb2 }) do
+      sb:publish("A", { tag = s .. "-1", hold = "go" }, { session = s })
+      sb:publish("A", { tag = s .. "-2" }, { session = s })
+    end
+    nh.eventually(function() return sb:call_count(sa .. "-1") == 1 and sb:call_count(sb2 .. "-1") == 1 end, nil,
+      "both held handlers started")
+    local h2 = sb:spawn(adapter)
+    local moving
+    nh.eventually(function()
+      moving = h1:log():match("handing partition (Ep%.p%d) on")
+      return moving
+    end, nil, function() return "h1 never decided to hand a partition on:\n" .. h1:log() end)
+    -- h2 waits in line on both; h1 keeps the partition while its handler runs
+    nh.eventually(function()
+      for i = 0, 1 do if select(1, consumers(sb, "Ep.p" .. i)) ~= 2 then return false end end
+      return true
+    end, nil, function() return describe_owners(sb, 2) end)
+    assert.is_nil(h1:log():find(moving .. ": handed on", 1, true), h1:log())
+    assert.equal(first, owners(sb, 2)[tonumber(moving:match("%d+$"))])
+    assert.equal(0, sb:call_count(sa .. "-2") + sb:call_count(sb2 .. "-2"))
+    sb:touch("go")
+    h1:wait_log(moving .. ": handed on")
+    completed(sb, 4)
+    nh.eventually(function() return spread_evenly(sb, 2, 2) end, 60,
+      function() return describe_owners(sb, 2, { h1, h2 }) end)
+    for _, s in ipairs({ sa, sb2 }) do
+      assert.same({ s .. "-1", s .. "-2" }, sb:call_tags(s))
+    end
+    assert.is_true(h2:alive())
   end)
 
   it("a reload that changes partitions is refused, and the running version keeps serving", function()

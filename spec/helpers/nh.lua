@@ -716,6 +716,15 @@ local function make_handler(endpoint)
         if p then p:close() end
       end
     end
+    if event.hold then
+      -- Holds the handler, not the loop (nimbus.sleep yields), until the test creates the file.
+      local deadline = os.time() + 60
+      while os.time() < deadline do
+        local f = io.open(DIR .. "/" .. event.hold, "r")
+        if f then f:close() break end
+        nimbus.sleep(0.02)
+      end
+    end
     if event.publish then
       for _, p in ipairs(event.publish) do
         local id, dup = nimbus.publish(p.type, p.payload or {}, { session = p.session, message_id = p.message_id })

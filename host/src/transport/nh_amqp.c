@@ -171,7 +171,9 @@ static void recs_drop_all(amqp_t *a)
     for (int i = 0; i < ep->nparts; i++) {
       apart_t *p = &ep->parts[i];
       p->link = NULL;
+      p->ssn = NULL;   /* freed with the connection */
       p->attached = 0;
+      p->yielding = 0;
       p->nbuf = p->inflight = 0;
     }
     ep->declared = 0;   /* declared again on the next connection */
@@ -222,11 +224,106 @@ void nh_amqp_topup(aep_t *ep)
   if (window < NH_MIN_WINDOW) window = NH_MIN_WINDOW;
   for (int i = 0; i < ep->nparts; i++) {
     apart_t *p = &ep->parts[i];
-    if (!p->link || !p->attached) continue;
+    if (!p->link || !p->attached || p->yielding) continue;
     int credit = pn_link_credit(p->link);
     int have = p->nbuf + p->inflight + (credit > 0 ? credit : 0);
     if (have <= window / 2) pn_link_flow(p->link, window - have);
   }
+}
+
+/* ---------------------------------------------------------------- handing a partition on */
+
+/* A partitioned endpoint's receivers have an AMQP session each. RabbitMQ 3.10's AMQP 1.0
+ * plugin keeps a delivery that was unsettled when its link detached unacknowledged on the
+ * session's channel until the session ends, so a detach could hold a message back while
+ * the next host runs its session's later ones; and a drain crashes the session on a
+ * classic queue (rabbit_classic_queue:handle_event, send_drained). Ending the session is
+ * what gives every unsettled delivery back, in its place, before the next consumer in line
+ * is made active. */
+void nh_amqp_part_yield(apart_t *p)
+{
+  if (p->yielding || !p->link || !p->ssn) return;
+  p->yielding = 1;   /* no more credit, and nothing more of it handed to handlers */
+  nh_amqp_part_steps(p->ep->a);
+}
+
+static void part_step(amqp_t *a, apart_t *p)
+{
+  if (p->yielding != 1 || p->inflight) return;   /* what is in handlers is settled here, by this host */
+  /* buffered, never handed out: unsettled, the broker gives them back when the session ends */
+  nh_queue_t *q, *next;
+  nh_queue_foreach_safe(q, next, &p->ep->buf) {
+    rec_t *r = nh_queue_data(q, rec_t, node);
+    if (r->part == p) rec_free(a, r);
+  }
+  pn_session_close(p->ssn);
+  p->yielding = 2;
+  p->ending_since = nh_time_now_ms();
+}
+
+#ifndef NH_YIELD_END_MS
+#define NH_YIELD_END_MS 15000
+#endif
+
+/* A session end the broker never answered: what that session held may stay held there, so
+ * end the whole connection, which gives everything back (every partition moves). */
+static int part_stuck(amqp_t *a, apart_t *p)
+{
+  if (p->yielding != 2 || nh_time_now_ms() - p->ending_since < NH_YIELD_END_MS) return 0;
+  nh_log_warn("amqp", "%s: the broker did not answer the end of the partition's session within %d ms; reconnecting, "
+              "which gives back everything this host held", p->queue, NH_YIELD_END_MS);
+  pn_connection_close(pn_session_connection(a->ssn));
+  if (a->conn) nh_amqp_conn_flush(a->conn);
+  return 1;
+}
+
+void nh_amqp_part_steps(amqp_t *a)
+{
+  nh_queue_t *q;
+  int any = 0;
+  nh_queue_foreach(q, &a->eps) {
+    aep_t *ep = nh_queue_data(q, aep_t, node);
+    for (int i = 0; i < ep->nparts; i++)
+      if (ep->parts[i].yielding == 1) {
+        part_step(a, &ep->parts[i]);
+        any = 1;
+      }
+  }
+  if (any && a->conn) nh_amqp_conn_flush(a->conn);
+}
+
+void nh_amqp_part_check_ends(amqp_t *a)
+{
+  nh_queue_t *q;
+  nh_queue_foreach(q, &a->eps) {
+    aep_t *ep = nh_queue_data(q, aep_t, node);
+    for (int i = 0; a->ssn && i < ep->nparts; i++)
+      if (part_stuck(a, &ep->parts[i])) return;
+  }
+}
+
+static apart_t *part_by_session(amqp_t *a, pn_session_t *s)
+{
+  nh_queue_t *q;
+  nh_queue_foreach(q, &a->eps) {
+    aep_t *ep = nh_queue_data(q, aep_t, node);
+    for (int i = 0; i < ep->nparts; i++)
+      if (ep->parts[i].ssn == s) return &ep->parts[i];
+  }
+  return NULL;
+}
+
+/* The broker ended the session of a partition this host handed on: attach again, in a new
+ * session, at the end of the line. */
+static void part_yielded(amqp_t *a, apart_t *p)
+{
+  pn_session_free(p->ssn);   /* and its link and deliveries */
+  p->ssn = NULL;
+  p->link = NULL;
+  p->attached = 0;
+  p->yielding = 0;
+  nh_log_info("amqp", "%s: handed on; attached again, waiting in line", p->queue);
+  nh_amqp_attach(a, p->ep);
 }
 
 void *nh_amqp_grow(void *p, int *cap, int need, size_t size)
@@ -336,6 +433,7 @@ static int am_receive(nh_transport_t *t, const char *endpoint, int max, int64_t 
     nh_queue_foreach_safe(q, next, &ep->buf) {   /* a hand-out leaves the buffer */
       if (n >= max || rc != NH_OK) break;
       rec_t *r = nh_queue_data(q, rec_t, node);
+      if (r->part->yielding) continue;   /* being handed on: its sessions go to the next host */
       if (!nh_strset_add(&seen, r->msg.session_id)) continue;   /* not its session's head */
       int got = a->emb->vt->lock_session(a->emb, endpoint, r->msg.session_id, now);
       if (got < 0) rc = NH_EFAIL;
@@ -455,6 +553,7 @@ static void apply_settlements(amqp_t *a)
   if (a->npend) {
     nh_queue_t *q;
     nh_queue_foreach(q, &a->eps) nh_amqp_topup(nh_queue_data(q, aep_t, node));
+    nh_amqp_part_steps(a);
   }
   a->npend = 0;
 }
@@ -685,10 +784,19 @@ static void on_event(void *data, pn_event_t *e)
     break;
   }
   case PN_LINK_REMOTE_CLOSE:
-  case PN_LINK_REMOTE_DETACH:   /* RabbitMQ answers with detach, not close (docs/environment.md section 5) */
-    if (!a->shutting_down) link_lost(a, pn_event_link(e), pn_link_remote_condition(pn_event_link(e)));
+  case PN_LINK_REMOTE_DETACH: {   /* RabbitMQ answers with detach, not close (docs/environment.md section 5) */
+    pn_link_t *l = pn_event_link(e);
+    apart_t *p = pn_link_is_receiver(l) ? part_by_link(a, l) : NULL;
+    if (p && p->yielding == 2) break;   /* its session is ending */
+    if (!a->shutting_down) link_lost(a, l, pn_link_remote_condition(l));
     break;
-  case PN_SESSION_REMOTE_CLOSE:
+  }
+  case PN_SESSION_REMOTE_CLOSE: {
+    apart_t *p = part_by_session(a, pn_event_session(e));
+    if (p && p->yielding == 2) {
+      part_yielded(a, p);
+      break;
+    }
     if (!a->shutting_down) {
       pn_condition_t *c = pn_session_remote_condition(pn_event_session(e));
       nh_log_error("amqp", "the broker ended the AMQP session: %s %s; reconnecting",
@@ -697,6 +805,7 @@ static void on_event(void *data, pn_event_t *e)
       pn_connection_close(pn_session_connection(pn_event_session(e)));
     }
     break;
+  }
   case PN_LINK_FLOW:
     if (pn_link_is_sender(pn_event_link(e))) nh_amqp_outbox_pump(a);
     break;
@@ -718,6 +827,7 @@ static void on_event(void *data, pn_event_t *e)
         break;
       }
       if (!ep || !pn_delivery_readable(d) || pn_delivery_partial(d)) break;
+      if (part->yielding == 2) break;   /* its session is ending: unsettled, the broker gives it back */
       receive_delivery(a, part, d);
       nh_amqp_wake(a);
     } else if (pn_delivery_updated(d)) {
@@ -846,6 +956,7 @@ void nh_amqp_start(nh_transport_t *t)
     a->sb_timer = 1;
     uv_timer_start(&a->sb_refresh, nh_amqp_sb_refresh, every, every);
   }
+  nh_amqp_spread_start(a);
   nh_queue_t *q;
   nh_queue_foreach(q, &a->eps) nh_amqp_declare(a, nh_queue_data(q, aep_t, node));
   nh_amqp_conn_start(a->conn);
@@ -882,6 +993,7 @@ void nh_amqp_stop(nh_transport_t *t, void (*done)(void *), void *data)
     ep->decl = NULL;
   }
   nh_amqp_probes_cancel(a);
+  nh_amqp_spread_stop(a);
   if (a->sb_timer) {
     a->sb_timer = 0;
     uv_close((uv_handle_t *)&a->sb_refresh, NULL);

@@ -111,6 +111,25 @@ nh_rmq_probe_t *nh_rmq_probe(uv_loop_t *loop, const nh_amqp_url_t *url, const ch
                              void (*done)(void *, int, const char *), void *data, nh_error_t *err);
 void nh_rmq_probe_cancel(nh_rmq_probe_t *p);   /* done is not called */
 
+/* The vhost's consumers (GET /api/consumers/<vhost>: queue.name, active,
+ * channel_details.connection_name): done(data, array, NULL), or (data, NULL, why). */
+typedef struct nh_rmq_consumers nh_rmq_consumers_t;
+struct json_t;
+nh_rmq_consumers_t *nh_rmq_consumers(uv_loop_t *loop, const nh_amqp_url_t *url,
+                                     void (*done)(void *, struct json_t *, const char *), void *data);
+void nh_rmq_consumers_cancel(nh_rmq_consumers_t *c);   /* done is not called */
+
+/* Spreading partitions over live hosts (nh_amqp_spread.c). One endpoint's partitions as
+ * the broker shows them: owner[i] the host active on partition i (0: this host, -1: none,
+ * else another), waiting[i] how many other hosts' consumers wait on it, load[i] what this
+ * host has of it buffered or in handlers. Puts in out (nparts room) the partitions this
+ * host should hand on and returns how many: none unless every partition shows an active
+ * consumer; while this host is active on more than its share (nparts / hosts, rounded
+ * up), as many as it has beyond that; while it has more than the share rounded down and
+ * another host less, one. Only partitions with another host in line, the least loaded
+ * first. */
+int nh_amqp_spread_pick(int nparts, int nhosts, const int *owner, const int *waiting, const int *load, int *out);
+
 /* ---------------------------------------------------------------- Azure Service Bus (nh_amqp_sb.c) */
 
 #define NH_SB_TOKEN_TTL_S 3600   /* SAS tokens are put again well before this */

@@ -54,8 +54,11 @@ struct apart {
   char *queue;
   char *address;                 /* the receiver's source */
   pn_link_t *link;
+  pn_session_t *ssn;             /* with partitions, the receiver's own session (nh_amqp_part_yield) */
   int attached;
   int nbuf, inflight;            /* its deliveries buffered, in handlers */
+  int yielding;                  /* handing it on (nh_amqp_spread.c): 1 finishing, 2 ending its session */
+  int64_t ending_since;          /* when its session's end was sent (ms) */
 };
 
 struct aep {
@@ -133,6 +136,10 @@ struct amqp {
   uv_timer_t sb_refresh;         /* puts the tokens again before they expire */
   int sb_timer;
   int topic_ok;                  /* Service Bus: the token for the topic was accepted */
+  uv_timer_t spread_timer;       /* partitions spread over hosts (nh_amqp_spread.c) */
+  int spread_on, spread_warned;
+  nh_rmq_consumers_t *spread_call;
+  uint64_t spread_gen;           /* conn_gen when the consumers were asked for */
 };
 
 /* nh_amqp.c */
@@ -146,6 +153,20 @@ aep_t *nh_amqp_ep_find(amqp_t *a, const char *name);
 void nh_amqp_topup(aep_t *ep);
 int nh_amqp_ep_attached(const aep_t *ep);   /* every receiver of it attached */
 void *nh_amqp_grow(void *p, int *cap, int need, size_t size);
+
+/* Hands partition p on to a waiting host: no more credit and nothing more handed out,
+ * what is in handlers settled here, then the end of the receiver's session (which gives
+ * the rest back), and a new session and receiver that wait in line. nh_amqp_part_steps
+ * moves every hand-on along (after settlements and on the spreading timer). */
+void nh_amqp_part_yield(apart_t *p);
+void nh_amqp_part_steps(amqp_t *a);
+/* A session end unanswered for NH_YIELD_END_MS ends the connection (on the spreading timer). */
+void nh_amqp_part_check_ends(amqp_t *a);
+
+/* nh_amqp_spread.c */
+void nh_amqp_spread_start(amqp_t *a);
+void nh_amqp_spread_stop(amqp_t *a);
+void nh_amqp_spread_tick(uv_timer_t *t);
 
 /* nh_amqp.c, read-only: its sqlite migrations (their number in *count) and the text of
  * statement A_* `id` (NULL out of range), so that a test can run them on a sqlite file

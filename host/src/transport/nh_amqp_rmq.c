@@ -419,3 +419,56 @@ nh_rmq_probe_t *nh_rmq_probe(uv_loop_t *loop, const nh_amqp_url_t *url, const ch
   }
   return p;
 }
+
+/* ---------------------------------------------------------------- who consumes what */
+
+struct nh_rmq_consumers {
+  nh_http_call_t *call;
+  void (*done)(void *, json_t *, const char *);
+  void *data;
+};
+
+static void consumers_done(void *data, nh_http_res_t *res)
+{
+  nh_rmq_consumers_t *c = data;
+  c->call = NULL;
+  json_t *arr = res->status == 200 ? json_loadb(res->body ? res->body : "", res->body_len, 0, NULL) : NULL;
+  char why[512] = "";
+  if (res->status == 0) snprintf(why, sizeof why, "the management API did not answer: %s", res->error);
+  else if (res->status != 200) snprintf(why, sizeof why, "HTTP %ld from the management API", res->status);
+  else if (!json_is_array(arr)) snprintf(why, sizeof why, "the management API's consumer list is not a JSON array");
+  c->done(c->data, json_is_array(arr) ? arr : NULL, why[0] ? why : NULL);
+  json_decref(arr);
+  free(c);
+}
+
+nh_rmq_consumers_t *nh_rmq_consumers(uv_loop_t *loop, const nh_amqp_url_t *url,
+                                     void (*done)(void *, json_t *, const char *), void *data)
+{
+  nh_rmq_consumers_t *c = nh_xcalloc(1, sizeof *c);
+  c->done = done;
+  c->data = data;
+  char *base = base_with_credentials(url);
+  char *vh = esc(url->vhost ? url->vhost : "/");
+  char path[4096];
+  /* only what the spreading reads: the list is one row per consumer of the vhost */
+  snprintf(path, sizeof path, "%s/api/consumers/%s?columns=queue.name,active,channel_details.connection_name", base,
+           vh);
+  free(base);
+  free(vh);
+  nh_http_req_t req = { .method = "GET", .url = path, .timeout_s = 10 };
+  nh_error_t err = {0};
+  c->call = nh_http_request(loop, &req, consumers_done, c, &err);
+  if (!c->call) {
+    free(c);
+    return NULL;
+  }
+  return c;
+}
+
+void nh_rmq_consumers_cancel(nh_rmq_consumers_t *c)
+{
+  if (!c) return;
+  if (c->call) nh_http_cancel(c->call);
+  free(c);
+}

@@ -107,7 +107,12 @@ void nh_amqp_attach(amqp_t *a, aep_t *ep)
     if (p->link) continue;
     char name[700];
     snprintf(name, sizeof name, "nh-recv:%s", p->queue);
-    p->link = pn_receiver(a->ssn, name);
+    pn_session_t *ssn = a->ssn;
+    if (ep->nparts > 1) {   /* a session of its own, ended to hand the partition on (nh_amqp_part_yield) */
+      p->ssn = ssn = pn_session(pn_session_connection(a->ssn));
+      pn_session_open(ssn);
+    }
+    p->link = pn_receiver(ssn, name);
     pn_terminus_set_address(pn_link_source(p->link), p->address);
     pn_terminus_set_address(pn_link_target(p->link), name);   /* unique per link, as the SDKs do */
     pn_link_set_snd_settle_mode(p->link, PN_SND_UNSETTLED);
