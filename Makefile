@@ -25,12 +25,13 @@ test: build
 # (in their own build tree; valgrind does not mix with ASan, so that one is left out; so are the
 # functional suites' store variants, cold, late, cached and in_doubt: they run the code the plain suites
 # run, and the dispatcher's own suite runs each variant under ASan as test_dispatch_*; of the broker
-# beside a PostgreSQL store, the outcomes and crash suites and the two-host spec run, the rest plain only).
+# beside a PostgreSQL store, the outcomes and crash suites and the two-host spec run, the rest plain only;
+# the 20,000-event partitions spec too: the partitions suite runs the same code under ASan).
 test-asan: deps
 	@cmake -S . -B $(BUILD)-asan -DCMAKE_BUILD_TYPE=Debug -DNH_ASAN=ON >/dev/null
 	@cmake --build $(BUILD)-asan -j $(JOBS)
 	@cd $(BUILD)-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j $(JOBS) --timeout 600 \
-	  -E 'valgrind|functional_(cold|late|cached|in_doubt|pgstore)_|functional_pgamqp_(parking|retry|operator|handoff|request_reply|amqp|crmerp)'
+	  -E 'valgrind|functional_(cold|late|cached|in_doubt|pgstore)_|functional_pgamqp_(parking|retry|operator|handoff|request_reply|amqp|crmerp|partitions_scale)'
 
 # every host a bench starts serves its console on a free port (several run at once)
 bench: export NIMBUS_ADMIN = 127.0.0.1:0

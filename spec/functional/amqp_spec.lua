@@ -9,7 +9,6 @@ if nh.transport ~= "amqp" then
     .. "(run it with `ctest -R functional_amqp_amqp`, which starts the broker; by hand: scripts/rabbitmq.sh start)")
 end
 
-local SCRIPTS = (os.getenv("NIMBUS_SOURCE_DIR") or ".") .. "/scripts"
 local CFG = nh.transport_config
 
 -- amqp://USER:PASSWORD@127.0.0.1:PORT/VHOST?management=MGMT, every part replaceable.
@@ -21,14 +20,7 @@ local function amqp_url(o)
     nh.urlencode(o.vhost or ""), o.mgmt or CFG.mgmt)
 end
 
-local function occurrences(text, needle)
-  local n, at = 0, 1
-  while true do
-    local i = text:find(needle, at, true)
-    if not i then return n end
-    n, at = n + 1, i + #needle
-  end
-end
+local occurrences = nh.occurrences
 
 -- Audit rows, or {} when the store was never created (a host that never got going).
 local function rows_or_none(sb)
@@ -283,30 +275,7 @@ describe("the AMQP transport", function()
     local SLOW = { [41] = true, [42] = true, [43] = true, [44] = true }   -- held in the handler at the stop
 
     -- A broker of this test's own beside the suite's: own node name, state dir and ports.
-    local function broker(dir)
-      local b = {
-        env = {
-          NH_RMQ_DIR = dir,
-          NH_RMQ_NODE = "nhrestart-" .. nh.random_hex(4) .. "@localhost",
-          NH_RMQ_PORT = tostring(nh.free_port(5682)),
-          NH_RMQ_MGMT_PORT = tostring(nh.free_port(15682)),
-          NH_RMQ_DIST_PORT = tostring(nh.free_port(25682)),
-          NH_RMQ_TLS_PORT = tostring(nh.free_port(5692)),
-        },
-      }
-      function b.run(cmd)
-        local env = {}
-        for k, v in pairs(b.env) do env[#env + 1] = k .. "=" .. nh.q(v) end
-        table.sort(env)
-        local r = nh.capture(("env %s %s %s"):format(table.concat(env, " "), nh.q(SCRIPTS .. "/rabbitmq.sh"), cmd))
-        if r.code ~= 0 then error(("rabbitmq.sh %s exited %d\n%s%s"):format(cmd, r.code, r.out, r.err), 2) end
-        return r
-      end
-      -- the default vhost "/" (empty path) of this broker, its management API from the query
-      b.url = ("amqp://guest:guest@127.0.0.1:%s/?management=http://127.0.0.1:%s"):format(b.env.NH_RMQ_PORT,
-        b.env.NH_RMQ_MGMT_PORT)
-      return b
-    end
+    local function broker(dir) return nh.private_broker(dir, "nhrestart") end
 
     it("every event ends Completed exactly once and each session keeps its order", function()
       local b = broker(sb:path("rabbitmq"))

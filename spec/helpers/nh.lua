@@ -762,6 +762,35 @@ local function helpers_dir()
   return (src:sub(1, 1) == "@" and src:sub(2):match("^(.*)/[^/]*$")) or "."
 end
 
+-- A RabbitMQ broker of a test's own beside the suite's (one the test stops and starts):
+-- scripts/rabbitmq.sh with its own node name (`name`-<hex>), state dir and free ports.
+-- b.run("start" | "stop" | ...) raises unless the script succeeds; b.url is its default vhost
+-- with the management API in the query, b.mgmt the API's base URL.
+function M.private_broker(dir, name)
+  local b = {
+    env = {
+      NH_RMQ_DIR = dir,
+      NH_RMQ_NODE = name .. "-" .. M.random_hex(4) .. "@localhost",
+      NH_RMQ_PORT = tostring(M.free_port(5682)),
+      NH_RMQ_MGMT_PORT = tostring(M.free_port(15682)),
+      NH_RMQ_DIST_PORT = tostring(M.free_port(25682)),
+      NH_RMQ_TLS_PORT = tostring(M.free_port(5692)),
+    },
+  }
+  local script = (os.getenv("NIMBUS_SOURCE_DIR") or ".") .. "/scripts/rabbitmq.sh"
+  function b.run(cmd)
+    local env = {}
+    for k, v in pairs(b.env) do env[#env + 1] = k .. "=" .. q(v) end
+    table.sort(env)
+    local r = M.capture(("env %s %s %s"):format(table.concat(env, " "), q(script), cmd))
+    if r.code ~= 0 then error(("rabbitmq.sh %s exited %d\n%s%s"):format(cmd, r.code, r.out, r.err), 2) end
+    return r
+  end
+  b.mgmt = "http://127.0.0.1:" .. b.env.NH_RMQ_MGMT_PORT
+  b.url = ("amqp://guest:guest@127.0.0.1:%s/?management=%s"):format(b.env.NH_RMQ_PORT, b.mgmt)
+  return b
+end
+
 -- Puts hand-made AMQP 1.0 messages on the broker with spec/helpers/amqp_send.py.
 -- messages: a list of { body =, body_type =, properties = {...}, application_properties = {...} }
 -- (see the script); opts.url defaults to the sandbox's transport URL. Raises unless every
@@ -807,6 +836,16 @@ function M.count(list, pred)
   local n = 0
   for _, x in ipairs(list) do if pred(x) then n = n + 1 end end
   return n
+end
+
+-- How many times `needle` (plain text) occurs in `text`.
+function M.occurrences(text, needle)
+  local n, at = 0, 1
+  while true do
+    local i = text:find(needle, at, true)
+    if not i then return n end
+    n, at = n + 1, i + #needle
+  end
 end
 
 -- Rows of `rows` whose field `key` equals `value`.
