@@ -405,6 +405,8 @@ TEST(spreading_hands_on_what_is_beyond_the_share_only_when_the_view_is_whole)
   /* a partition shown without an active consumer (a move the API shows late): wait */
   int moving[8] = { 0, 0, 0, 0, 0, 0, 0, -1 };
   ASSERT_EQ_INT(nh_amqp_spread_pick(8, 3, moving, waiting, load, out), 0);
+  int twice[8] = { 0, 0, 0, 0, 0, 0, 0, -2 };   /* two active rows: the old one not gone yet */
+  ASSERT_EQ_INT(nh_amqp_spread_pick(8, 3, twice, waiting, load, out), 0);
   /* nobody else waits on a partition: it stays */
   int alone[8] = { 0, 0, 0, 0, 0, 0, 0, 0 }, none[8] = { 0 };
   ASSERT_EQ_INT(nh_amqp_spread_pick(8, 2, alone, none, load, out), 0);

@@ -240,16 +240,35 @@ void nh_amqp_topup(aep_t *ep)
  * classic queue (rabbit_classic_queue:handle_event, send_drained). Ending the session is
  * what gives every unsettled delivery back, in its place, before the next consumer in line
  * is made active. */
+#ifndef NH_YIELD_WAIT_MS
+#define NH_YIELD_WAIT_MS 30000   /* a handler running longer: the hand-on is given up, tried later */
+#endif
+#ifndef NH_YIELD_END_MS
+#define NH_YIELD_END_MS 15000
+#endif
+
 void nh_amqp_part_yield(apart_t *p)
 {
   if (p->yielding || !p->link || !p->ssn) return;
   p->yielding = 1;   /* no more credit, and nothing more of it handed to handlers */
+  p->yield_since = uv_now(p->ep->a->loop);
   nh_amqp_part_steps(p->ep->a);
 }
 
 static void part_step(amqp_t *a, apart_t *p)
 {
-  if (p->yielding != 1 || p->inflight) return;   /* what is in handlers is settled here, by this host */
+  if (p->yielding != 1) return;
+  if (p->inflight && uv_now(a->loop) - p->yield_since >= NH_YIELD_WAIT_MS) {
+    /* a long handler (lock renewals, is_alive) must not freeze the partition's other
+     * sessions behind it: serve them again; a later look at the consumers may pick it again */
+    nh_log_info("amqp", "%s: still in a handler after %d ms; keeping the partition for now", p->queue,
+                NH_YIELD_WAIT_MS);
+    p->yielding = 0;
+    nh_amqp_topup(p->ep);
+    nh_amqp_wake(a);
+    return;
+  }
+  if (p->inflight) return;   /* what is in handlers is settled here, by this host */
   /* buffered, never handed out: unsettled, the broker gives them back when the session ends */
   nh_queue_t *q, *next;
   nh_queue_foreach_safe(q, next, &p->ep->buf) {
@@ -258,18 +277,14 @@ static void part_step(amqp_t *a, apart_t *p)
   }
   pn_session_close(p->ssn);
   p->yielding = 2;
-  p->ending_since = nh_time_now_ms();
+  p->yield_since = uv_now(a->loop);
 }
-
-#ifndef NH_YIELD_END_MS
-#define NH_YIELD_END_MS 15000
-#endif
 
 /* A session end the broker never answered: what that session held may stay held there, so
  * end the whole connection, which gives everything back (every partition moves). */
 static int part_stuck(amqp_t *a, apart_t *p)
 {
-  if (p->yielding != 2 || nh_time_now_ms() - p->ending_since < NH_YIELD_END_MS) return 0;
+  if (p->yielding != 2 || uv_now(a->loop) - p->yield_since < NH_YIELD_END_MS) return 0;
   nh_log_warn("amqp", "%s: the broker did not answer the end of the partition's session within %d ms; reconnecting, "
               "which gives back everything this host held", p->queue, NH_YIELD_END_MS);
   pn_connection_close(pn_session_connection(a->ssn));
@@ -322,6 +337,7 @@ static void part_yielded(amqp_t *a, apart_t *p)
   p->link = NULL;
   p->attached = 0;
   p->yielding = 0;
+  if (a->shutting_down) return;   /* no new session on a closing connection */
   nh_log_info("amqp", "%s: handed on; attached again, waiting in line", p->queue);
   nh_amqp_attach(a, p->ep);
 }

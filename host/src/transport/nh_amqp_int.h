@@ -121,9 +121,9 @@ void nh_rmq_consumers_cancel(nh_rmq_consumers_t *c);   /* done is not called */
 
 /* Spreading partitions over live hosts (nh_amqp_spread.c). One endpoint's partitions as
  * the broker shows them: owner[i] the host active on partition i (0: this host, -1: none,
- * else another), waiting[i] how many other hosts' consumers wait on it, load[i] what this
+ * -2: more than one, else another), waiting[i] how many other hosts' consumers wait on it, load[i] what this
  * host has of it buffered or in handlers. Puts in out (nparts room) the partitions this
- * host should hand on and returns how many: none unless every partition shows an active
+ * host should hand on and returns how many: none unless every partition shows one active
  * consumer; while this host is active on more than its share (nparts / hosts, rounded
  * up), as many as it has beyond that; while it has more than the share rounded down and
  * another host less, one. Only partitions with another host in line, the least loaded

@@ -58,7 +58,7 @@ struct apart {
   int attached;
   int nbuf, inflight;            /* its deliveries buffered, in handlers */
   int yielding;                  /* handing it on (nh_amqp_spread.c): 1 finishing, 2 ending its session */
-  int64_t ending_since;          /* when its session's end was sent (ms) */
+  uint64_t yield_since;          /* loop time (ms) the hand-on began, then its session's end was sent */
 };
 
 struct aep {

@@ -97,7 +97,7 @@ static void spread_endpoint(aep_t *ep, json_t *list, const char *me)
     int i = q && conn ? part_of(ep, q) : -1;
     if (i < 0) continue;
     int h = host_index(&names, &nhosts, &cap, conn);
-    if (json_is_true(json_object_get(c, "active"))) owner[i] = h;
+    if (json_is_true(json_object_get(c, "active"))) owner[i] = owner[i] == -1 ? h : -2;   /* two: a view mid-move */
     else if (h != 0) waiting[i]++;
   }
   int *pick = nh_xmalloc((size_t)P * sizeof *pick);
@@ -153,6 +153,7 @@ static void spread_answer(void *data, json_t *list, const char *why)
 void nh_amqp_spread_tick(uv_timer_t *t)
 {
   amqp_t *a = t->data;
+  if (a->shutting_down) return;
   nh_amqp_part_steps(a);        /* a hand-on waiting for a transient release's handler */
   nh_amqp_part_check_ends(a);
   int any = 0;
@@ -171,6 +172,7 @@ void nh_amqp_spread_start(amqp_t *a)
 {
   if (a->sb || a->url.no_management || a->spread_on) return;   /* partitions are refused there */
   uv_timer_init(a->loop, &a->spread_timer);
+  uv_unref((uv_handle_t *)&a->spread_timer);   /* it never keeps the loop alive by itself */
   a->spread_timer.data = a;
   a->spread_on = 1;
   spread_arm(a);
