@@ -191,16 +191,19 @@ aep_t *nh_amqp_ep_find(amqp_t *a, const char *name)
   return NULL;
 }
 
-static apart_t *part_by_link(amqp_t *a, pn_link_t *l)
+/* The queue whose receiver is link l, or (l NULL) whose own session is s. */
+static apart_t *part_find(amqp_t *a, pn_link_t *l, pn_session_t *s)
 {
   nh_queue_t *q;
   nh_queue_foreach(q, &a->eps) {
     aep_t *ep = nh_queue_data(q, aep_t, node);
     for (int i = 0; i < ep->nparts; i++)
-      if (ep->parts[i].link == l) return &ep->parts[i];
+      if (l ? ep->parts[i].link == l : ep->parts[i].ssn == s) return &ep->parts[i];
   }
   return NULL;
 }
+
+static apart_t *part_by_link(amqp_t *a, pn_link_t *l) { return part_find(a, l, NULL); }
 
 int nh_amqp_ep_attached(const aep_t *ep)
 {
@@ -315,17 +318,6 @@ void nh_amqp_part_check_ends(amqp_t *a)
     for (int i = 0; a->ssn && i < ep->nparts; i++)
       if (part_stuck(a, &ep->parts[i])) return;
   }
-}
-
-static apart_t *part_by_session(amqp_t *a, pn_session_t *s)
-{
-  nh_queue_t *q;
-  nh_queue_foreach(q, &a->eps) {
-    aep_t *ep = nh_queue_data(q, aep_t, node);
-    for (int i = 0; i < ep->nparts; i++)
-      if (ep->parts[i].ssn == s) return &ep->parts[i];
-  }
-  return NULL;
 }
 
 /* The broker ended the session of a partition this host handed on: attach again, in a new
@@ -808,7 +800,7 @@ static void on_event(void *data, pn_event_t *e)
     break;
   }
   case PN_SESSION_REMOTE_CLOSE: {
-    apart_t *p = part_by_session(a, pn_event_session(e));
+    apart_t *p = part_find(a, NULL, pn_event_session(e));
     if (p && p->yielding == 2) {
       part_yielded(a, p);
       break;
