@@ -31,7 +31,7 @@ test-asan: deps
 	@cmake -S . -B $(BUILD)-asan -DCMAKE_BUILD_TYPE=Debug -DNH_ASAN=ON >/dev/null
 	@cmake --build $(BUILD)-asan -j $(JOBS)
 	@cd $(BUILD)-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j $(JOBS) --timeout 600 \
-	  -E 'valgrind|functional_(cold|late|cached|in_doubt|pgstore)_|functional_pgamqp_(parking|retry|operator|handoff|request_reply|amqp|crmerp|partitions_scale)'
+	  -E 'valgrind|functional_(cold|late|cached|in_doubt|pgstore)_|functional_pgamqp_(parking|retry|operator|handoff|request_reply|amqp|crmerp|partitions_scale)|functional_pgservicebus_sessions_scale'
 
 # every host a bench starts serves its console on a free port (several run at once)
 bench: export NIMBUS_ADMIN = 127.0.0.1:0

@@ -2,15 +2,22 @@
  * host's Service Bus profile (docs/servicebus-amqp.md) where no namespace is reachable.
  *
  *   fake-servicebus --port N --log FILE --key-name K --key SECRET --topic nimbus.events
- *                   --sub Endpoint=Type1,Type2 [--sub ...] [--missing Endpoint] [--lock-duration S]
+ *                   --sub Endpoint=Type1,Type2 [--sub ...] [--missing Endpoint]
+ *                   [--lock-duration S | --lock-duration-ms N] [--sessions Endpoint ...]
+ *                   [--session-wait-ms N]
  *
+ * --lock-duration (seconds, default 30) / --lock-duration-ms: message locks and session locks.
+ * --sessions Endpoint (repeatable; Endpoint given with --sub): that subscription requires
+ * sessions. --session-wait-ms (default 1000): how long a next-available session attach waits.
  * Listens on 127.0.0.1:N (0 = any free port; prints "listening PORT" once ready) and speaks
  * AMQP 1.0 as the server side of proton's connection driver, pumped with poll(2); SASL
  * ANONYMOUS only (the client authenticates over $cbs). Everything is in memory; every notable
  * event is one JSON line appended to FILE (see the README of each handler below):
  *
- *   open, close, disconnect, transport-error, attach, detach, put-token, transfer, deliver,
- *   disposition, lock-expired, renew-lock, management, error
+ *   start, stop, open, close, disconnect, transport-error, attach, detach, put-token, transfer,
+ *   deliver, disposition, lock-expired, lock-released, renew-lock, management, error,
+ *   session-accept, session-timeout, session-refused, session-lock-lost, renew-session-lock,
+ *   session-release
  *
  * Behaviour, as Service Bus answers a raw AMQP client:
  * - $cbs: put-token requests (application-properties operation/type/name, body = the SAS
@@ -37,7 +44,50 @@
  * - <sub>/$management: com.microsoft:renew-lock {lock-tokens: uuid[]} answered with statusCode
  *   200 {expirations: timestamp[]}, or 410 "The lock supplied is invalid" when a token is not a
  *   lock currently held. Other operations: statusCode 501.
- * - SIGTERM / SIGINT: exit 0.
+ *
+ * Sessions (message groups), on a --sessions subscription only (the others, and every
+ * dead-letter queue, behave as above):
+ * - A message's session is its properties.group-id. A topic transfer that a session-enabled
+ *   subscription would get but that has no group-id (NULL or "") is rejected as a whole
+ *   (amqp:invalid-field "The SessionId was not set on a message, ...") and copied nowhere; its
+ *   transfer line carries outcome "rejected", condition and description, routed [].
+ * - A receiver must carry com.microsoft:session-filter in its source's filter map (else
+ *   amqp:not-allowed "... requires sessions to create a non-sessionful message receiver.");
+ *   one on a subscription that is not session-enabled is refused too ("... does not require
+ *   sessions to create a sessionful message receiver."). A value that is neither a string nor
+ *   null: amqp:invalid-field. Refusals detach like the others (+ the tracking suffix).
+ * - Filter = a session id: refused with com.microsoft:session-cannot-be-locked (log
+ *   session-refused) when another link holds it, else granted (messages or not).
+ *   Filter = null (next available): the session of the lowest-sequence available message
+ *   among the sessions no link holds. None: the attach waits unanswered, first come first
+ *   served, until a session frees up (a message for it arrives, a session lock is released or
+ *   lost) or --session-wait-ms passes: then com.microsoft:timeout "... No session was
+ *   available to accept." (log session-timeout). A waiting link the client detaches is dropped
+ *   (answered attach + detach, no other line); its connection going away drops it silently.
+ * - The grant (log session-accept): the attach answer echoes the client's source with
+ *   com.microsoft:session-filter = the session id, and the link properties hold
+ *   com.microsoft:locked-until-utc = the session lock's end in .NET ticks (unix ms * 10000 +
+ *   621355968000000000); the session lock lasts the lock duration.
+ * - A session receiver gets only its session's messages, in sequence order, one per credit,
+ *   peek-locked as above but with x-opt-locked-until 253402300799999 (year 9999: the session
+ *   lock covers them; no message-lock expiry there). Dispositions as above; one that finds no
+ *   lock is answered com.microsoft:session-lock-lost instead of message-lock-lost.
+ * - Session lock expiry (log session-lock-lost, then detach by fake): the link is detached with
+ *   com.microsoft:session-lock-lost "The session lock has expired on the MessageSession. Accept
+ *   a new MessageSession." (+ suffix); its unsettled messages are available again
+ *   (delivery-count + 1, lock-released lines) and the session is free for others.
+ * - A client detach of a session receiver, or its connection going away, releases the session
+ *   at once (log session-release, why "link detached" / "connection gone" / "link gone"), its
+ *   messages as for any link.
+ * - <sub>/$management com.microsoft:renew-session-lock {session-id: string}: 200 {expiration:
+ *   timestamp} (locked-until = now + lock duration) when a link of the same connection holds
+ *   that session, else 410 com.microsoft:session-lock-lost (log renew-session-lock).
+ *   com.microsoft:renew-lock on a session-enabled subscription: 400 amqp:not-allowed.
+ * - deliver and disposition lines carry "session" (the group-id) when there is one.
+ * - SIGTERM / SIGINT: exit 0. SIGUSR1: every connection is dropped at once (its socket closed,
+ *   no AMQP close: a broker outage as a client sees it); the topic, subscriptions and messages
+ *   stay, and what the connections held is released. SIGUSR2: every session lock held now
+ *   expires at once (as if no renewal had come in time).
  *
  * Test tool only: one process, one thread, no TLS. */
 #include <arpa/inet.h>
@@ -371,10 +421,10 @@ static char *atom_text(pn_atom_t a)
   }
 }
 
-/* Application property `key` of a message (pn_message_properties) as text, or NULL. */
-static char *app_prop(pn_message_t *m, const char *key)
+/* The value of key `key` (string or symbol) in the map p holds, as text, or NULL: the
+ * application properties, or an amqp-value map body ($management requests). */
+static char *map_text(pn_data_t *p, const char *key)
 {
-  pn_data_t *p = pn_message_properties(m);
   char *out = NULL;
   pn_data_rewind(p);
   if (pn_data_next(p) && pn_data_type(p) == PN_MAP) {
@@ -409,6 +459,8 @@ static char *app_prop(pn_message_t *m, const char *key)
   pn_data_rewind(p);
   return out;
 }
+
+static char *app_prop(pn_message_t *m, const char *key) { return map_text(pn_message_properties(m), key); }
 
 /* percent-decoding (+ is not a space in SAS tokens' sr: sr is a URI) */
 static char *url_decode(const char *s, size_t n)
@@ -448,6 +500,7 @@ struct qmsg {
   int64_t locked_until;
   pn_delivery_t *dlv;       /* the current delivery while locked */
   linfo_t *holder;          /* the link it went out on while locked */
+  char *session;            /* properties.group-id (the Service Bus SessionId), or NULL */
 };
 
 struct queue {
@@ -457,12 +510,14 @@ struct queue {
   char **types;
   int ntypes;
   int is_dlq;
+  int sessions;             /* --sessions: requires sessions (its dead-letter queue does not) */
   queue_t *dlq;
   qmsg_t *head, *tail;
   int64_t next_seq;
 };
 
-enum { L_CBS_IN = 1, L_CBS_OUT, L_TOPIC_IN, L_QUEUE_OUT, L_MGMT_IN, L_MGMT_OUT, L_REFUSED };
+/* L_SESSION_WAIT: a session receiver asking for the next available session, not answered yet */
+enum { L_CBS_IN = 1, L_CBS_OUT, L_TOPIC_IN, L_QUEUE_OUT, L_MGMT_IN, L_MGMT_OUT, L_REFUSED, L_SESSION_WAIT };
 
 typedef struct outmsg {
   struct outmsg *next;
@@ -481,6 +536,13 @@ struct linfo {
   outmsg_t *out_head, *out_tail;
   uint64_t out_seq;
   int closed;
+  char *name;               /* the link name (logged after proton's link is gone) */
+  /* session receivers (QUEUE_OUT on a session-enabled subscription, or SESSION_WAIT) */
+  char *granted;            /* the session last granted (kept after its lock is gone, for logs) */
+  char *session;            /* the session whose lock this link holds; NULL once released */
+  int64_t session_until;    /* that lock's locked-until (wall clock ms) */
+  int64_t wait_until;       /* SESSION_WAIT: refused with com.microsoft:timeout at this time */
+  uint64_t wait_seq;        /* SESSION_WAIT: arrival order (first come, first served) */
 };
 
 struct conn {
@@ -501,17 +563,21 @@ static struct {
   const char *key_name;
   const char *key;
   const char *topic;
-  int64_t lock_ms;
+  int64_t lock_ms;           /* message and session locks */
+  int64_t session_wait_ms;   /* how long a next-available session attach waits */
   char **missing;
   int nmissing;
-} cfg = {.lock_ms = 30000};
+} cfg = {.lock_ms = 30000, .session_wait_ms = 1000};
 
 static FILE *g_log;
 static queue_t *g_queues;
 static linfo_t *g_links;
 static conn_t *g_conns;
 static int g_next_conn = 1;
+static uint64_t g_wait_seq;
 static volatile sig_atomic_t g_stop;
+static volatile sig_atomic_t g_drop;   /* SIGUSR1: drop every connection (an outage; the state stays) */
+static volatile sig_atomic_t g_expire; /* SIGUSR2: every session lock expires now */
 static int g_sigpipe[2] = {-1, -1};
 
 static void log_line(sbuf_t *b)
@@ -609,6 +675,17 @@ static void out_free_all(linfo_t *li)
 }
 
 static void pump_queue(queue_t *q);
+static void serve_waiters(queue_t *q);
+static void refuse(conn_t *c, linfo_t *li, const char *condition, const char *fmt, ...);
+static void tracking_suffix(char *out, size_t n);
+static void copy_value(pn_data_t *dst, pn_data_t *src);
+
+/* x-opt-locked-until of a session's messages: 9999-12-31T23:59:59.999Z */
+#define FAR_LOCKED_UNTIL INT64_C(253402300799999)
+/* .NET DateTime ticks (100 ns since 0001-01-01) at the Unix epoch */
+#define NET_EPOCH_TICKS INT64_C(621355968000000000)
+#define SESSION_FILTER "com.microsoft:session-filter"
+#define SESSION_LOCK_LOST_DESC "The session lock has expired on the MessageSession. Accept a new MessageSession."
 
 /* Gives back every lock held through li (the link went away). */
 static void release_holder(linfo_t *li, const char *why)
@@ -634,20 +711,71 @@ static void release_holder(linfo_t *li, const char *why)
   (void)any;
 }
 
+/* The entries of the map src holds into the map dst is in (entered), but those whose key
+ * `skip` says to leave out (called with src on the key). */
+static void copy_map_except(pn_data_t *dst, pn_data_t *src, int (*skip)(pn_data_t *))
+{
+  pn_data_rewind(src);
+  if (pn_data_next(src) && pn_data_type(src) == PN_MAP) {
+    pn_data_enter(src);
+    while (pn_data_next(src)) {
+      int leave = skip(src);
+      if (!leave) copy_value(dst, src);
+      if (!pn_data_next(src)) break;
+      if (!leave) copy_value(dst, src);
+    }
+    pn_data_exit(src);
+  }
+  pn_data_rewind(src);
+}
+
+static int is_dead_letter_key(pn_data_t *d)
+{
+  pn_bytes_t k = pn_data_type(d) == PN_STRING ? pn_data_get_string(d) : pn_bytes(0, NULL);
+  return (k.size == strlen("DeadLetterReason") && memcmp(k.start, "DeadLetterReason", k.size) == 0) ||
+         (k.size == strlen("DeadLetterErrorDescription") && memcmp(k.start, "DeadLetterErrorDescription", k.size) == 0);
+}
+
+/* Gives back the session lock li holds (if any); the caller pumps the queue, which hands the
+ * session to a waiting receiver. */
+static void release_session(linfo_t *li, const char *why)
+{
+  if (!li->session) return;
+  sbuf_t b;
+  log_begin(&b, "session-release", li->conn);
+  jstr(&b, "address", li->address);
+  jstr(&b, "link", li->name);
+  jstr(&b, "session", li->session);
+  jstr(&b, "why", why);
+  log_line(&b);
+  free(li->session);
+  li->session = NULL;
+}
+
+/* Frees li itself (already unlinked from g_links, its locks given back or moot). */
+static void linfo_destroy(linfo_t *li)
+{
+  if (li->link) pn_link_set_context(li->link, NULL);
+  out_free_all(li);
+  free(li->address);
+  free(li->reply_addr);
+  free(li->name);
+  free(li->session);
+  free(li->granted);
+  free(li);
+}
+
 static void linfo_free(linfo_t *li)
 {
   release_holder(li, "link gone");
+  release_session(li, "link gone");
   for (linfo_t **pp = &g_links; *pp; pp = &(*pp)->next) {
     if (*pp == li) {
       *pp = li->next;
       break;
     }
   }
-  if (li->link) pn_link_set_context(li->link, NULL);
-  out_free_all(li);
-  free(li->address);
-  free(li->reply_addr);
-  free(li);
+  linfo_destroy(li);
 }
 
 /* ------------------------------------------------------------------ sending */
@@ -741,14 +869,19 @@ static void annotate(pn_message_t *pm, qmsg_t *m, queue_t *q)
   pn_data_exit(a);
 }
 
-/* Delivers available messages of q on its receivers' credit. */
+/* Delivers available messages of q on its receivers' credit. A session receiver gets only
+ * its session's messages; a session-enabled subscription first hands free sessions to the
+ * receivers waiting for one. */
 static void pump_queue(queue_t *q)
 {
+  if (q->sessions) serve_waiters(q);
   for (linfo_t *li = g_links; li; li = li->next) {
     if (li->kind != L_QUEUE_OUT || li->q != q || li->closed || !li->link) continue;
+    if (q->sessions && !li->session) continue;
     pn_link_t *l = li->link;
     for (qmsg_t *m = q->head; m && pn_link_credit(l) > 0; m = m->next) {
       if (m->locked) continue;
+      if (li->session && (!m->session || strcmp(m->session, li->session) != 0)) continue;
       pn_message_t *pm = pn_message();
       if (pn_message_decode(pm, m->bytes, m->len) != 0) {
         log_error(li->conn, "cannot decode stored message %s", m->message_id ? m->message_id : "?");
@@ -756,7 +889,8 @@ static void pump_queue(queue_t *q)
         continue;
       }
       RAND_bytes(m->lock, sizeof m->lock);
-      m->locked_until = now_ms() + cfg.lock_ms;
+      /* the session lock covers a session's messages: Service Bus stamps them "never" */
+      m->locked_until = li->session ? FAR_LOCKED_UNTIL : now_ms() + cfg.lock_ms;
       pn_message_set_delivery_count(pm, m->delivery_count);
       annotate(pm, m, q);
       size_t len;
@@ -780,6 +914,7 @@ static void pump_queue(queue_t *q)
       jstr(&b, "address", q->address);
       jstr(&b, "link", pn_link_name(l));
       jstr(&b, "message_id", m->message_id);
+      if (m->session) jstr(&b, "session", m->session);
       jint(&b, "sequence_number", m->seq);
       jint(&b, "delivery_count", m->delivery_count);
       jstr(&b, "delivery_tag", tag);
@@ -791,12 +926,222 @@ static void pump_queue(queue_t *q)
   }
 }
 
-/* Message-lock expiry: locks past their locked-until are lost. Returns the next expiry (or 0). */
+/* ------------------------------------------------------------------ sessions */
+
+/* The live link holding the lock of session `id` of q, or NULL. */
+static linfo_t *session_holder(queue_t *q, const char *id)
+{
+  for (linfo_t *li = g_links; li; li = li->next)
+    if (li->kind == L_QUEUE_OUT && li->q == q && !li->closed && li->session && strcmp(li->session, id) == 0)
+      return li;
+  return NULL;
+}
+
+/* "Next available session": the session of q's lowest-sequence available message among the
+ * sessions no link holds (q's list is in sequence order), or NULL. */
+static const char *next_available_session(queue_t *q)
+{
+  for (qmsg_t *m = q->head; m; m = m->next)
+    if (!m->locked && m->session && *m->session && !session_holder(q, m->session)) return m->session;
+  return NULL;
+}
+
+static int is_session_filter_key(pn_data_t *d)
+{
+  pn_type_t t = pn_data_type(d);
+  pn_bytes_t k = t == PN_SYMBOL ? pn_data_get_symbol(d) : t == PN_STRING ? pn_data_get_string(d) : pn_bytes(0, NULL);
+  return k.size == strlen(SESSION_FILTER) && memcmp(k.start, SESSION_FILTER, k.size) == 0;
+}
+
+/* Looks for com.microsoft:session-filter in a source's filter map. Returns 0 when absent;
+ * else 1 with *id = the session asked for (NULL = next available), or 2 when its value is
+ * neither null nor a string. A described value counts as its value. */
+static int session_filter(pn_data_t *f, char **id)
+{
+  int found = 0;
+  *id = NULL;
+  pn_data_rewind(f);
+  if (pn_data_next(f) && pn_data_type(f) == PN_MAP) {
+    pn_data_enter(f);
+    while (pn_data_next(f)) {
+      int ours = is_session_filter_key(f);
+      if (!pn_data_next(f)) break;
+      if (!ours) continue;
+      int described = pn_data_type(f) == PN_DESCRIBED;
+      pn_type_t vt = PN_NULL;
+      if (described) {
+        pn_data_enter(f);
+        pn_data_next(f);   /* the descriptor */
+        if (pn_data_next(f)) vt = pn_data_type(f);
+      } else {
+        vt = pn_data_type(f);
+      }
+      if (vt == PN_NULL) {
+        found = 1;
+      } else if (vt == PN_STRING || vt == PN_SYMBOL) {
+        pn_bytes_t v = vt == PN_STRING ? pn_data_get_string(f) : pn_data_get_symbol(f);
+        *id = xstrndup(v.start, v.size);
+        found = 1;
+      } else {
+        found = 2;
+      }
+      if (described) pn_data_exit(f);
+      break;
+    }
+    pn_data_exit(f);
+  }
+  pn_data_rewind(f);
+  return found;
+}
+
+/* Gives session `id` of li's subscription to li and answers its attach: the client's source
+ * with the filter naming the session granted, and the link property
+ * com.microsoft:locked-until-utc (.NET ticks). requested: what the client asked for. */
+static void grant_session(linfo_t *li, const char *id, const char *requested)
+{
+  pn_link_t *l = li->link;
+  li->kind = L_QUEUE_OUT;
+  free(li->granted);
+  li->granted = xstrdup(id);
+  free(li->session);
+  li->session = xstrdup(id);
+  li->session_until = now_ms() + cfg.lock_ms;
+  pn_data_t *rf = pn_terminus_filter(pn_link_remote_source(l));
+  pn_data_t *f = pn_terminus_filter(pn_link_source(l));
+  pn_data_clear(f);
+  pn_data_put_map(f);
+  pn_data_enter(f);
+  copy_map_except(f, rf, is_session_filter_key);
+  pn_data_put_symbol(f, pn_bytes(strlen(SESSION_FILTER), SESSION_FILTER));
+  pn_data_put_string(f, pn_bytes(strlen(id), id));
+  pn_data_exit(f);
+  pn_data_t *p = pn_link_properties(l);
+  pn_data_clear(p);
+  pn_data_put_map(p);
+  pn_data_enter(p);
+  pn_data_put_symbol(p, pn_bytes(strlen("com.microsoft:locked-until-utc"), "com.microsoft:locked-until-utc"));
+  pn_data_put_long(p, li->session_until * 10000 + NET_EPOCH_TICKS);
+  pn_data_exit(p);
+  pn_link_open(l);
+  sbuf_t b;
+  log_begin(&b, "session-accept", li->conn);
+  jstr(&b, "address", li->address);
+  jstr(&b, "link", li->name);
+  jstr(&b, "requested", requested);
+  jstr(&b, "session", id);
+  jint(&b, "locked_until", li->session_until);
+  log_line(&b);
+}
+
+/* A waiting attach whose link, session or connection is going away is not served. */
+static int waiter_alive(linfo_t *li)
+{
+  pn_link_t *l = li->link;
+  if (!l || li->closed || (pn_link_state(l) & PN_REMOTE_CLOSED)) return 0;
+  pn_session_t *s = pn_link_session(l);
+  if (pn_session_state(s) & PN_REMOTE_CLOSED) return 0;
+  if (pn_connection_state(pn_session_connection(s)) & PN_REMOTE_CLOSED) return 0;
+  return !pn_transport_closed(li->conn->drv.transport);
+}
+
+/* Hands q's available sessions to its waiting attaches, first come first served. */
+static void serve_waiters(queue_t *q)
+{
+  for (;;) {
+    linfo_t *first = NULL;
+    for (linfo_t *li = g_links; li; li = li->next)
+      if (li->kind == L_SESSION_WAIT && li->q == q && waiter_alive(li) && (!first || li->wait_seq < first->wait_seq))
+        first = li;
+    if (!first) return;
+    const char *id = next_available_session(q);
+    if (!id) return;
+    grant_session(first, id, NULL);
+  }
+}
+
+/* The session lock passed its locked-until: the link is detached with session-lock-lost, its
+ * unsettled deliveries become available again and the session is free for others. */
+static void session_lock_lost(linfo_t *li)
+{
+  char tail[256];
+  tracking_suffix(tail, sizeof tail);
+  char desc[512];
+  snprintf(desc, sizeof desc, "%s%s", SESSION_LOCK_LOST_DESC, tail);
+  sbuf_t b;
+  log_begin(&b, "session-lock-lost", li->conn);
+  jstr(&b, "address", li->address);
+  jstr(&b, "link", li->name);
+  jstr(&b, "session", li->session);
+  log_line(&b);
+  pn_link_t *l = li->link;
+  pn_condition_t *cond = pn_link_condition(l);
+  pn_condition_set_name(cond, "com.microsoft:session-lock-lost");
+  pn_condition_set_description(cond, desc);
+  pn_link_close(l);
+  li->closed = 1;
+  log_begin(&b, "detach", li->conn);
+  jstr(&b, "by", "fake");
+  jstr(&b, "address", li->address);
+  jstr(&b, "link", li->name);
+  jstr(&b, "role", "receiver");
+  jstr(&b, "condition", "com.microsoft:session-lock-lost");
+  jstr(&b, "description", desc);
+  log_line(&b);
+  release_holder(li, "session lock lost");
+  free(li->session);   /* logged as session-lock-lost above, not as a session-release */
+  li->session = NULL;
+  pump_queue(li->q);
+}
+
+static void session_wait_timeout(linfo_t *li)
+{
+  sbuf_t b;
+  log_begin(&b, "session-timeout", li->conn);
+  jstr(&b, "address", li->address);
+  jstr(&b, "link", li->name);
+  log_line(&b);
+  char tail[256];
+  tracking_suffix(tail, sizeof tail);
+  refuse(li->conn, li, "com.microsoft:timeout",
+         "The operation did not complete within the allotted timeout. No session was available to accept.%s", tail);
+}
+
+/* Session locks past their locked-until, waiting attaches past their deadline. Returns the
+ * next such time (or 0). */
+static int64_t expire_sessions(void)
+{
+  int64_t now = now_ms(), next = 0;
+  for (linfo_t *li = g_links; li; li = li->next) {
+    int64_t t;
+    if (li->kind == L_QUEUE_OUT && li->session && !li->closed && li->link) {
+      t = li->session_until;
+      if (t <= now) {
+        session_lock_lost(li);
+        continue;
+      }
+    } else if (li->kind == L_SESSION_WAIT && li->link) {
+      t = li->wait_until;
+      if (t <= now) {
+        session_wait_timeout(li);
+        continue;
+      }
+    } else {
+      continue;
+    }
+    if (!next || t < next) next = t;
+  }
+  return next;
+}
+
+/* Message-lock expiry: locks past their locked-until are lost (not on a session-enabled
+ * subscription: there the session lock covers them); then session locks and waiting session
+ * attaches. Returns the next expiry (or 0). */
 static int64_t expire_locks(void)
 {
   int64_t now = now_ms(), next = 0;
   for (queue_t *q = g_queues; q; q = q->next) {
     int any = 0;
+    if (q->sessions) continue;
     for (qmsg_t *m = q->head; m; m = m->next) {
       if (!m->locked) continue;
       if (m->locked_until <= now) {
@@ -821,6 +1166,8 @@ static int64_t expire_locks(void)
     }
     if (any) pump_queue(q);
   }
+  int64_t ns = expire_sessions();
+  if (ns && (!next || ns < next)) next = ns;
   return next;
 }
 
@@ -1042,8 +1389,10 @@ static qmsg_t *find_lock(queue_t *q, const unsigned char tag[16])
   return NULL;
 }
 
+/* expirations: renew-lock's {expirations: timestamp[]}; expiration: renew-session-lock's
+ * {expiration: timestamp} (each only with status 200; the body is an empty map otherwise). */
 static void mgmt_reply(conn_t *c, pn_message_t *req, int status, const char *desc, const char *condition,
-                       int64_t *expirations, int nexp)
+                       int64_t *expirations, int nexp, const int64_t *expiration)
 {
   pn_message_t *r = pn_message();
   set_reply_basics(r, req);
@@ -1068,9 +1417,55 @@ static void mgmt_reply(conn_t *c, pn_message_t *req, int status, const char *des
     for (int i = 0; i < nexp; i++) pn_data_put_timestamp(body, expirations[i]);
     pn_data_exit(body);
   }
+  if (expiration) {
+    pn_data_put_string(body, pn_bytes(strlen("expiration"), "expiration"));
+    pn_data_put_timestamp(body, *expiration);
+  }
   pn_data_exit(body);
   queue_reply(c, L_MGMT_OUT, pn_message_get_reply_to(req), r);
   pn_message_free(r);
+}
+
+/* The value of key `key` in an amqp-value map body, as text, or NULL. */
+static char *body_map_str(pn_message_t *m, const char *key) { return map_text(pn_message_body(m), key); }
+
+/* com.microsoft:renew-session-lock {session-id}: only the connection whose link holds the
+ * session lock may renew it. */
+static void renew_session_lock(conn_t *c, linfo_t *li, pn_message_t *m, const char *mid)
+{
+  char *sid = body_map_str(m, "session-id");
+  int status = 200;
+  const char *desc = "OK", *cond = NULL;
+  int64_t until = 0;
+  if (!sid) {
+    status = 400;
+    desc = "session-id must be a string";
+    cond = "com.microsoft:argument-error";
+  } else if (!li->q || !li->q->sessions) {
+    status = 400;
+    desc = "The entity does not require sessions: there is no session lock to renew.";
+    cond = "amqp:not-allowed";
+  } else {
+    linfo_t *h = session_holder(li->q, sid);
+    if (!h || h->conn != c) {
+      status = 410;
+      desc = SESSION_LOCK_LOST_DESC;
+      cond = "com.microsoft:session-lock-lost";
+    } else {
+      until = h->session_until = now_ms() + cfg.lock_ms;
+    }
+  }
+  sbuf_t b;
+  log_begin(&b, "renew-session-lock", c);
+  jstr(&b, "address", li->address);
+  jstr(&b, "session", sid);
+  jint(&b, "status", status);
+  jstr(&b, "message_id", mid);
+  jstr(&b, "status_description", desc);
+  if (status == 200) jint(&b, "locked_until", until);
+  log_line(&b);
+  mgmt_reply(c, m, status, desc, cond, NULL, 0, status == 200 ? &until : NULL);
+  free(sid);
 }
 
 static void handle_management(conn_t *c, linfo_t *li, pn_message_t *m)
@@ -1078,6 +1473,10 @@ static void handle_management(conn_t *c, linfo_t *li, pn_message_t *m)
   char *op = app_prop(m, "operation");
   char *assoc = app_prop(m, "associated-link-name");
   char *mid = atom_text(pn_message_get_id(m));
+  if (op && strcmp(op, "com.microsoft:renew-session-lock") == 0) {
+    renew_session_lock(c, li, m, mid);
+    goto done;
+  }
   if (!op || strcmp(op, "com.microsoft:renew-lock") != 0) {
     sbuf_t b;
     log_begin(&b, "management", c);
@@ -1089,7 +1488,7 @@ static void handle_management(conn_t *c, linfo_t *li, pn_message_t *m)
     jint(&b, "status", 501);
     log_line(&b);
     mgmt_reply(c, m, 501, "The operation is not implemented by fake-servicebus", "com.microsoft:not-implemented",
-               NULL, 0);
+               NULL, 0, NULL);
     goto done;
   }
   /* body: amqp-value map {"lock-tokens": array<uuid>} */
@@ -1136,6 +1535,12 @@ static void handle_management(conn_t *c, linfo_t *li, pn_message_t *m)
     status = 400;
     desc = "lock-tokens must be a non-empty array of uuid";
     cond = "com.microsoft:argument-error";
+  } else if (li->q && li->q->sessions) {
+    /* session receivers renew the session lock instead: it covers their messages */
+    status = 400;
+    desc = "The entity requires sessions: its messages are covered by their session's lock, renew it with "
+           "com.microsoft:renew-session-lock (com.microsoft:renew-lock is for messages received without a session).";
+    cond = "amqp:not-allowed";
   } else {
     int64_t until = now_ms() + cfg.lock_ms;
     for (int i = 0; i < ntok; i++) {
@@ -1175,7 +1580,7 @@ static void handle_management(conn_t *c, linfo_t *li, pn_message_t *m)
   jint(&b, "status", status);
   jstr(&b, "status_description", desc);
   log_line(&b);
-  mgmt_reply(c, m, status, desc, cond, status == 200 ? exp : NULL, ntok);
+  mgmt_reply(c, m, status, desc, cond, status == 200 ? exp : NULL, ntok, NULL);
   free(exp);
   free(tokens);
 done:
@@ -1194,11 +1599,20 @@ static int type_matches(queue_t *q, const char *t)
   return 0;
 }
 
-static void handle_topic(conn_t *c, linfo_t *li, pn_message_t *m, const char *bytes, size_t len)
+/* A message for the topic: copied to every subscription whose types match. One without a
+ * group-id (SessionId) that a session-enabled subscription would get is rejected as a whole
+ * (copied nowhere), as Service Bus does: returns PN_REJECTED with `cond` set. */
+static uint64_t handle_topic(conn_t *c, linfo_t *li, pn_message_t *m, const char *bytes, size_t len,
+                             pn_condition_t *cond)
 {
   const char *subject = pn_message_get_subject(m);
+  const char *gid = pn_message_get_group_id(m);
   char *etype = app_prop(m, "EventTypeId");
   char *mid = atom_text(pn_message_get_id(m));
+  int no_session = 0;
+  for (queue_t *q = g_queues; q; q = q->next)
+    if (q->sessions && !q->is_dlq && (type_matches(q, subject) || type_matches(q, etype)) && (!gid || !*gid))
+      no_session = 1;
   sbuf_t b;
   log_begin(&b, "transfer", c);
   jstr(&b, "address", li->address);
@@ -1216,11 +1630,22 @@ static void handle_topic(conn_t *c, linfo_t *li, pn_message_t *m, const char *by
   jdata(&b, "app", pn_message_properties(m));
   jdata(&b, "annotations", pn_message_annotations(m));
   jdata(&b, "body", pn_message_body(m));
+  if (no_session) {
+    static const char desc[] = "The SessionId was not set on a message, and it cannot be sent to the entity. Entities "
+                               "that have session support enabled can only receive messages that have the SessionId "
+                               "set to a valid value.";
+    pn_condition_set_name(cond, "amqp:invalid-field");
+    pn_condition_set_description(cond, desc);
+    jstr(&b, "outcome", "rejected");
+    jstr(&b, "condition", "amqp:invalid-field");
+    jstr(&b, "description", desc);
+  }
   jkey(&b, "routed");
   sb_puts(&b, "[");
   int n = 0;
   int64_t now = now_ms();
   for (queue_t *q = g_queues; q; q = q->next) {
+    if (no_session) break;
     if (q->is_dlq || !(type_matches(q, subject) || type_matches(q, etype))) continue;
     qmsg_t *qm = xcalloc(1, sizeof *qm);
     qm->seq = q->next_seq++;
@@ -1229,6 +1654,7 @@ static void handle_topic(conn_t *c, linfo_t *li, pn_message_t *m, const char *by
     qm->len = len;
     qm->enqueued = now;
     qm->message_id = xstrdup(mid);
+    qm->session = gid && *gid ? xstrdup(gid) : NULL;
     if (q->tail) q->tail->next = qm;
     else q->head = qm;
     q->tail = qm;
@@ -1237,9 +1663,11 @@ static void handle_topic(conn_t *c, linfo_t *li, pn_message_t *m, const char *by
   }
   sb_puts(&b, "]");
   log_line(&b);
-  for (queue_t *q = g_queues; q; q = q->next) pump_queue(q);
+  if (!no_session)
+    for (queue_t *q = g_queues; q; q = q->next) pump_queue(q);
   free(etype);
   free(mid);
+  return no_session ? PN_REJECTED : PN_ACCEPTED;
 }
 
 /* ------------------------------------------------------------------ dispositions on subscriptions */
@@ -1274,6 +1702,7 @@ static void free_msg(qmsg_t *m)
 {
   free(m->bytes);
   free(m->message_id);
+  free(m->session);
   free(m);
 }
 
@@ -1339,21 +1768,7 @@ static void dead_letter(queue_t *q, qmsg_t *m, const char *reason, const char *d
     pn_data_clear(p);
     pn_data_put_map(p);
     pn_data_enter(p);
-    pn_data_rewind(old);
-    if (pn_data_next(old) && pn_data_type(old) == PN_MAP) {
-      pn_data_enter(old);
-      while (pn_data_next(old)) {
-        pn_type_t kt = pn_data_type(old);
-        pn_bytes_t k = kt == PN_STRING ? pn_data_get_string(old) : pn_bytes(0, NULL);
-        int skip = (k.size == strlen("DeadLetterReason") && memcmp(k.start, "DeadLetterReason", k.size) == 0) ||
-                   (k.size == strlen("DeadLetterErrorDescription") &&
-                    memcmp(k.start, "DeadLetterErrorDescription", k.size) == 0);
-        if (!skip) copy_value(p, old);
-        if (!pn_data_next(old)) break;
-        if (!skip) copy_value(p, old);
-      }
-      pn_data_exit(old);
-    }
+    copy_map_except(p, old, is_dead_letter_key);
     if (reason) put_str_kv(p, "DeadLetterReason", reason);
     if (description) put_str_kv(p, "DeadLetterErrorDescription", description);
     pn_data_exit(p);
@@ -1429,7 +1844,10 @@ static void handle_queue_disposition(conn_t *c, linfo_t *li, pn_delivery_t *d)
   sbuf_t b;
   log_begin(&b, "disposition", c);
   jstr(&b, "address", li->address);
+  jstr(&b, "link", li->name);
   jstr(&b, "message_id", m ? m->message_id : NULL);
+  if (m && m->session) jstr(&b, "session", m->session);
+  else if (li->granted) jstr(&b, "session", li->granted);
   jstr(&b, "lock_token", uuid[0] ? uuid : NULL);
   jstr(&b, "outcome", outcome_name(st));
   jbool(&b, "settled", remote_settled);
@@ -1447,7 +1865,13 @@ static void handle_queue_disposition(conn_t *c, linfo_t *li, pn_delivery_t *d)
   log_line(&b);
 
   pn_disposition_t *ld = pn_delivery_local(d);
-  if (!m) {
+  if (!m && li->granted) {
+    /* a session receiver's messages go back only with its session lock */
+    pn_condition_t *lc = pn_disposition_condition(ld);
+    pn_condition_set_name(lc, "com.microsoft:session-lock-lost");
+    pn_condition_set_description(lc, SESSION_LOCK_LOST_DESC);
+    pn_delivery_update(d, PN_REJECTED);
+  } else if (!m) {
     /* the lock expired (or the message was taken back): Service Bus answers message-lock-lost */
     pn_condition_t *lc = pn_disposition_condition(ld);
     pn_condition_set_name(lc, "com.microsoft:message-lock-lost");
@@ -1551,6 +1975,7 @@ static void on_link_remote_open(conn_t *c, pn_link_t *l)
   const char *tgt = pn_terminus_get_address(pn_link_remote_target(l));
   const char *address = client_receiver ? src : tgt;
   li->address = xstrdup(address);
+  li->name = xstrdup(pn_link_name(l));
 
   sbuf_t b;
   log_begin(&b, "attach", c);
@@ -1622,8 +2047,54 @@ static void on_link_remote_open(conn_t *c, pn_link_t *l)
         refuse(c, li, "amqp:not-allowed", "Cannot send to '%s': a subscription only receives from its topic.", address);
         return;
       }
-      li->kind = L_QUEUE_OUT;
       li->q = q;
+      char *want = NULL;
+      int sf = session_filter(pn_terminus_filter(pn_link_remote_source(l)), &want);
+      if (q->sessions != (sf != 0)) {
+        char tail[256];
+        tracking_suffix(tail, sizeof tail);
+        refuse(c, li, "amqp:not-allowed", q->sessions
+               ? "It is not possible for an entity that requires sessions to create a non-sessionful message receiver.%s"
+               : "It is not possible for an entity that does not require sessions to create a sessionful message "
+                 "receiver.%s", tail);
+        free(want);
+        return;
+      }
+      if (sf == 2) {
+        refuse(c, li, "amqp:invalid-field", "The value of %s must be a session id (string) or null.", SESSION_FILTER);
+        return;
+      }
+      if (sf == 1 && want) {
+        /* a named session: granted unless another link holds it (messages or not) */
+        if (session_holder(q, want)) {
+          char tail[256];
+          tracking_suffix(tail, sizeof tail);
+          sbuf_t sb;
+          log_begin(&sb, "session-refused", c);
+          jstr(&sb, "address", address);
+          jstr(&sb, "link", li->name);
+          jstr(&sb, "session", want);
+          jstr(&sb, "condition", "com.microsoft:session-cannot-be-locked");
+          log_line(&sb);
+          refuse(c, li, "com.microsoft:session-cannot-be-locked",
+                 "The requested session '%s' cannot be accepted. It may be locked by another receiver.%s", want, tail);
+          free(want);
+          return;
+        }
+        grant_session(li, want, want);
+        free(want);
+        pump_queue(q);
+        return;
+      }
+      if (sf == 1) {
+        /* next available: wait in line; pump_queue answers it when a session is free */
+        li->kind = L_SESSION_WAIT;
+        li->wait_until = now_ms() + cfg.session_wait_ms;
+        li->wait_seq = ++g_wait_seq;
+        pump_queue(q);
+        return;
+      }
+      li->kind = L_QUEUE_OUT;
     }
   }
   pn_link_open(l);
@@ -1645,7 +2116,14 @@ static void on_link_remote_close(conn_t *c, pn_link_t *l)
   jstr(&b, "description", pn_condition_is_set(rc) ? pn_condition_get_description(rc) : NULL);
   log_line(&b);
   if (li) {
+    if (li->kind == L_SESSION_WAIT) {
+      /* a waiting attach the client gave up on: dropped, answered with attach + detach so
+       * the client can free the handle */
+      li->kind = L_REFUSED;
+      pn_link_open(l);
+    }
     release_holder(li, "link detached");
+    release_session(li, "link detached");
     li->closed = 1;
     out_free_all(li);
     if (li->q) pump_queue(li->q);
@@ -1686,7 +2164,9 @@ static void on_incoming(conn_t *c, linfo_t *li, pn_delivery_t *d)
     switch (li->kind) {
     case L_CBS_IN: handle_put_token(c, m); break;
     case L_MGMT_IN: handle_management(c, li, m); break;
-    case L_TOPIC_IN: handle_topic(c, li, m, buf, len); break;
+    case L_TOPIC_IN:
+      outcome = handle_topic(c, li, m, buf, len, pn_disposition_condition(pn_delivery_local(d)));
+      break;
     default: outcome = PN_REJECTED; break;
     }
   }
@@ -1755,6 +2235,7 @@ static void handle_event(conn_t *c, pn_event_t *e)
     pn_link_t *l = pn_event_link(e);
     linfo_t *li = pn_link_get_context(l);
     if (!li || !pn_link_is_sender(l)) break;
+    if (li->kind == L_SESSION_WAIT) break;   /* credit counts once a session is granted */
     if (li->kind == L_QUEUE_OUT) pump_queue(li->q);
     else pump_out(li);
     if (pn_link_get_drain(l)) pn_link_drained(l);
@@ -1766,8 +2247,11 @@ static void handle_event(conn_t *c, pn_event_t *e)
   case PN_LINK_FINAL: {
     linfo_t *li = pn_link_get_context(pn_event_link(e));
     if (li) {
+      /* a session still held here (its AMQP session ended without a detach) goes to others */
+      queue_t *q = li->session ? li->q : NULL;
       li->link = NULL;
       linfo_free(li);
+      if (q) pump_queue(q);
     }
     break;
   }
@@ -1834,6 +2318,7 @@ static void conn_free(conn_t *c)
     if (li->conn == c) {
       if (li->link) pn_link_set_context(li->link, NULL);
       li->link = NULL;
+      release_session(li, "connection gone");
       linfo_free(li);
     }
   }
@@ -1844,6 +2329,43 @@ static void conn_free(conn_t *c)
   free(c->tokens);
   free(c->hostname);
   free(c);
+}
+
+/* At exit: everything is freed without a log line (nothing is released to anyone), so that a
+ * leak check under valgrind shows what the fake lost while it ran, not what it still held. */
+static void teardown(void)
+{
+  while (g_links) {
+    linfo_t *li = g_links;
+    g_links = li->next;
+    linfo_destroy(li);
+  }
+  while (g_conns) {
+    conn_t *c = g_conns;
+    g_conns = c->next;
+    pn_connection_driver_destroy(&c->drv);
+    close(c->fd);
+    for (int i = 0; i < c->ntokens; i++) free(c->tokens[i]);
+    free(c->tokens);
+    free(c->hostname);
+    free(c);
+  }
+  while (g_queues) {
+    queue_t *q = g_queues;
+    g_queues = q->next;
+    while (q->head) {
+      qmsg_t *m = q->head;
+      q->head = m->next;
+      free_msg(m);
+    }
+    for (int i = 0; i < q->ntypes; i++) free(q->types[i]);
+    free(q->types);
+    free(q->name);
+    free(q->address);
+    free(q);
+  }
+  for (int i = 0; i < cfg.nmissing; i++) free(cfg.missing[i]);
+  free(cfg.missing);
 }
 
 static int process_events(void)
@@ -1895,8 +2417,9 @@ static void do_read(conn_t *c)
 
 static void on_signal(int sig)
 {
-  (void)sig;
-  g_stop = 1;
+  if (sig == SIGUSR1) g_drop = 1;
+  else if (sig == SIGUSR2) g_expire = 1;
+  else g_stop = 1;
   if (g_sigpipe[1] >= 0) {
     char x = 1;
     ssize_t r = write(g_sigpipe[1], &x, 1);
@@ -1908,14 +2431,17 @@ static void usage(void)
 {
   fprintf(stderr,
           "usage: fake-servicebus --port N --log FILE --key-name K --key SECRET --topic TOPIC\n"
-          "                       --sub Endpoint=Type1,Type2 [--sub ...] [--missing Endpoint] [--lock-duration S]\n");
+          "                       --sub Endpoint=Type1,Type2 [--sub ...] [--missing Endpoint]\n"
+          "                       [--lock-duration S | --lock-duration-ms N] [--sessions Endpoint ...]\n"
+          "                       [--session-wait-ms N]\n");
   exit(2);
 }
 
 int main(int argc, char **argv)
 {
   const char **subs = xcalloc((size_t)argc, sizeof *subs);
-  int nsubs = 0;
+  const char **sessions = xcalloc((size_t)argc, sizeof *sessions);
+  int nsubs = 0, nsessions = 0;
   cfg.port = -1;
   cfg.missing = xcalloc((size_t)argc, sizeof *cfg.missing);
   for (int i = 1; i < argc; i++) {
@@ -1931,12 +2457,28 @@ int main(int argc, char **argv)
     else if (strcmp(a, "--sub") == 0) subs[nsubs++] = v;
     else if (strcmp(a, "--missing") == 0) cfg.missing[cfg.nmissing++] = xstrdup(v);
     else if (strcmp(a, "--lock-duration") == 0) cfg.lock_ms = (int64_t)(atof(v) * 1000.0);
+    else if (strcmp(a, "--lock-duration-ms") == 0) cfg.lock_ms = strtoll(v, NULL, 10);
+    else if (strcmp(a, "--sessions") == 0) sessions[nsessions++] = v;
+    else if (strcmp(a, "--session-wait-ms") == 0) cfg.session_wait_ms = strtoll(v, NULL, 10);
     else usage();
     i++;
   }
-  if (cfg.port < 0 || cfg.port > 65535 || !cfg.log_path || !cfg.key_name || !cfg.key || !cfg.topic || cfg.lock_ms <= 0)
+  if (cfg.port < 0 || cfg.port > 65535 || !cfg.log_path || !cfg.key_name || !cfg.key || !cfg.topic || cfg.lock_ms <= 0 ||
+      cfg.lock_ms > INT32_MAX || cfg.session_wait_ms < 0 || cfg.session_wait_ms > INT32_MAX)
     usage();
   for (int i = 0; i < nsubs; i++) add_subscription(subs[i]);
+  for (int i = 0; i < nsessions; i++) {
+    sbuf_t a = {0};
+    sb_printf(&a, "%s/Subscriptions/%s", cfg.topic, sessions[i]);
+    queue_t *q = queue_find(a.p);
+    if (!q) {
+      fprintf(stderr, "fake-servicebus: --sessions %s names no --sub\n", sessions[i]);
+      exit(2);
+    }
+    q->sessions = 1;
+    free(a.p);
+  }
+  free(sessions);
   for (int i = 0; i < cfg.nmissing; i++) {
     sbuf_t a = {0};
     sb_printf(&a, "%s/Subscriptions/%s", cfg.topic, cfg.missing[i]);
@@ -1962,6 +2504,8 @@ int main(int argc, char **argv)
   sa.sa_handler = on_signal;
   sigaction(SIGTERM, &sa, NULL);
   sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGUSR1, &sa, NULL);
+  sigaction(SIGUSR2, &sa, NULL);
   signal(SIGPIPE, SIG_IGN);
 
   int lfd = socket(AF_INET, SOCK_STREAM, 0);
@@ -1987,11 +2531,21 @@ int main(int argc, char **argv)
     jint(&b, "port", port);
     jstr(&b, "topic", cfg.topic);
     jint(&b, "lock_duration_ms", cfg.lock_ms);
+    jint(&b, "session_wait_ms", cfg.session_wait_ms);
     jkey(&b, "subscriptions");
     sb_puts(&b, "[");
     int n = 0;
     for (queue_t *q = g_queues; q; q = q->next) {
       if (q->is_dlq) continue;
+      if (n++) sb_puts(&b, ",");
+      sb_json_cstr(&b, q->address);
+    }
+    sb_puts(&b, "]");
+    jkey(&b, "sessions");
+    sb_puts(&b, "[");
+    n = 0;
+    for (queue_t *q = g_queues; q; q = q->next) {
+      if (!q->sessions) continue;
       if (n++) sb_puts(&b, ",");
       sb_json_cstr(&b, q->address);
     }
@@ -2012,6 +2566,11 @@ int main(int argc, char **argv)
   conn_t **pconn = NULL;
   size_t pcap = 0;
   while (!g_stop) {
+    if (g_expire) {   /* as if no renewal had come in time: expire_sessions takes them back below */
+      g_expire = 0;
+      for (linfo_t *li = g_links; li; li = li->next)
+        if (li->kind == L_QUEUE_OUT && li->session) li->session_until = now_ms() - 1;
+    }
     /* run every connection's events until all are quiet (one connection's events can
      * create work on another: a message routed to a subscription another client reads) */
     int64_t next_lock = 0;
@@ -2085,6 +2644,18 @@ int main(int argc, char **argv)
         pn_connection_driver_write_close(&c->drv);
       }
     }
+    if (g_drop) {   /* the sockets close with no AMQP close: what a broker outage looks like to a client */
+      g_drop = 0;
+      while (g_conns) {
+        conn_t *c = g_conns;
+        g_conns = c->next;
+        sbuf_t b;
+        log_begin(&b, "disconnect", c);
+        jstr(&b, "why", "SIGUSR1");
+        log_line(&b);
+        conn_free(c);
+      }
+    }
     if (pfds[0].revents & POLLIN) {
       for (;;) {
         int fd = accept(lfd, NULL, NULL);
@@ -2101,5 +2672,11 @@ int main(int argc, char **argv)
   log_begin(&b, "stop", NULL);
   log_line(&b);
   fclose(g_log);
+  teardown();
+  close(lfd);
+  int sp = g_sigpipe[1];
+  g_sigpipe[1] = -1;   /* a late signal must not write to a closed (or reused) fd */
+  close(sp);
+  close(g_sigpipe[0]);
   return 0;
 }

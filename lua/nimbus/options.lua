@@ -131,6 +131,7 @@ M.ENDPOINT = {
   { "timeout", seconds(0.001) },
   { "cpu_budget", seconds(0.001) },
   { "partitions", power_of_two(256) },
+  { "sessions", integer(0, 256) },
 }
 M.HANDLER = { { "is_alive", of_type("function", "a function(ctx) returning true while the work progresses") } }
 M.CHECKER = { { "every", seconds(0.001), required = true }, { "timeout", seconds(0.001) } }

@@ -167,7 +167,7 @@ describe("configuration mistakes are reported at the adapter's own line", functi
       nimbus.endpoint("Erp", { concurency = 10 })
     end)
     assert.matches(("%s:%d: nimbus%%.endpoint%%(Erp%%): unknown option concurency %%(did you mean concurrency%%?%%); "
-                    .. "the valid options are: concurrency, lock, retry, transient, inbox, timeout, cpu_budget, partitions")
+                    .. "the valid options are: concurrency, lock, retry, transient, inbox, timeout, cpu_budget, partitions, sessions")
                    :format(THIS:gsub("%p", "%%%0"), line), err)
   end)
 

@@ -17,6 +17,7 @@ typedef struct nh_endpoint {
   nh_vm_t *vm;
   int concurrency;               /* sessions in flight at once */
   int partitions;                /* broker queues the endpoint's sessions are spread over (a power of two) */
+  int sessions;                  /* Service Bus: sessions accepted at once (session receivers); 0: none */
   int inbox;
   int64_t lock_ms, renew_max_ms;
   double timeout_s, cpu_budget_s;  /* per handler task: wall-clock deadline, CPU between yields */
@@ -70,6 +71,7 @@ typedef struct nh_job {
   nh_run_kind_t kind;            /* passed to Lua as ctx.kind */
   nh_outcome_t out;
   int apply_failures;
+  int lock_loss_told;            /* its lost session lock was logged and counted (unlock in nh_outcome.c) */
   nh_task_t *task;               /* while the handler runs */
   nh_vm_t *vm;                   /* the generation it runs in */
   int64_t started_ms;

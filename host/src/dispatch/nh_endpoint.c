@@ -192,7 +192,7 @@ static int parse_transient(nh_endpoint_t *ep, lua_State *L, int opts, nh_error_t
 int nh_endpoint_parse(nh_endpoint_t *ep, lua_State *L, int opts, nh_error_t *err)
 {
   static const char *const keys[] = { "concurrency", "lock", "retry", "transient", "inbox", "timeout", "cpu_budget",
-                                      "partitions", NULL };
+                                      "partitions", "sessions", NULL };
   static const char *const lock_keys[] = { "duration", "renew_max", NULL };
   opts = lua_absindex(L, opts);
   ep->concurrency = 100;
@@ -205,6 +205,8 @@ int nh_endpoint_parse(nh_endpoint_t *ep, lua_State *L, int opts, nh_error_t *err
   if (ep->partitions & (ep->partitions - 1))   /* a session's partition is the low bits of its hash */
     return nh_error_set(err, NH_EUSAGE, "partitions must be a power of two from 1 to 256 (1, 2, 4, ... 256), not %d",
                         ep->partitions);
+  ep->sessions = 0;
+  if (get_int(L, opts, "sessions", &ep->sessions, 0, 256, err)) return NH_EUSAGE;
   int64_t timeout_ms = 60000, cpu_ms = 1000;
   if (get_seconds(L, opts, "timeout", &timeout_ms, 0.001, err) || get_seconds(L, opts, "cpu_budget", &cpu_ms, 0.001, err))
     return NH_EUSAGE;

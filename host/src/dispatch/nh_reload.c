@@ -35,6 +35,16 @@ int nh_dispatch_subscribe_all(nh_dispatch_t *d, nh_error_t *err)
                   "order across hosts through the store, so it has no effect here", ep->name, ep->partitions,
                   d->tr->vt->name);
     }
+    if (d->tr->vt->set_sessions) {
+      if (d->tr->vt->set_sessions(d->tr, ep->name, ep->sessions, err)) {
+        if (d->store) nh_store_rollback(d->store);
+        return NH_EFAIL;
+      }
+    } else if (ep->sessions > 0 && !d->started) {
+      nh_log_info("dispatch", "%s: sessions = %d is for Service Bus session-enabled subscriptions; the %s transport "
+                  "keeps sessions in order across hosts through the store, so it has no effect here", ep->name,
+                  ep->sessions, d->tr->vt->name);
+    }
     if (d->tr->vt->subscribe(d->tr, ep->name, (const char *const *)ep->types, ep->commands, ep->ntypes, err)) {
       if (d->store) nh_store_rollback(d->store);
       return NH_EFAIL;
@@ -58,6 +68,7 @@ static void adopt(nh_endpoint_t *live, nh_endpoint_t *fresh)
   live->vm = fresh->vm;
   live->concurrency = fresh->concurrency;
   live->partitions = fresh->partitions;
+  live->sessions = fresh->sessions;
   live->inbox = fresh->inbox;
   live->lock_ms = fresh->lock_ms;
   live->renew_max_ms = fresh->renew_max_ms;
@@ -111,6 +122,10 @@ static int check_partitions(nh_dispatch_t *d, nh_adapter_t *a, nh_error_t *err)
                           "runs: that would reorder its sessions. Stop every host of it, drain the old queues, then "
                           "start with the new value (docs/broker-partitions.md)", a->path, fresh->name,
                           live->partitions, fresh->partitions);
+    if (live && d->tr->vt->set_sessions && live->sessions != fresh->sessions)
+      return nh_error_set(err, NH_EUSAGE, "%s: endpoint %s: sessions cannot change from %d to %d while the host runs: "
+                          "restart the host with the new value (docs/servicebus-amqp.md)", a->path, fresh->name,
+                          live->sessions, fresh->sessions);
   }
   return NH_OK;
 }

@@ -175,6 +175,7 @@ static void recs_drop_all(amqp_t *a)
       p->attached = 0;
       p->yielding = 0;
       p->nbuf = p->inflight = 0;
+      nh_amqp_sbs_reset(p);
     }
     ep->declared = 0;   /* declared again on the next connection */
   }
@@ -207,6 +208,7 @@ static apart_t *part_by_link(amqp_t *a, pn_link_t *l) { return part_find(a, l, N
 
 int nh_amqp_ep_attached(const aep_t *ep)
 {
+  if (ep->sessions) return ep->sessions_seen;   /* a session granted, or none to grant yet: it works */
   for (int i = 0; i < ep->nparts; i++)
     if (!ep->parts[i].attached) return 0;
   return 1;
@@ -317,6 +319,23 @@ void nh_amqp_part_check_ends(amqp_t *a)
     aep_t *ep = nh_queue_data(q, aep_t, node);
     for (int i = 0; a->ssn && i < ep->nparts; i++)
       if (part_stuck(a, &ep->parts[i])) return;
+  }
+}
+
+void nh_amqp_part_forget(amqp_t *a, apart_t *p)
+{
+  for (int i = 0; i < NH_BUCKETS; i++) {
+    rec_t *r = a->buckets[i];
+    while (r) {
+      rec_t *next = r->hnext;
+      if (r->part == p && r->buffered) {
+        rec_free(a, r);
+      } else if (r->part == p && r->dlv) {
+        r->dlv = NULL;   /* freed with its link; its outcome is recorded, not settled (apply_settlements) */
+        r->lock_lost = 1;
+      }
+      r = next;
+    }
   }
 }
 
@@ -463,6 +482,11 @@ static int am_settle(nh_transport_t *t, const nh_msg_t *m, nh_settle_t how, int6
     /* its connection is gone: the broker redelivers it; only the session hold applies */
     return how == NH_SETTLE_RELEASE ? a->emb->vt->settle(a->emb, m, how, delay_ms, reason) : NH_OK;
   }
+  if (how == NH_SETTLE_RELEASE && !r->dlv) {   /* its link went (nh_amqp_part_forget): the broker has it again */
+    inflight_add(r, -1);
+    rec_free(a, r);
+    return a->emb->vt->settle(a->emb, m, how, delay_ms, reason);
+  }
   if (how == NH_SETTLE_RELEASE) {
     /* Kept here, unsettled, in its place; the store's session hold (delay) keeps the
      * session's later messages behind it. A transient release is not a delivery. */
@@ -532,7 +556,11 @@ static void apply_settlements(amqp_t *a)
   for (int i = 0; i < a->npend; i++) {
     pend_t *p = &a->pend[i];
     rec_t *r = nh_amqp_rec_get(a, p->id);
-    if (r && r->dlv) {
+    if (r && !r->dlv) {   /* its link went (a lost Service Bus session): the broker gives it out again */
+      inflight_add(r, -1);
+      nh_amqp_sbs_touch(r->part);
+      rec_free(a, r);
+    } else if (r) {
       if (p->how == NH_SETTLE_DEAD_LETTER) {
         pn_disposition_t *ds = pn_delivery_local(r->dlv);
         pn_condition_t *cond = pn_disposition_condition(ds);
@@ -554,6 +582,7 @@ static void apply_settlements(amqp_t *a)
       /* rcv-settle-mode second (Service Bus): settled when the broker confirms */
       if (!a->sb) pn_delivery_settle(r->dlv);
       inflight_add(r, -1);
+      nh_amqp_sbs_touch(r->part);
       rec_free(a, r);
     }
     free(p->reason);
@@ -574,7 +603,8 @@ static void give_back(amqp_t *a, int from)
     if (r && !r->buffered) {
       inflight_add(r, -1);
       r->handouts--;
-      buf_insert(r);
+      if (r->dlv) buf_insert(r);
+      else rec_free(a, r);   /* its link went (nh_amqp_part_forget): the broker gives it out again */
     }
   }
   if (a->ntxh > from) nh_amqp_wake(a);
@@ -763,6 +793,15 @@ static void link_lost(amqp_t *a, pn_link_t *l, pn_condition_t *cond)
     nh_amqp_status(a, NH_AMQP_FATAL, why);
     return;
   }
+  apart_t *p = pn_link_is_receiver(l) ? part_by_link(a, l) : NULL;
+  if (a->sb && p && name && strcmp(name, "amqp:not-allowed") == 0) {   /* sessionful ones: nh_amqp_sbs_closed */
+    char why[1400];
+    snprintf(why, sizeof why, "Service Bus refused a receiver on %s (%s): a session-enabled subscription needs "
+             "session receivers: set sessions = N (how many sessions this host handles at once) on "
+             "nimbus.endpoint(\"%s\", ...)", addr ? addr : "?", desc ? desc : name, p->ep->name);
+    nh_amqp_status(a, NH_AMQP_FATAL, why);
+    return;
+  }
   nh_log_error("amqp", "the broker closed the link %s: %s%s%s; reconnecting", addr ? addr : "?",
                name ? name : "no reason given", desc ? ": " : "", desc ? desc : "");
   /* a detached link (queue deleted, say) ends the connection: the reconnect declares
@@ -779,6 +818,10 @@ static void on_event(void *data, pn_event_t *e)
     pn_link_t *l = pn_event_link(e);
     if (pn_link_is_receiver(l)) {
       apart_t *p = part_by_link(a, l);
+      if (p && p->ep->sessions) {
+        nh_amqp_sbs_opened(a, p);
+        break;
+      }
       /* Service Bus refuses a link with an attach without a source, then a detach
        * saying why: that is not attached */
       if (p && pn_terminus_get_address(pn_link_remote_source(l))) {
@@ -796,6 +839,7 @@ static void on_event(void *data, pn_event_t *e)
     pn_link_t *l = pn_event_link(e);
     apart_t *p = pn_link_is_receiver(l) ? part_by_link(a, l) : NULL;
     if (p && p->yielding == 2) break;   /* its session is ending */
+    if (p && p->ep->sessions && nh_amqp_sbs_closed(a, p, pn_link_remote_condition(l))) break;
     if (!a->shutting_down) link_lost(a, l, pn_link_remote_condition(l));
     break;
   }
@@ -836,6 +880,8 @@ static void on_event(void *data, pn_event_t *e)
       }
       if (!ep || !pn_delivery_readable(d) || pn_delivery_partial(d)) break;
       if (part->yielding == 2) break;   /* its session is ending: unsettled, the broker gives it back */
+      if (nh_amqp_sbs_closing(part)) break;   /* a session let go: the same */
+      nh_amqp_sbs_touch(part);
       receive_delivery(a, part, d);
       nh_amqp_wake(a);
     } else if (pn_delivery_updated(d)) {
@@ -854,6 +900,7 @@ static void parts_free(aep_t *ep)
   for (int i = 0; i < ep->nparts; i++) {
     free(ep->parts[i].queue);
     free(ep->parts[i].address);
+    free(ep->parts[i].sid);
   }
   free(ep->parts);
   ep->parts = NULL;
@@ -912,7 +959,7 @@ static int am_set_partitions(nh_transport_t *t, const char *endpoint, int n, nh_
 {
   amqp_t *a = (amqp_t *)t;
   aep_t *ep = nh_amqp_ep_find(a, endpoint);
-  if (ep && ep->nparts == n) return NH_OK;
+  if (ep && (ep->sessions ? 1 : ep->nparts) == n) return NH_OK;
   if (n > 1 && a->sb)
     return nh_error_set(err, NH_EUSAGE, "%s: partitions = %d is for RabbitMQ; on Service Bus a session-enabled "
                         "subscription keeps sessions in order across hosts (leave partitions out)", endpoint, n);
@@ -924,6 +971,26 @@ static int am_set_partitions(nh_transport_t *t, const char *endpoint, int n, nh_
                         "reorder its sessions. Stop every host of it, drain the old queues, then start with the new "
                         "value (docs/broker-partitions.md)", endpoint, ep->nparts, n);
   parts_make(a, ep ? ep : ep_get(a, endpoint), n);
+  return NH_OK;
+}
+
+/* Service Bus sessions: n session receivers in place of the one receiver (nh_amqp_sbs.c). */
+static int am_set_sessions(nh_transport_t *t, const char *endpoint, int n, nh_error_t *err)
+{
+  amqp_t *a = (amqp_t *)t;
+  aep_t *ep = nh_amqp_ep_find(a, endpoint);
+  if ((ep ? ep->sessions : 0) == n) return NH_OK;
+  if (n > 0 && !a->sb)
+    return nh_error_set(err, NH_EUSAGE, "%s: sessions = %d is for Service Bus session-enabled subscriptions; on "
+                        "RabbitMQ an endpoint keeps its sessions in order across hosts with partitions = P "
+                        "(docs/broker-partitions.md)", endpoint, n);
+  if (ep && (ep->ever_declared || ep->declared))
+    return nh_error_set(err, NH_EUSAGE, "%s: sessions cannot change from %d to %d while the host runs: restart it with "
+                        "the new value", endpoint, ep->sessions, n);
+  if (!ep) ep = ep_get(a, endpoint);
+  parts_make(a, ep, n > 0 ? n : 1);
+  ep->sessions = n;
+  if (n > 0) nh_amqp_sbs_start(a);
   return NH_OK;
 }
 
@@ -1002,6 +1069,7 @@ void nh_amqp_stop(nh_transport_t *t, void (*done)(void *), void *data)
   }
   nh_amqp_probes_cancel(a);
   nh_amqp_spread_stop(a);
+  nh_amqp_sbs_stop(a);
   if (a->sb_timer) {
     a->sb_timer = 0;
     uv_close((uv_handle_t *)&a->sb_refresh, NULL);
@@ -1078,6 +1146,7 @@ static const nh_transport_vtbl_t amqp_vtbl = {
   .close = am_close,
   .set_capacity = am_set_capacity,
   .set_partitions = am_set_partitions,
+  .set_sessions = am_set_sessions,
   .probe = nh_amqp_vt_probe,
   .stats = am_stats,
   .attach = am_attach,

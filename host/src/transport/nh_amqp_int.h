@@ -144,6 +144,15 @@ void nh_sb_put_token(nh_sb_t *sb, const char *entity, void (*done)(void *, int, 
 /* com.microsoft:renew-lock of one peek-locked delivery of `entity`; done(data, statusCode, why). */
 void nh_sb_renew_lock(nh_sb_t *sb, const char *entity, pn_delivery_t *dlv, void (*done)(void *, int, const char *),
                       void *data);
+/* com.microsoft:renew-session-lock of `session` held by receiver `link` on `entity`;
+ * done(data, statusCode, why), inside which nh_sb_answer_expiration says until when (ms,
+ * 0 when the answer has none). */
+void nh_sb_renew_session(nh_sb_t *sb, const char *entity, const char *session, const char *link,
+                         void (*done)(void *, int, const char *), void *data);
+int64_t nh_sb_answer_expiration(nh_sb_t *sb);
+/* Leaves d on the value of `key` (a symbol or string key) in the map d holds and returns
+ * 1, or 0 when there is none. */
+int nh_amqp_map_find(pn_data_t *d, const char *key);
 /* 1 if the event belongs to one of its links (handled). */
 int nh_sb_event(nh_sb_t *sb, pn_event_t *e);
 int nh_sb_sas_token(const char *audience, const char *key_name, const char *key, int64_t expiry, char *out,

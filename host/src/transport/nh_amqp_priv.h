@@ -4,6 +4,7 @@
 #ifndef NH_AMQP_PRIV_H
 #define NH_AMQP_PRIV_H
 
+#include <proton/condition.h>
 #include <proton/delivery.h>
 #include <proton/link.h>
 #include <proton/session.h>
@@ -59,6 +60,15 @@ struct apart {
   int nbuf, inflight;            /* its deliveries buffered, in handlers */
   int yielding;                  /* handing it on (nh_amqp_spread.c): 1 finishing, 2 ending its session */
   uint64_t yield_since;          /* loop time (ms) the hand-on began, then its session's end was sent */
+  /* A Service Bus session receiver (ep->sessions, nh_amqp_sbs.c): */
+  int sbs;                       /* enum in nh_amqp_sbs.c: idle, asking, holding, releasing */
+  char *sid;                     /* the session it holds (granted at the attach) */
+  int64_t locked_until;          /* wall clock (ms): the session lock's end as last told */
+  int64_t lock_span;             /* the lock's length (ms), from the grant */
+  uint64_t last_ms;              /* loop time of its last delivery or settlement */
+  uint64_t retry_at;             /* loop time the next attach may go out (idle) */
+  uint64_t grant;                /* bumped at each grant: a renewal's answer is for one grant */
+  int renewing;
 };
 
 struct aep {
@@ -70,6 +80,8 @@ struct aep {
   char **types;
   int ntypes;
   int capacity;
+  int sessions;                  /* Service Bus: nparts session receivers (0: message locks) */
+  int sessions_seen;             /* each receiver has had an answer (a session or none yet): ready */
   int reply;                     /* this process's reply queue */
   int declared;
   int ever_declared;             /* its queues exist: their number is fixed while the host runs */
@@ -140,6 +152,8 @@ struct amqp {
   int spread_on, spread_warned;
   nh_rmq_consumers_t *spread_call;
   uint64_t spread_gen;           /* conn_gen when the consumers were asked for */
+  uv_timer_t sbs_timer;          /* Service Bus session receivers: renewals, idle releases (nh_amqp_sbs.c) */
+  int sbs_on;
 };
 
 /* nh_amqp.c */
@@ -162,6 +176,25 @@ void nh_amqp_part_yield(apart_t *p);
 void nh_amqp_part_steps(amqp_t *a);
 /* A session end unanswered for NH_YIELD_END_MS ends the connection (on the spreading timer). */
 void nh_amqp_part_check_ends(amqp_t *a);
+
+/* nh_amqp_sbs.c: Service Bus session receivers (docs/servicebus-amqp.md, "Sessions") */
+void nh_amqp_sbs_start(amqp_t *a);
+void nh_amqp_sbs_stop(amqp_t *a);
+/* The session filter (next available) on a new receiver of a session endpoint. */
+void nh_amqp_sbs_filter(apart_t *p);
+/* The broker answered the attach: the session granted, or none (a detach follows). */
+void nh_amqp_sbs_opened(amqp_t *a, apart_t *p);
+/* The broker detached a session receiver: 1 if handled here (no reconnect). */
+int nh_amqp_sbs_closed(amqp_t *a, apart_t *p, pn_condition_t *cond);
+/* What a session receiver still holds of the connection: forgotten (the connection went). */
+void nh_amqp_sbs_reset(apart_t *p);
+/* A delivery or settlement on it: it is not idle. */
+void nh_amqp_sbs_touch(apart_t *p);
+/* Deliveries on it are not taken (it is being released: the broker gives them back). */
+int nh_amqp_sbs_closing(const apart_t *p);
+/* Drops what part p has buffered (never handed out) and cuts what is in handlers from
+ * its delivery (their outcome is recorded, never settled here), with lock_lost set. */
+void nh_amqp_part_forget(amqp_t *a, apart_t *p);
 
 /* nh_amqp_spread.c */
 void nh_amqp_spread_start(amqp_t *a);

@@ -239,21 +239,26 @@ static pn_uuid_t lock_uuid(pn_delivery_tag_t tag)
   return u;
 }
 
+/* A $management request in sb->pm: `op` on behalf of receiver `link` (the link that holds
+ * the lock: Service Bus then renews on that link's session). Returns the body to fill. */
+static pn_data_t *mgmt_request(nh_sb_t *sb, const char *op, const char *link)
+{
+  pn_message_clear(sb->pm);
+  pn_data_t *p = pn_message_properties(sb->pm);
+  pn_data_put_map(p);
+  pn_data_enter(p);
+  put_str(p, "operation", op);
+  if (link) put_str(p, "associated-link-name", link);
+  pn_data_exit(p);
+  return pn_message_body(sb->pm);
+}
+
 void nh_sb_renew_lock(nh_sb_t *sb, const char *entity, pn_delivery_t *dlv, void (*done)(void *, int, const char *),
                       void *data)
 {
   char address[1024];
   snprintf(address, sizeof address, "%s/$management", entity);
-  pn_message_clear(sb->pm);
-  pn_data_t *p = pn_message_properties(sb->pm);
-  pn_data_put_map(p);
-  pn_data_enter(p);
-  put_str(p, "operation", "com.microsoft:renew-lock");
-  /* the link that holds the lock: Service Bus then renews on that link's session */
-  const char *link = pn_link_name(pn_delivery_link(dlv));
-  if (link) put_str(p, "associated-link-name", link);
-  pn_data_exit(p);
-  pn_data_t *b = pn_message_body(sb->pm);
+  pn_data_t *b = mgmt_request(sb, "com.microsoft:renew-lock", pn_link_name(pn_delivery_link(dlv)));
   pn_data_put_map(b);
   pn_data_enter(b);
   pn_data_put_string(b, pn_bytes(strlen("lock-tokens"), "lock-tokens"));
@@ -265,30 +270,56 @@ void nh_sb_renew_lock(nh_sb_t *sb, const char *entity, pn_delivery_t *dlv, void 
   request(sb, address, done, data);
 }
 
+/* com.microsoft:renew-session-lock {"session-id"}: the answer's body holds the new
+ * "expiration" (nh_sb_answer_expiration, inside done). */
+void nh_sb_renew_session(nh_sb_t *sb, const char *entity, const char *session, const char *link,
+                         void (*done)(void *, int, const char *), void *data)
+{
+  char address[1024];
+  snprintf(address, sizeof address, "%s/$management", entity);
+  pn_data_t *b = mgmt_request(sb, "com.microsoft:renew-session-lock", link);
+  pn_data_put_map(b);
+  pn_data_enter(b);
+  put_str(b, "session-id", session);
+  pn_data_exit(b);
+  request(sb, address, done, data);
+}
+
+int64_t nh_sb_answer_expiration(nh_sb_t *sb)
+{
+  pn_data_t *b = pn_message_body(sb->pm);
+  return nh_amqp_map_find(b, "expiration") && pn_data_type(b) == PN_TIMESTAMP ? pn_data_get_timestamp(b) : 0;
+}
+
+int nh_amqp_map_find(pn_data_t *d, const char *key)
+{
+  pn_data_rewind(d);
+  if (!pn_data_next(d) || pn_data_type(d) != PN_MAP) return 0;
+  pn_data_enter(d);
+  while (pn_data_next(d)) {
+    pn_type_t t = pn_data_type(d);
+    pn_bytes_t k = t == PN_SYMBOL ? pn_data_get_symbol(d) : t == PN_STRING ? pn_data_get_string(d) : pn_bytes(0, "");
+    int hit = k.size == strlen(key) && memcmp(k.start, key, k.size) == 0;
+    if (!pn_data_next(d)) break;
+    if (hit) return 1;
+  }
+  return 0;
+}
+
 /* ---------------------------------------------------------------- events */
 
 static char *app_text(pn_message_t *m, const char *key, int *num)
 {
   pn_data_t *p = pn_message_properties(m);
-  pn_data_rewind(p);
-  char *out = NULL;
-  if (!pn_data_next(p) || pn_data_type(p) != PN_MAP) return NULL;
-  pn_data_enter(p);
-  while (pn_data_next(p)) {
-    pn_type_t kt = pn_data_type(p);
-    pn_bytes_t k = kt == PN_STRING ? pn_data_get_string(p) : kt == PN_SYMBOL ? pn_data_get_symbol(p) : pn_bytes(0, "");
-    if (!pn_data_next(p)) break;
-    if (k.size != strlen(key) || memcmp(k.start, key, k.size) != 0) continue;
-    switch (pn_data_type(p)) {
-    case PN_INT: *num = pn_data_get_int(p); break;
-    case PN_LONG: *num = (int)pn_data_get_long(p); break;
-    case PN_UINT: *num = (int)pn_data_get_uint(p); break;
-    case PN_STRING: out = nh_xstrndup(pn_data_get_string(p).start, pn_data_get_string(p).size); break;
-    default: break;
-    }
+  if (!nh_amqp_map_find(p, key)) return NULL;
+  switch (pn_data_type(p)) {
+  case PN_INT: *num = pn_data_get_int(p); break;
+  case PN_LONG: *num = (int)pn_data_get_long(p); break;
+  case PN_UINT: *num = (int)pn_data_get_uint(p); break;
+  case PN_STRING: return nh_xstrndup(pn_data_get_string(p).start, pn_data_get_string(p).size);
+  default: break;
   }
-  pn_data_exit(p);
-  return out;
+  return NULL;
 }
 
 int nh_sb_event(nh_sb_t *sb, pn_event_t *e)

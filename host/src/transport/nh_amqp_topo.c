@@ -84,9 +84,9 @@ int nh_amqp_sb_renew(amqp_t *a, const char *endpoint, const char *session)
 {
   for (int i = 0; i < NH_BUCKETS; i++)
     for (rec_t *r = a->buckets[i]; r; r = r->hnext) {
-      if (r->buffered || !r->dlv || strcmp(r->ep->name, endpoint) != 0 || strcmp(r->msg.session_id, session) != 0)
-        continue;
+      if (r->buffered || strcmp(r->ep->name, endpoint) != 0 || strcmp(r->msg.session_id, session) != 0) continue;
       if (r->lock_lost) return 0;
+      if (!r->dlv || r->ep->sessions) continue;   /* a session receiver's lock covers it (nh_amqp_sbs.c) */
       renew_ctx_t *c = nh_xmalloc(sizeof *c);
       c->a = a;
       c->id = r->id;
@@ -104,11 +104,17 @@ void nh_amqp_attach(amqp_t *a, aep_t *ep)
   if (!a->ssn || !ep->declared || (ep->reply && (a->url.no_management || a->sb))) return;
   for (int i = 0; i < ep->nparts; i++) {
     apart_t *p = &ep->parts[i];
-    if (p->link) continue;
+    if (p->link || (ep->sessions && uv_now(a->loop) < p->retry_at)) continue;
     char name[700];
-    snprintf(name, sizeof name, "nh-recv:%s", p->queue);
+    if (ep->sessions) {   /* unique per link: the broker tells a session's receivers apart by name */
+      char id[37];
+      nh_uuid_v4(id);
+      snprintf(name, sizeof name, "nh-recv:%s:%d:%.8s", p->queue, i, id);
+    } else {
+      snprintf(name, sizeof name, "nh-recv:%s", p->queue);
+    }
     pn_session_t *ssn = a->ssn;
-    if (ep->nparts > 1) {   /* a session of its own, ended to hand the partition on (nh_amqp_part_yield) */
+    if (ep->nparts > 1 && !ep->sessions) {   /* a session of its own, ended to hand the partition on (nh_amqp_part_yield) */
       p->ssn = ssn = pn_session(pn_session_connection(a->ssn));
       pn_session_open(ssn);
     }
@@ -118,6 +124,7 @@ void nh_amqp_attach(amqp_t *a, aep_t *ep)
     pn_link_set_snd_settle_mode(p->link, PN_SND_UNSETTLED);
     /* Service Bus peek-lock is mode second; RabbitMQ settles on our disposition */
     pn_link_set_rcv_settle_mode(p->link, a->sb ? PN_RCV_SECOND : PN_RCV_FIRST);
+    if (ep->sessions) nh_amqp_sbs_filter(p);
     pn_link_open(p->link);
   }
 }
@@ -173,7 +180,7 @@ static void sub_token(void *data, int code, const char *desc)
     token_refused(a, ep->entity, code, desc);
     return;
   }
-  ep->declared = 1;
+  ep->declared = ep->ever_declared = 1;
   nh_amqp_attach(a, ep);
   if (a->conn) nh_amqp_conn_flush(a->conn);
   nh_amqp_check_ready(a);

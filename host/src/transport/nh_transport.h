@@ -69,6 +69,11 @@ typedef struct nh_transport_vtbl {
    * each consumed by one process at a time (RabbitMQ: docs/broker-partitions.md). Refuses
    * (NH_EUSAGE) a change of n for an endpoint already consuming: it would reorder sessions. */
   int (*set_partitions)(nh_transport_t *t, const char *endpoint, int n, nh_error_t *err);
+  /* Optional, before subscribe: n > 0 consumes the endpoint through n session receivers,
+   * each holding one broker session (Service Bus session-enabled subscriptions:
+   * docs/servicebus-amqp.md); 0: message locks. Refuses (NH_EUSAGE) what the broker
+   * profile cannot do, and a change for an endpoint already consuming. */
+  int (*set_sessions)(nh_transport_t *t, const char *endpoint, int n, nh_error_t *err);
   /* Optional, for transports whose send cannot tell how many endpoints consume a type
    * (a broker's fan-out): asks, and calls done(data, 1 | 0 | -1 unknown) later. */
   int (*probe)(nh_transport_t *t, const char *event_type, void (*done)(void *, int), void *data);
