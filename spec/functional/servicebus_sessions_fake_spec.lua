@@ -113,8 +113,30 @@ describe("Service Bus sessions (fake Service Bus peer)", function()
     end
     assert.are.equal(1, #disp, fake:dump())
     assert.are.equal("accepted", disp[1].outcome)
-    assert.are_not.equal(grant.link, disp[1].link, "e1 was settled on the link that lost S\n" .. fake:dump())
+    -- nothing at all settled on the link that lost S (not even a bare settle of e1 or e2)
+    assert.are.equal(0, nh.count(fake:events("disposition"), function(e) return e.link == grant.link end),
+      "a settlement on the link that lost S\n" .. fake:dump())
     assert.is_true(a:alive() and b:alive(), a:log())
+  end)
+
+  it("a stopping host takes no new session while it drains: another host gets it (fake Service Bus peer)", function()
+    local fake = sbfake.start(sb, { subs = { Ep = { "Ok" } }, sessions = { "Ep" }, session_wait_ms = 300 })
+    local adapter = sb:recorder{ endpoint = "Ep", types = { "Ok" }, options = "sessions = 2" }
+    local a = sb:spawn(adapter, { transport = fake:url() })
+    local m1 = sb:publish("Ok", { tag = "e1", hold = "go" }, { session = "S1", transport = fake:url() })
+    nh.eventually(function() return sb:call_count("e1") == 1 end, 30, function() return "e1 never ran\n" .. a:log() end)
+    local conn_a = fake:wait_event("session-accept", function(e) return e.session == "S1" end, "S1 granted").conn
+    local b = sb:spawn(adapter, { transport = fake:url() })
+    a:signal("TERM")
+    a:wait_log("SIGTERM received", 30)
+    local m2 = sb:publish("Ok", { tag = "e2" }, { session = "S2", transport = fake:url() })
+    sb:wait_message(m2, "Completed")
+    local s2 = fake:wait_event("session-accept", function(e) return e.session == "S2" end, "S2 granted")
+    assert.are_not.equal(conn_a, s2.conn, "the draining host took S2\n" .. fake:dump())
+    sb:touch("go")
+    assert.are.equal(0, a:wait_exit(30), a:log())
+    sb:wait_message(m1, "Completed")
+    assert.is_true(b:alive(), b:log())
   end)
 
   it("exits 1 saying the subscription is not session-enabled when an endpoint has sessions (fake Service Bus peer)", function()

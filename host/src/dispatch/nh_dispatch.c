@@ -863,6 +863,7 @@ static void drain_timeout_cb(uv_timer_t *h)
 void nh_dispatch_stop(nh_dispatch_t *d, int64_t drain_ms, void (*on_stopped)(void *), void *data)
 {
   d->stopping = 1;
+  if (d->tr->vt->quiesce) d->tr->vt->quiesce(d->tr);
   d->on_stopped = on_stopped;
   d->stopped_data = data;
   if (d->running > 0) {

@@ -123,9 +123,9 @@ static int check_partitions(nh_dispatch_t *d, nh_adapter_t *a, nh_error_t *err)
                           "start with the new value (docs/broker-partitions.md)", a->path, fresh->name,
                           live->partitions, fresh->partitions);
     if (live && d->tr->vt->set_sessions && live->sessions != fresh->sessions)
-      return nh_error_set(err, NH_EUSAGE, "%s: endpoint %s: sessions cannot change from %d to %d while the host runs: "
-                          "restart the host with the new value (docs/servicebus-amqp.md)", a->path, fresh->name,
-                          live->sessions, fresh->sessions);
+      return nh_error_set(err, NH_EUSAGE, "%s: endpoint %s: sessions cannot change from %d to %d while the host runs "
+                          "(on Service Bus, restart the host to change it; docs/servicebus-amqp.md)", a->path,
+                          fresh->name, live->sessions, fresh->sessions);
   }
   return NH_OK;
 }

@@ -845,6 +845,10 @@ static void on_event(void *data, pn_event_t *e)
   }
   case PN_SESSION_REMOTE_CLOSE: {
     apart_t *p = part_find(a, NULL, pn_event_session(e));
+    if (p && p->ep->sessions && nh_amqp_sbs_closing(p)) {
+      nh_amqp_sbs_ended(a, p);
+      break;
+    }
     if (p && p->yielding == 2) {
       part_yielded(a, p);
       break;
@@ -974,6 +978,8 @@ static int am_set_partitions(nh_transport_t *t, const char *endpoint, int n, nh_
   return NH_OK;
 }
 
+static void am_quiesce(nh_transport_t *t) { nh_amqp_sbs_quiesce((amqp_t *)t); }
+
 /* Service Bus sessions: n session receivers in place of the one receiver (nh_amqp_sbs.c). */
 static int am_set_sessions(nh_transport_t *t, const char *endpoint, int n, nh_error_t *err)
 {
@@ -990,7 +996,7 @@ static int am_set_sessions(nh_transport_t *t, const char *endpoint, int n, nh_er
   if (!ep) ep = ep_get(a, endpoint);
   parts_make(a, ep, n > 0 ? n : 1);
   ep->sessions = n;
-  if (n > 0) nh_amqp_sbs_start(a);
+  if (n > 0 && a->started) nh_amqp_sbs_start(a);   /* else at the start: its stop is sure to follow */
   return NH_OK;
 }
 
@@ -1033,7 +1039,11 @@ void nh_amqp_start(nh_transport_t *t)
   }
   nh_amqp_spread_start(a);
   nh_queue_t *q;
-  nh_queue_foreach(q, &a->eps) nh_amqp_declare(a, nh_queue_data(q, aep_t, node));
+  nh_queue_foreach(q, &a->eps) {
+    aep_t *ep = nh_queue_data(q, aep_t, node);
+    if (ep->sessions) nh_amqp_sbs_start(a);
+    nh_amqp_declare(a, ep);
+  }
   nh_amqp_conn_start(a->conn);
 }
 
@@ -1147,6 +1157,7 @@ static const nh_transport_vtbl_t amqp_vtbl = {
   .set_capacity = am_set_capacity,
   .set_partitions = am_set_partitions,
   .set_sessions = am_set_sessions,
+  .quiesce = am_quiesce,
   .probe = nh_amqp_vt_probe,
   .stats = am_stats,
   .attach = am_attach,

@@ -61,14 +61,16 @@ struct apart {
   int yielding;                  /* handing it on (nh_amqp_spread.c): 1 finishing, 2 ending its session */
   uint64_t yield_since;          /* loop time (ms) the hand-on began, then its session's end was sent */
   /* A Service Bus session receiver (ep->sessions, nh_amqp_sbs.c): */
-  int sbs;                       /* enum in nh_amqp_sbs.c: idle, asking, holding, releasing */
+  int sbs;                       /* enum in nh_amqp_sbs.c: idle, asking, holding, ending */
+  uint64_t sbs_since;            /* loop time it entered that state */
   char *sid;                     /* the session it holds (granted at the attach) */
-  int64_t locked_until;          /* wall clock (ms): the session lock's end as last told */
   int64_t lock_span;             /* the lock's length (ms), from the grant */
+  uint64_t lock_end;             /* loop time the session lock ends, as last told */
   uint64_t last_ms;              /* loop time of its last delivery or settlement */
   uint64_t retry_at;             /* loop time the next attach may go out (idle) */
   uint64_t grant;                /* bumped at each grant: a renewal's answer is for one grant */
   int renewing;
+  uint64_t renew_sent, renew_after;   /* loop times: the renewal out; none before (after a failure) */
 };
 
 struct aep {
@@ -154,6 +156,7 @@ struct amqp {
   uint64_t spread_gen;           /* conn_gen when the consumers were asked for */
   uv_timer_t sbs_timer;          /* Service Bus session receivers: renewals, idle releases (nh_amqp_sbs.c) */
   int sbs_on;
+  int quiescing;                 /* the host is stopping: no new sessions (nh_amqp_sbs_quiesce) */
 };
 
 /* nh_amqp.c */
@@ -184,6 +187,10 @@ void nh_amqp_sbs_stop(amqp_t *a);
 void nh_amqp_sbs_filter(apart_t *p);
 /* The broker answered the attach: the session granted, or none (a detach follows). */
 void nh_amqp_sbs_opened(amqp_t *a, apart_t *p);
+/* The broker ended a session receiver's AMQP session (after end_part): freed; it asks again. */
+void nh_amqp_sbs_ended(amqp_t *a, apart_t *p);
+/* The host is stopping: ask for no more sessions; let go of those with nothing in handlers. */
+void nh_amqp_sbs_quiesce(amqp_t *a);
 /* The broker detached a session receiver: 1 if handled here (no reconnect). */
 int nh_amqp_sbs_closed(amqp_t *a, apart_t *p, pn_condition_t *cond);
 /* What a session receiver still holds of the connection: forgotten (the connection went). */

@@ -114,7 +114,7 @@ void nh_amqp_attach(amqp_t *a, aep_t *ep)
       snprintf(name, sizeof name, "nh-recv:%s", p->queue);
     }
     pn_session_t *ssn = a->ssn;
-    if (ep->nparts > 1 && !ep->sessions) {   /* a session of its own, ended to hand the partition on (nh_amqp_part_yield) */
+    if (ep->nparts > 1 || ep->sessions) {   /* ended to let a Service Bus session go (nh_amqp_sbs.c) */   /* a session of its own, ended to hand the partition on (nh_amqp_part_yield) */
       p->ssn = ssn = pn_session(pn_session_connection(a->ssn));
       pn_session_open(ssn);
     }

@@ -74,6 +74,9 @@ typedef struct nh_transport_vtbl {
    * docs/servicebus-amqp.md); 0: message locks. Refuses (NH_EUSAGE) what the broker
    * profile cannot do, and a change for an endpoint already consuming. */
   int (*set_sessions)(nh_transport_t *t, const char *endpoint, int n, nh_error_t *err);
+  /* Optional: the host is stopping (its drain began): take on no new work that the drain
+   * would only give back (Service Bus: no new sessions; those with nothing in handlers let go). */
+  void (*quiesce)(nh_transport_t *t);
   /* Optional, for transports whose send cannot tell how many endpoints consume a type
    * (a broker's fan-out): asks, and calls done(data, 1 | 0 | -1 unknown) later. */
   int (*probe)(nh_transport_t *t, const char *event_type, void (*done)(void *, int), void *data);
