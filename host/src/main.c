@@ -44,6 +44,7 @@ int main(int argc, char **argv)
   if (strcmp(cmd, "check") == 0) return nh_cmd_check(argc, argv);
   if (strcmp(cmd, "run") == 0) return nh_cmd_run(argc, argv, 2);
   if (strcmp(cmd, "publish") == 0) return nh_cmd_publish(argc, argv);
+  if (strcmp(cmd, "partitions") == 0) return nh_cmd_partitions(argc, argv);
   if (strcmp(cmd, "events") == 0) return nh_cmd_events(argc, argv);
   if (strcmp(cmd, "show") == 0) return nh_cmd_show(argc, argv);
   if (strcmp(cmd, "resubmit") == 0) return nh_cmd_resubmit(argc, argv);

@@ -11,19 +11,11 @@ if nh.transport ~= "amqp" then
     .. "(run it with `ctest -R functional_amqp_partitions`, which starts the broker)")
 end
 
--- The partition of a session: FNV-1a of its id, low bits (host/src/transport/nh_amqp_msg.c).
-local function partition_of(session, partitions)
-  local h = 2166136261
-  for i = 1, #session do h = ((h ~ session:byte(i)) * 16777619) & 0xffffffff end
-  return (h & 0xff) & (partitions - 1)
-end
+local partition_of = nh.partition_of
 
 local function vq(sb, queue) return "/queues/" .. nh.urlencode(sb.vhost) .. "/" .. nh.urlencode(queue) end
 
-local function queue(sb, name)
-  local r = nh.rmq_api("GET", vq(sb, name), nil, { ok = function(st) return st == 200 or st == 404 end })
-  return r.status == 200 and nh.decode(r.body) or nil
-end
+local function queue(sb, name) return nh.rmq_queue(sb.vhost, name) end
 
 
 -- Consumers of a queue and how many of them RabbitMQ made active.
@@ -124,11 +116,7 @@ local function publish_round(sb, published, sessions, per, round, gate)
   end
 end
 
-local function completed(sb, n)
-  return sb:wait_rows(function(rows)
-    return nh.count(rows, function(r) return r.status == "Completed" end) >= n
-  end, n .. " Completed events")
-end
+local function completed(sb, n) return sb:wait_completed(n) end
 
 describe("RabbitMQ partitions", function()
   local sb

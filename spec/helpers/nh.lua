@@ -222,6 +222,21 @@ function M.rmq_queue_names(vhost, mgmt)
   return names
 end
 
+-- One queue of a vhost as the management API shows it (decoded), or nil when there is none.
+function M.rmq_queue(vhost, name)
+  local r = M.rmq_api("GET", "/queues/" .. M.urlencode(vhost) .. "/" .. M.urlencode(name), nil,
+    { ok = function(st) return st == 200 or st == 404 end })
+  return r.status == 200 and M.decode(r.body) or nil
+end
+
+-- The partition of a session among `partitions` on RabbitMQ: FNV-1a of its id, low bits
+-- (host/src/transport/nh_amqp_msg.c, docs/broker-partitions.md).
+function M.partition_of(session, partitions)
+  local h = 2166136261
+  for i = 1, #session do h = ((h ~ session:byte(i)) * 16777619) & 0xffffffff end
+  return (h & 0xff) & (partitions - 1)
+end
+
 -- Creates a fresh vhost with full permissions for the transport's user; returns its name.
 local function create_vhost()
   local name = "nh-" .. random_hex(8)
@@ -585,6 +600,13 @@ function Sandbox:wait_rows(pred, what)
     return pred(last)
   end, M.DEADLINE, function() return (what or "rows") .. "; rows:\n" .. describe_rows(last or {}) end)
   return last
+end
+
+-- Waits until at least n audit rows are Completed; returns the rows.
+function Sandbox:wait_completed(n)
+  return self:wait_rows(function(rows)
+    return M.count(rows, function(r) return r.status == "Completed" end) >= n
+  end, n .. " Completed events")
 end
 
 -- How many messages the store's queue holds (either store: the queue is its table), of

@@ -101,6 +101,8 @@ int nh_cmd_test(int argc, char **argv);
 int nh_cmd_check(int argc, char **argv);
 int nh_cmd_console(int argc, char **argv);
 int nh_cmd_publish(int argc, char **argv);
+/* nimbus-host partitions ENDPOINT P --transport amqp://... (nh_cli_partitions.c) */
+int nh_cmd_partitions(int argc, char **argv);
 int nh_cmd_events(int argc, char **argv);
 int nh_cmd_show(int argc, char **argv);
 int nh_cmd_resubmit(int argc, char **argv);

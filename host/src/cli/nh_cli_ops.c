@@ -128,7 +128,8 @@ static void pub_poll(uv_timer_t *t)
   }
 }
 
-/* Someone consumes it (RabbitMQ drops what no binding routes): queue it, send it. */
+/* Someone consumes it (RabbitMQ drops what no binding routes): queue it, send it. With
+ * --to, found is the endpoint's partition count (1: its one queue). */
 static void pub_probed(void *data, int found, const char *why)
 {
   amqp_pub_t *p = data;
@@ -148,6 +149,9 @@ static void pub_probed(void *data, int found, const char *why)
     pub_fail(p, msg);
     return;
   }
+  /* an endpoint with partitions (found = their count): the session's queue, though this
+   * process consumes none of them */
+  if (p->to && found > 1) nh_amqp_target_partitions(p->tr, p->to, found);
   nh_error_t err = {0};
   int copies = 0;
   if (p->pgdb) {

@@ -119,9 +119,10 @@ static int check_partitions(nh_dispatch_t *d, nh_adapter_t *a, nh_error_t *err)
       if (strcmp(ep->name, fresh->name) == 0) live = ep;
     if (live && live->partitions != fresh->partitions)
       return nh_error_set(err, NH_EUSAGE, "%s: endpoint %s: partitions cannot change from %d to %d while the host "
-                          "runs: that would reorder its sessions. Stop every host of it, drain the old queues, then "
-                          "start with the new value (docs/broker-partitions.md)", a->path, fresh->name,
-                          live->partitions, fresh->partitions);
+                          "runs: that would reorder its sessions. Stop every host of it, move its messages with "
+                          "`nimbus-host partitions %s %d --transport ...`, then start with the new value "
+                          "(docs/broker-partitions.md)", a->path, fresh->name, live->partitions, fresh->partitions,
+                          fresh->name, fresh->partitions);
     if (live && d->tr->vt->set_sessions && live->sessions != fresh->sessions)
       return nh_error_set(err, NH_EUSAGE, "%s: endpoint %s: sessions cannot change from %d to %d while the host runs "
                           "(on Service Bus, restart the host to change it; docs/servicebus-amqp.md)", a->path,

@@ -512,14 +512,24 @@ static int am_settle(nh_transport_t *t, const nh_msg_t *m, nh_settle_t how, int6
   return NH_OK;
 }
 
-int nh_amqp_address(amqp_t *a, const char *to, char *address, size_t len, nh_error_t *err)
+int nh_amqp_address(amqp_t *a, const char *to, const char *session, char *address, size_t len, nh_error_t *err)
 {
   if (a->sb && to)
     return nh_error_set(err, NH_EUSAGE, "the Service Bus profile sends to the topic %s only: no --to %s and no "
                         "replies (request/reply needs the generic profile)", a->url.exchange, to);
-  if (a->sb) snprintf(address, len, "%s", a->url.exchange);   /* subscriptions filter on the label */
-  else if (to) snprintf(address, len, "/amq/queue/%s", to);
-  else snprintf(address, len, "/exchange/%s", a->url.exchange);   /* subject = routing key */
+  int nparts = to && !a->sb ? nh_amqp_parts_of(a, to) : 1;
+  if (a->sb) {
+    snprintf(address, len, "%s", a->url.exchange);   /* subscriptions filter on the label */
+  } else if (to && nparts > 1) {   /* partitions (ours, or a probed target's): the session's queue, p0 without one */
+    char queue[512];
+    unsigned i = session ? nh_amqp_session_bucket(session) & (unsigned)(nparts - 1) : 0;
+    nh_rmq_partition_queue(to, nparts, (int)i, queue, sizeof queue);
+    snprintf(address, len, "/amq/queue/%s", queue);
+  } else if (to) {
+    snprintf(address, len, "/amq/queue/%s", to);
+  } else {
+    snprintf(address, len, "/exchange/%s", a->url.exchange);   /* subject = routing key */
+  }
   return NH_OK;
 }
 
@@ -530,11 +540,7 @@ static int am_send(nh_transport_t *t, const nh_msg_t *m, const char *to_endpoint
   if (to_endpoint && m->type != NH_MT_EVENT && m->type != NH_MT_REPLY)
     return a->emb->vt->send(a->emb, m, to_endpoint, copies, err);   /* operator control messages */
   char address[600];
-  if (nh_amqp_address(a, to_endpoint, address, sizeof address, err)) return err->code;
-  aep_t *to = to_endpoint && !a->sb ? nh_amqp_ep_find(a, to_endpoint) : NULL;
-  if (to && to->nparts > 1 && m->session_id)   /* one of ours with partitions: its session's queue */
-    snprintf(address, sizeof address, "%s",
-             to->parts[nh_amqp_session_bucket(m->session_id) & (unsigned)(to->nparts - 1)].address);
+  if (nh_amqp_address(a, to_endpoint, m->session_id, address, sizeof address, err)) return err->code;
   int rc = nh_amqp_outbox_add(a, address, m, to_endpoint, err);
   if (rc == NH_OK) *copies = 1;   /* the broker fans out; how many copies is not known here */
   return rc;
@@ -972,8 +978,9 @@ static int am_set_partitions(nh_transport_t *t, const char *endpoint, int n, nh_
                         "(the transport URL has management=none)", endpoint, n);
   if (ep && (ep->ever_declared || ep->decl))
     return nh_error_set(err, NH_EUSAGE, "%s: partitions cannot change from %d to %d while the host runs: that would "
-                        "reorder its sessions. Stop every host of it, drain the old queues, then start with the new "
-                        "value (docs/broker-partitions.md)", endpoint, ep->nparts, n);
+                        "reorder its sessions. Stop every host of it, move its messages with `nimbus-host partitions "
+                        "%s %d --transport ...`, then start with the new value (docs/broker-partitions.md)", endpoint,
+                        ep->nparts, n, endpoint, n);
   parts_make(a, ep ? ep : ep_get(a, endpoint), n);
   return NH_OK;
 }
@@ -1093,6 +1100,7 @@ static void am_close(nh_transport_t *t)
   amqp_t *a = (amqp_t *)t;
   if (a->store) nh_store_set_txn_hook(a->store, NULL, NULL);
   nh_amqp_probes_cancel(a);
+  nh_amqp_targets_free(a);
   on_down(a, "closed", 0);   /* senders and deliveries */
   nh_queue_t *q, *next;
   nh_queue_foreach_safe(q, next, &a->eps) {

@@ -53,9 +53,20 @@ void nh_amqp_stop(nh_transport_t *t, void (*done)(void *), void *data);
 int nh_amqp_outbox_discard(nh_transport_t *t);
 /* Messages in the store's outbox not yet accepted by the broker. */
 int nh_amqp_unconfirmed(nh_transport_t *t);
-/* Asks the broker whether the exchange routes `event_type` to any queue (to == NULL) or
- * whether the queue `to` exists: done(data, 1|0, NULL) or done(data, -1, why). */
+/* Asks the broker whether the exchange routes `event_type` to any queue (to == NULL):
+ * done(data, 1|0, NULL); or endpoint `to`'s partition count there (1: its queue, P: its
+ * queues `to.p<i>`, 0: none); or done(data, -1, why). */
 int nh_amqp_probe(nh_transport_t *t, const char *event_type, const char *to, void (*done)(void *, int, const char *),
                   void *data, nh_error_t *err);
+/* Sends to endpoint `endpoint` (which this process does not consume) go to the queue of
+ * the session's partition among n (what nh_amqp_probe found); no receiver, no declaring. */
+void nh_amqp_target_partitions(nh_transport_t *t, const char *endpoint, int n);
+/* nimbus-host partitions (nh_amqp_migrate.c, docs/broker-partitions.md): gives endpoint
+ * `endpoint` on the RabbitMQ at `url` `partitions` queues, moving every message of its
+ * old ones in order, refused while a host consumes them; runs `loop` until done. NH_OK
+ * with what was done in `said`; NH_EUSAGE (a URL or profile that cannot) or NH_EFAIL with
+ * err saying why and what to do. Running it again finishes an interrupted run. */
+int nh_amqp_partitions_migrate(uv_loop_t *loop, const char *url, const char *endpoint, int partitions, char *said,
+                               size_t len, nh_error_t *err);
 
 #endif

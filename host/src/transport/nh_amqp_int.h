@@ -9,6 +9,7 @@
 
 #include "core/nh_error.h"
 #include "core/nh_msg.h"
+#include "net/nh_http_client.h"
 
 /* ---------------------------------------------------------------- URL (nh_amqp_url.c) */
 
@@ -82,6 +83,13 @@ int nh_amqp_msg_decode_bytes(pn_message_t *pm, const char *bytes, size_t len);
 /* Reads a complete incoming delivery (advancing its link) and decodes it into pm,
  * growing *buf as needed. 0 when decoded, < 0 when the bytes are not a message. */
 int nh_amqp_msg_read(pn_delivery_t *d, pn_message_t *pm, char **buf, size_t *cap);
+/* Reads a complete incoming delivery's bytes into *buf (grown as needed), advancing its
+ * link: their length, or < 0. */
+ssize_t nh_amqp_dlv_bytes(pn_delivery_t *d, char **buf, size_t *cap);
+/* The message-id (when a string) and group-id of an encoded message, read from its
+ * properties section without decoding the rest: NH_OK ("" for what it lacks), or NH_EFAIL
+ * for bytes that are not sections. */
+int nh_amqp_msg_peek(const char *bytes, size_t len, char *message_id, size_t idlen, char *group_id, size_t glen);
 /* The EventId an endpoint gives a message whose publisher set none: name-based on the
  * endpoint and MessageId (and time-ordered by the message's creation time when it has
  * one), so a redelivered copy gets the same. */
@@ -98,14 +106,38 @@ typedef struct nh_rmq_decl nh_rmq_decl_t;
  * exist. done(data, NULL) on success; done(data, why) on a failure retrying cannot fix
  * (credentials, vhost, an inequivalent queue, another partition count): transient ones
  * (broker unreachable, 5xx) are retried inside with backoff. */
-nh_rmq_decl_t *nh_rmq_declare(uv_loop_t *loop, const nh_amqp_url_t *url, const char *name, int reply_queue,
+/* flags: NH_RMQ_REPLY (the process's reply queue: not durable, expires), NH_RMQ_MIGRATING
+ * (nimbus-host partitions: queues of another count and the migration's marker may exist). */
+enum { NH_RMQ_REPLY = 1, NH_RMQ_MIGRATING = 2 };
+nh_rmq_decl_t *nh_rmq_declare(uv_loop_t *loop, const nh_amqp_url_t *url, const char *name, int flags,
                               int partitions, const char *const *types, int ntypes,
                               void (*done)(void *, const char *), void *data);
+/* The routing key partition i of `partitions` binds for `type` ("Ev.*.*.*.*.*.*.1.0" for
+ * 2 of 4; "Ev.*.*.*.*.*.*.*.*" for one queue, which binds the bare type too). */
+void nh_rmq_binding_key(const char *type, int partitions, int i, char *out, size_t len);
+/* The length of the event type in a routing key that ends in the bucket's words (`*`, 0
+ * or 1, NH_AMQP_BUCKET_BITS of them), or 0 when it does not. */
+size_t nh_rmq_binding_type(const char *rk);
+/* Is q a queue of endpoint `name`: 0 no, 1 the queue `name`, 2 partition `name.p<index>`. */
+int nh_rmq_queue_of(const char *name, const char *q, int *index);
+/* The queue that marks a partitions migration of `name` under way (nimbus-host partitions):
+ * hosts refuse to start while it exists; 1 and from, to when q is one. */
+void nh_rmq_migration_marker(const char *name, int from, int to, char *out, size_t len);
+int nh_rmq_migration_of(const char *name, const char *q, int *from, int *to);
+/* One management API call: <management>/api<path> (path escaped by the caller, nh_rmq_esc:
+ * a string to free), with the URL's credentials. */
+nh_http_call_t *nh_rmq_call(uv_loop_t *loop, const nh_amqp_url_t *url, const char *method, const char *path,
+                            const char *body, nh_http_done_cb done, void *data, nh_error_t *err);
+char *nh_rmq_esc(const char *s);
+/* Says why in `why` and returns 1 for the answers no retry fixes the same way everywhere
+ * (401/403: the user is refused; 0: the management API is not reachable), else 0. */
+int nh_rmq_why(const nh_amqp_url_t *url, const nh_http_res_t *res, char *why, size_t len);
 /* The queue of partition i of an endpoint with `partitions` (the endpoint's name when 1). */
 void nh_rmq_partition_queue(const char *endpoint, int partitions, int i, char *out, size_t len);
 void nh_rmq_cancel(nh_rmq_decl_t *decl);
-/* Does anything consume `routing_key` on the exchange (a binding with that key or #),
- * or, with `queue`, does that queue exist? done(data, 1|0, NULL), or (data, -1, why). */
+/* Does anything consume `routing_key` on the exchange (a binding with that key or #):
+ * done(data, 1|0, NULL)? With `queue` (an endpoint), its partition count on the broker:
+ * 1 for the queue `queue`, P for `queue.p0` .. `queue.p<P-1>`, 0 for none. Else (data, -1, why). */
 typedef struct nh_rmq_probe nh_rmq_probe_t;
 nh_rmq_probe_t *nh_rmq_probe(uv_loop_t *loop, const nh_amqp_url_t *url, const char *routing_key, const char *queue,
                              void (*done)(void *, int, const char *), void *data, nh_error_t *err);
@@ -118,6 +150,8 @@ struct json_t;
 nh_rmq_consumers_t *nh_rmq_consumers(uv_loop_t *loop, const nh_amqp_url_t *url,
                                      void (*done)(void *, struct json_t *, const char *), void *data);
 void nh_rmq_consumers_cancel(nh_rmq_consumers_t *c);   /* done is not called */
+/* How many rows of such a list consume `queue`. */
+int nh_rmq_consumers_on(struct json_t *consumers, const char *queue);
 
 /* Spreading partitions over live hosts (nh_amqp_spread.c). One endpoint's partitions as
  * the broker shows them: owner[i] the host active on partition i (0: this host, -1: none,
@@ -129,6 +163,21 @@ void nh_rmq_consumers_cancel(nh_rmq_consumers_t *c);   /* done is not called */
  * another host less, one. Only partitions with another host in line, the least loaded
  * first. */
 int nh_amqp_spread_pick(int nparts, int nhosts, const int *owner, const int *waiting, const int *load, int *out);
+
+/* ---------------------------------------------------------------- moving messages (nh_amqp_move.c) */
+
+/* Moves every message of the queues `sources` to endpoint's queues under `partitions` (its
+ * session's partition, p0 without a group-id), over one connection of its own: a message
+ * already in its new queue stays in place; any other is copied, the bytes as received, and
+ * accepted on its old queue once the broker accepted the copy. done(data, NULL) once every
+ * source was read to its end and the connection closed, else done(data, why) (nothing
+ * lost: run again). Free with nh_amqp_move_free after done. */
+typedef struct nh_amqp_move nh_amqp_move_t;
+nh_amqp_move_t *nh_amqp_move(uv_loop_t *loop, const nh_amqp_url_t *url, const char *endpoint, int partitions,
+                             const char *const *sources, int nsources, void (*done)(void *, const char *), void *data);
+/* Messages copied to another queue, and those that stayed in theirs. */
+void nh_amqp_move_counts(const nh_amqp_move_t *m, long *moved, long *stayed);
+void nh_amqp_move_free(nh_amqp_move_t *m);
 
 /* ---------------------------------------------------------------- Azure Service Bus (nh_amqp_sb.c) */
 

@@ -171,7 +171,7 @@ static void malformed(nh_msg_t *m, const char *why)
   m->error_text = nh_xstrdup(why);
 }
 
-int nh_amqp_msg_read(pn_delivery_t *d, pn_message_t *pm, char **buf, size_t *cap)
+ssize_t nh_amqp_dlv_bytes(pn_delivery_t *d, char **buf, size_t *cap)
 {
   pn_link_t *l = pn_delivery_link(d);
   size_t size = pn_delivery_pending(d);
@@ -181,7 +181,57 @@ int nh_amqp_msg_read(pn_delivery_t *d, pn_message_t *pm, char **buf, size_t *cap
   }
   ssize_t got = pn_link_recv(l, *buf, size);
   pn_link_advance(l);
+  return got;
+}
+
+int nh_amqp_msg_read(pn_delivery_t *d, pn_message_t *pm, char **buf, size_t *cap)
+{
+  ssize_t got = nh_amqp_dlv_bytes(d, buf, cap);
   return got < 0 ? NH_EFAIL : nh_amqp_msg_decode_bytes(pm, *buf, (size_t)got);
+}
+
+/* The sections' descriptors (AMQP 1.0, 3.2): the properties, and the first body section. */
+#define SECTION_PROPERTIES 0x73
+#define SECTION_BODY_FIRST 0x75
+
+static void peek_string(pn_data_t *d, char *out, size_t len)
+{
+  pn_type_t t = pn_data_type(d);
+  pn_bytes_t b = t == PN_STRING ? pn_data_get_string(d) : t == PN_SYMBOL ? pn_data_get_symbol(d) : pn_bytes(0, NULL);
+  snprintf(out, len, "%.*s", (int)b.size, b.start ? b.start : "");
+}
+
+int nh_amqp_msg_peek(const char *bytes, size_t len, char *message_id, size_t idlen, char *group_id, size_t glen)
+{
+  message_id[0] = group_id[0] = '\0';
+  pn_data_t *d = pn_data(0);
+  int rc = NH_EFAIL;
+  for (size_t off = 0; off < len;) {
+    pn_data_clear(d);
+    ssize_t n = pn_data_decode(d, bytes + off, len - off);
+    if (n <= 0) break;
+    off += (size_t)n;
+    pn_data_rewind(d);
+    if (!pn_data_next(d) || pn_data_type(d) != PN_DESCRIBED) break;
+    pn_data_enter(d);
+    pn_data_next(d);
+    uint64_t code = pn_data_type(d) == PN_ULONG ? pn_data_get_ulong(d) : 0;
+    if (code >= SECTION_BODY_FIRST) {   /* the body: no properties section */
+      rc = NH_OK;
+      break;
+    }
+    if (code != SECTION_PROPERTIES) continue;
+    pn_data_next(d);
+    pn_data_enter(d);
+    for (int field = 0; field <= 10 && pn_data_next(d); field++) {
+      if (field == 0) peek_string(d, message_id, idlen);     /* message-id (ours are strings) */
+      if (field == 10) peek_string(d, group_id, glen);       /* group-id: the SessionId */
+    }
+    rc = NH_OK;
+    break;
+  }
+  pn_data_free(d);
+  return rc;
 }
 
 int nh_amqp_msg_decode_bytes(pn_message_t *pm, const char *bytes, size_t len)

@@ -351,7 +351,8 @@ int nh_amqp_pg_outbox_batch(nh_transport_t *t, nh_pg_db_t *db, const nh_msg_t *m
   amqp_t *a = (amqp_t *)t;
   char address[600];
   size_t size;
-  if (nh_amqp_address(a, to, address, sizeof address, err) || nh_amqp_outbox_encode(a, m, to, &size, err))
+  if (nh_amqp_address(a, to, m->session_id, address, sizeof address, err) ||
+      nh_amqp_outbox_encode(a, m, to, &size, err))
     return err->code;
   nh_pg_args_t args;
   nh_pgaop_t op = nh_pgaargs_out_add(&args, a->owner, address, a->buf, size, nh_time_now_ms());

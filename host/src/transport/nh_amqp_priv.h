@@ -146,6 +146,8 @@ struct amqp {
   void (*shutdown_cb)(void *);
   void *shutdown_data;
   nh_queue_t probes;             /* struct aprobe (nh_amqp_topo.c), newest first */
+  struct atarget *targets;       /* endpoints sent to, not consumed (nh_amqp_target_partitions) */
+  int ntargets;
   nh_sb_t *sb;                   /* Service Bus profile */
   uv_timer_t sb_refresh;         /* puts the tokens again before they expire */
   int sb_timer;
@@ -162,8 +164,9 @@ struct amqp {
 /* nh_amqp.c */
 void nh_amqp_status(amqp_t *a, nh_amqp_status_t st, const char *msg);
 /* Where a message sent to `to` (NULL: fanned out by its type) goes: the exchange, the
- * endpoint's queue, or (Service Bus) the topic; NH_EUSAGE when the profile cannot. */
-int nh_amqp_address(amqp_t *a, const char *to, char *address, size_t len, nh_error_t *err);
+ * endpoint's queue (with partitions, the queue of `session`'s partition, p0 without one),
+ * or (Service Bus) the topic; NH_EUSAGE when the profile cannot. */
+int nh_amqp_address(amqp_t *a, const char *to, const char *session, char *address, size_t len, nh_error_t *err);
 void nh_amqp_wake(amqp_t *a);
 rec_t *nh_amqp_rec_get(amqp_t *a, uint64_t id);
 aep_t *nh_amqp_ep_find(amqp_t *a, const char *name);
@@ -258,6 +261,9 @@ void nh_amqp_topic_token(void *data, int code, const char *desc);
 int nh_amqp_sb_renew(amqp_t *a, const char *endpoint, const char *session);
 void nh_amqp_sb_refresh(uv_timer_t *h);
 void nh_amqp_probes_cancel(amqp_t *a);
+/* The partition count of an endpoint sent to: its own, or a target's, else 1. */
+int nh_amqp_parts_of(amqp_t *a, const char *endpoint);
+void nh_amqp_targets_free(amqp_t *a);
 int nh_amqp_vt_probe(nh_transport_t *t, const char *event_type, void (*done)(void *, int), void *data);
 
 #endif

@@ -108,11 +108,8 @@ static void on_done(void *data, nh_http_res_t *res)
     return;
   }
   int fatal = 0;
-  if (res->status == 401 || res->status == 403) {
-    snprintf(why, sizeof why, "the RabbitMQ management API at %s refused user %s (HTTP %ld): authentication failed; "
-             "check the user and password in --transport", d->url->management, d->url->user ? d->url->user : "(none)",
-             res->status);
-    fatal = 1;
+  if (nh_rmq_why(d->url, res, why, sizeof why)) {
+    fatal = res->status != 0;
   } else if (res->status == 404) {
     snprintf(why, sizeof why, "%s: not found (HTTP 404) at %s: does the vhost %s exist?", s->what, d->url->management,
              d->url->vhost ? d->url->vhost : "/");
@@ -128,9 +125,6 @@ static void on_done(void *data, nh_http_res_t *res)
     snprintf(why, sizeof why, "%s: the broker refused it (HTTP %ld): %.400s", s->what, res->status,
              res->body ? res->body : "");
     fatal = 1;
-  } else if (res->status == 0) {
-    snprintf(why, sizeof why, "cannot reach the RabbitMQ management API at %s (%s); is the rabbitmq_management "
-             "plugin enabled? (give its address with ?management=URL)", d->url->management, res->error);
   } else {
     snprintf(why, sizeof why, "%s: HTTP %ld from %s: %.300s", s->what, res->status, d->url->management,
              res->body ? res->body : "");
@@ -177,6 +171,34 @@ static char *base_with_credentials(const nh_amqp_url_t *u)
   return out;
 }
 
+int nh_rmq_why(const nh_amqp_url_t *u, const nh_http_res_t *res, char *why, size_t len)
+{
+  if (res->status == 401 || res->status == 403)
+    snprintf(why, len, "the RabbitMQ management API at %s refused user %s (HTTP %ld): authentication failed; "
+             "check the user and password in --transport", u->management, u->user ? u->user : "(none)", res->status);
+  else if (res->status == 0)
+    snprintf(why, len, "cannot reach the RabbitMQ management API at %s (%s); is the rabbitmq_management "
+             "plugin enabled? (give its address with ?management=URL)", u->management, res->error);
+  else
+    return 0;
+  return 1;
+}
+
+nh_http_call_t *nh_rmq_call(uv_loop_t *loop, const nh_amqp_url_t *url, const char *method, const char *path,
+                            const char *body, nh_http_done_cb done, void *data, nh_error_t *err)
+{
+  char *base = base_with_credentials(url);
+  char full[4096];
+  snprintf(full, sizeof full, "%s/api%s", base, path);
+  free(base);
+  static const char *const hdrs[] = { "Content-Type: application/json" };
+  nh_http_req_t req = { .method = method, .url = full, .headers = hdrs, .nheaders = body ? 1 : 0, .body = body,
+                        .body_len = body ? strlen(body) : 0, .timeout_s = 10 };
+  return nh_http_request(loop, &req, done, data, err);
+}
+
+char *nh_rmq_esc(const char *s) { return esc(s); }
+
 void nh_rmq_partition_queue(const char *endpoint, int partitions, int i, char *out, size_t len)
 {
   if (partitions <= 1) snprintf(out, len, "%s", endpoint);
@@ -192,16 +214,48 @@ static int log2_of(int n)
   return k;
 }
 
-/* Is `q` a queue of endpoint `name` under some partition count: `name` or `name.p<digits>`? */
-static int queue_of(const char *name, const char *q)
+int nh_rmq_queue_of(const char *name, const char *q, int *index)
 {
   size_t n = strlen(name);
   if (strncmp(q, name, n) != 0) return 0;
   if (q[n] == '\0') return 1;
-  if (q[n] != '.' || q[n + 1] != 'p' || !q[n + 2]) return 0;
+  if (q[n] != '.' || q[n + 1] != 'p' || !q[n + 2] || strlen(q + n + 2) > 3) return 0;
   for (const char *c = q + n + 2; *c; c++)
     if (*c < '0' || *c > '9') return 0;
-  return 1;
+  if (index) *index = atoi(q + n + 2);
+  return 2;
+}
+
+void nh_rmq_migration_marker(const char *name, int from, int to, char *out, size_t len)
+{
+  snprintf(out, len, "%s.migrating-%d-to-%d", name, from, to);
+}
+
+int nh_rmq_migration_of(const char *name, const char *q, int *from, int *to)
+{
+  size_t n = strlen(name);
+  char tail;
+  return strncmp(q, name, n) == 0 && sscanf(q + n, ".migrating-%d-to-%d%c", from, to, &tail) == 2;
+}
+
+void nh_rmq_binding_key(const char *type, int partitions, int i, char *out, size_t len)
+{
+  int bits = log2_of(partitions < 1 ? 1 : partitions);
+  char words[2 * NH_AMQP_BUCKET_BITS + 1];
+  nh_amqp_bucket_words((unsigned)i, bits, words);
+  /* exactly the bucket's words after the type: `*` for the bits the partition does not
+   * choose on, so a type with dots of its own ("Order.Created") never matches "Order" */
+  _Static_assert(sizeof ANY_BUCKET - 1 == 2 * NH_AMQP_BUCKET_BITS, "one `.*` per bucket bit");
+  snprintf(out, len, "%s%.*s%s", type, 2 * (NH_AMQP_BUCKET_BITS - bits), ANY_BUCKET, words);
+}
+
+size_t nh_rmq_binding_type(const char *rk)
+{
+  size_t n = strlen(rk);
+  const char *w = rk + n;
+  for (int words = 0; words < NH_AMQP_BUCKET_BITS; words++, w -= 2)
+    if (w - rk < 3 || w[-2] != '.' || (w[-1] != '*' && w[-1] != '0' && w[-1] != '1')) return 0;
+  return (size_t)(w - rk);
 }
 
 /* A queue of another partition count still there would keep getting copies of the
@@ -215,7 +269,16 @@ static char *check_layout(nh_rmq_decl_t *d, const char *body, size_t len)
   json_t *q;
   json_array_foreach(arr, i, q) {
     const char *qn = json_string_value(json_object_get(q, "name"));
-    if (!qn || !queue_of(d->name, qn)) continue;
+    int from, to;
+    if (qn && nh_rmq_migration_of(d->name, qn, &from, &to)) {
+      char buf[800];
+      snprintf(buf, sizeof buf, "endpoint %s: a migration of its partitions from %d to %d is under way or was "
+               "interrupted (queue %s): finish it with `nimbus-host partitions %s %d --transport ...`, then start "
+               "the hosts with partitions = %d", d->name, from, to, qn, d->name, to, to);
+      why = nh_xstrdup(buf);
+      break;
+    }
+    if (!qn || !nh_rmq_queue_of(d->name, qn, NULL)) continue;
     int mine = 0;
     for (int p = 0; p < d->partitions && !mine; p++) {
       char want[600];
@@ -228,8 +291,9 @@ static char *check_layout(nh_rmq_decl_t *d, const char *body, size_t len)
     snprintf(buf, sizeof buf, "endpoint %s has partitions = %d, but queue %s of another partition count is on the "
              "broker (%lld message(s)): changing the partitions of an endpoint would reorder its sessions. Run the "
              "endpoint with its old partitions until that queue is empty, stop every host of it, delete the old "
-             "queue(s) (rabbitmqctl delete_queue %s), then start with partitions = %d",
-             d->name, d->partitions, qn, (long long)msgs, qn, d->partitions);
+             "queue(s) (rabbitmqctl delete_queue %s), then start with partitions = %d; or move its messages with "
+             "`nimbus-host partitions %s %d --transport ...` (docs/broker-partitions.md)",
+             d->name, d->partitions, qn, (long long)msgs, qn, d->partitions, d->name, d->partitions);
     why = nh_xstrdup(buf);
     break;
   }
@@ -237,7 +301,7 @@ static char *check_layout(nh_rmq_decl_t *d, const char *body, size_t len)
   return why;
 }
 
-nh_rmq_decl_t *nh_rmq_declare(uv_loop_t *loop, const nh_amqp_url_t *url, const char *name, int reply_queue,
+nh_rmq_decl_t *nh_rmq_declare(uv_loop_t *loop, const nh_amqp_url_t *url, const char *name, int flags,
                               int partitions, const char *const *types, int ntypes,
                               void (*done)(void *, const char *), void *data)
 {
@@ -255,7 +319,7 @@ nh_rmq_decl_t *nh_rmq_declare(uv_loop_t *loop, const nh_amqp_url_t *url, const c
   d->timer.data = d;
   char *vh = esc(url->vhost ? url->vhost : "/");
   char *q = esc(queue);
-  if (reply_queue) {
+  if (flags & NH_RMQ_REPLY) {
     add(d, "PUT", "declaring the reply queue", json_pack("{s:b, s:b, s:{s:i}}", "durable", 0, "auto_delete", 0,
         "arguments", "x-expires", NH_REPLY_QUEUE_EXPIRES_MS), "/queues/%s/%s", vh, q);
   } else {
@@ -270,24 +334,21 @@ nh_rmq_decl_t *nh_rmq_declare(uv_loop_t *loop, const nh_amqp_url_t *url, const c
     add(d, "PUT", "declaring the dead-letter queue", json_pack("{s:b}", "durable", 1), "/queues/%s/%s", vh, dq);
     add(d, "POST", "binding the dead-letter queue", json_pack("{s:s}", "routing_key", queue), "/bindings/%s/e/%s/q/%s",
         vh, dx, dq);
-    add(d, "GET", "listing the endpoint's queues", NULL, "/queues/%s?columns=name,messages", vh);
-    d->steps[d->nsteps - 1].check = check_layout;
-    int bits = log2_of(d->partitions);
+    if (!(flags & NH_RMQ_MIGRATING)) {   /* the migration itself has both counts for a while */
+      add(d, "GET", "listing the endpoint's queues", NULL, "/queues/%s?columns=name,messages", vh);
+      d->steps[d->nsteps - 1].check = check_layout;
+    }
     for (int p = 0; p < d->partitions; p++) {
-      char pq[600], words[2 * NH_AMQP_BUCKET_BITS + 1];
+      char pq[600];
       nh_rmq_partition_queue(name, d->partitions, p, pq, sizeof pq);
-      nh_amqp_bucket_words((unsigned)p, bits, words);
       char *pqe = esc(pq);
       json_t *args = json_pack("{s:s, s:s}", "x-dead-letter-exchange", dlx, "x-dead-letter-routing-key", queue);
       if (d->partitions > 1) json_object_set_new(args, "x-single-active-consumer", json_true());
       add(d, "PUT", d->partitions > 1 ? "declaring a partition queue" : "declaring the endpoint queue",
           json_pack("{s:b, s:o}", "durable", 1, "arguments", args), "/queues/%s/%s", vh, pqe);
       for (int i = 0; i < ntypes; i++) {
-        /* exactly the bucket's words after the type: `*` for the bits the partition does not
-         * choose on, so a type with dots of its own ("Order.Created") never matches "Order" */
         char key[700];
-        _Static_assert(sizeof ANY_BUCKET - 1 == 2 * NH_AMQP_BUCKET_BITS, "one `.*` per bucket bit");
-        snprintf(key, sizeof key, "%s%.*s%s", types[i], 2 * (NH_AMQP_BUCKET_BITS - bits), ANY_BUCKET, words);
+        nh_rmq_binding_key(types[i], d->partitions, p, key, sizeof key);
         add(d, "POST", "binding the endpoint queue", json_pack("{s:s}", "routing_key", key),
             "/bindings/%s/e/%s/q/%s", vh, ex, pqe);
         if (d->partitions == 1)   /* and the bare type: senders that add no bucket (older, by hand) */
@@ -325,9 +386,11 @@ void nh_rmq_cancel(nh_rmq_decl_t *d)
 /* ---------------------------------------------------------------- is anyone listening? */
 
 struct nh_rmq_probe {
+  uv_loop_t *loop;
   nh_http_call_t *call;
   const nh_amqp_url_t *url;
   char *key, *queue;
+  int listed;                    /* the queue was missing: the vhost's queues were asked for */
   void (*done)(void *, int, const char *);
   void *data;
 };
@@ -347,16 +410,51 @@ void nh_rmq_probe_cancel(nh_rmq_probe_t *p)
 }
 
 /* Does a binding with key rk take events of `type`: "type", "#", or the host's own "type"
- * followed by the bucket's words, each `*`, 0 or 1 (nh_rmq_declare)? */
+ * followed by the bucket's words (nh_rmq_declare)? */
 static int binds_type(const char *rk, const char *type)
 {
-  size_t n = strlen(type);
   if (strcmp(rk, "#") == 0 || strcmp(rk, type) == 0) return 1;
-  if (strncmp(rk, type, n) != 0) return 0;
-  const char *w = rk + n;
-  int words = 0;
-  for (; w[0] == '.' && (w[1] == '*' || w[1] == '0' || w[1] == '1') && (w[2] == '.' || w[2] == '\0'); w += 2) words++;
-  return *w == '\0' && words == NH_AMQP_BUCKET_BITS;
+  size_t n = nh_rmq_binding_type(rk);
+  return n > 0 && n == strlen(type) && strncmp(rk, type, n) == 0;
+}
+
+/* The partition count of endpoint `name` from the vhost's queue list: P when `name.p0` ..
+ * `name.p<P-1>` are there (P a power of two), 0 when none is; -1 (why said) otherwise. */
+static int count_partitions(const char *name, nh_http_res_t *res, char *why, size_t len)
+{
+  json_t *arr = json_loadb(res->body ? res->body : "", res->body_len, 0, NULL);
+  int n = 0, top = -1, idx;
+  size_t i;
+  json_t *q;
+  json_array_foreach(arr, i, q) {
+    const char *qn = json_string_value(json_object_get(q, "name"));
+    if (qn && nh_rmq_queue_of(name, qn, &idx) == 2) {
+      n++;
+      if (idx > top) top = idx;
+    }
+  }
+  json_decref(arr);
+  if (n == 0 || (n == top + 1 && (n & (n - 1)) == 0 && n <= 256)) return n;
+  snprintf(why, len, "the queues of endpoint %s are %d partition queue(s) up to %s.p%d, not one partition count: "
+           "finish its partitions migration (nimbus-host partitions %s P) first", name, n, name, top, name);
+  return -1;
+}
+
+static void probe_done(void *data, nh_http_res_t *res);
+
+/* GET <management>/api<fmt> for the probe, fmt taking the vhost and then the queue (or
+ * exchange) name, both escaped (%.0s drops the name): 0, or -1 when it could not be sent. */
+static int probe_get(probe_t *p, const char *fmt, nh_error_t *err)
+{
+  char *vh = esc(p->url->vhost ? p->url->vhost : "/");
+  char *name = esc(p->queue ? p->queue : p->url->exchange);
+  char path[1200];
+  snprintf(path, sizeof path, fmt, vh, name);
+  free(vh);
+  free(name);
+  nh_error_t ignored = {0};
+  p->call = nh_rmq_call(p->loop, p->url, "GET", path, NULL, probe_done, p, err ? err : &ignored);
+  return p->call ? 0 : -1;
 }
 
 static void probe_done(void *data, nh_http_res_t *res)
@@ -365,12 +463,17 @@ static void probe_done(void *data, nh_http_res_t *res)
   p->call = NULL;
   char why[1024] = "";
   int found = -1;
-  if (res->status == 401 || res->status == 403) {
-    snprintf(why, sizeof why, "the RabbitMQ management API at %s refused user %s (HTTP %ld): authentication failed; "
-             "check the user and password in --transport", p->url->management, p->url->user ? p->url->user : "(none)",
-             res->status);
+  if (nh_rmq_why(p->url, res, why, sizeof why)) {
+    /* said why */
+  } else if (res->status == 404 && p->queue && !p->listed) {
+    /* no queue named after the endpoint: it may have partitions (Ep.p0 ..), listed next */
+    p->listed = 1;
+    if (probe_get(p, "/queues/%s?columns=name%.0s", NULL) == 0) return;
+    snprintf(why, sizeof why, "listing the queues of the vhost failed");
   } else if (res->status == 404) {
     found = 0;   /* no such exchange or queue: nobody consumes it */
+  } else if (res->status == 200 && p->queue && p->listed) {
+    found = count_partitions(p->queue, res, why, sizeof why);
   } else if (res->status == 200 && p->queue) {
     found = 1;
   } else if (res->status == 200) {
@@ -383,9 +486,6 @@ static void probe_done(void *data, nh_http_res_t *res)
       if (rk && binds_type(rk, p->key)) found = 1;
     }
     json_decref(arr);
-  } else if (res->status == 0) {
-    snprintf(why, sizeof why, "cannot reach the RabbitMQ management API at %s (%s); is the rabbitmq_management "
-             "plugin enabled? (give its address with ?management=URL)", p->url->management, res->error);
   } else {
     snprintf(why, sizeof why, "HTTP %ld from the management API at %s", res->status, p->url->management);
   }
@@ -397,23 +497,13 @@ nh_rmq_probe_t *nh_rmq_probe(uv_loop_t *loop, const nh_amqp_url_t *url, const ch
                              void (*done)(void *, int, const char *), void *data, nh_error_t *err)
 {
   probe_t *p = nh_xcalloc(1, sizeof *p);
+  p->loop = loop;
   p->url = url;
   p->key = nh_xstrdup(routing_key);
   p->queue = nh_xstrdup(queue);
   p->done = done;
   p->data = data;
-  char *base = base_with_credentials(url);
-  char *vh = esc(url->vhost ? url->vhost : "/");
-  char *name = esc(queue ? queue : url->exchange);
-  char path[4096];
-  if (queue) snprintf(path, sizeof path, "%s/api/queues/%s/%s", base, vh, name);
-  else snprintf(path, sizeof path, "%s/api/exchanges/%s/%s/bindings/source", base, vh, name);
-  free(base);
-  free(vh);
-  free(name);
-  nh_http_req_t req = { .method = "GET", .url = path, .timeout_s = 10 };
-  p->call = nh_http_request(loop, &req, probe_done, p, err);
-  if (!p->call) {
+  if (probe_get(p, queue ? "/queues/%s/%s" : "/exchanges/%s/%s/bindings/source", err)) {
     probe_free(p);
     return NULL;
   }
@@ -464,6 +554,18 @@ nh_rmq_consumers_t *nh_rmq_consumers(uv_loop_t *loop, const nh_amqp_url_t *url,
     return NULL;
   }
   return c;
+}
+
+int nh_rmq_consumers_on(json_t *consumers, const char *queue)
+{
+  int n = 0;
+  size_t i;
+  json_t *c;
+  json_array_foreach(consumers, i, c) {
+    const char *qn = json_string_value(json_object_get(json_object_get(c, "queue"), "name"));
+    if (qn && strcmp(qn, queue) == 0) n++;
+  }
+  return n;
 }
 
 void nh_rmq_consumers_cancel(nh_rmq_consumers_t *c)
