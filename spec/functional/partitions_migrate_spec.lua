@@ -49,13 +49,26 @@ local function partitions(sb, ep, p, url)
   return sb:cli({ "partitions", ep, tostring(p), "--transport", url or sb.transport_url }, { store = false })
 end
 
--- `sessions` x `per` events, types A and B by turns, each session's tags in publishing order.
-local function publish_round(sb, sessions, per)
+-- A session id over 600 bytes whose partition of 4 is not that of its first 511 bytes: the
+-- move must hash all of it, as its publishers do.
+local function long_session()
+  for k = 1, 1000 do
+    local id = ("long%d-"):format(k) .. ("x"):rep(600)
+    if partition_of(id, 4) ~= partition_of(id:sub(1, 511), 4) and partition_of(id, 4) ~= partition_of(id, 2) then
+      return id
+    end
+  end
+end
+
+-- `sessions` x `per` events, types A and B by turns, each session's tags in publishing order;
+-- the last session's id is long (long_session) when `long` is set.
+local function publish_round(sb, sessions, per, long)
   local published = {}
+  local long_id = long and long_session()
   for i = 1, per do
     for s = 1, sessions do
-      local session = "s" .. s
-      local tag = ("%s-%d"):format(session, i)
+      local session = (long and s == sessions) and long_id or ("s" .. s)
+      local tag = ("s%d-%d"):format(s, i)
       sb:publish(i % 2 == 0 and "B" or "A", { tag = tag }, { session = session })
       published[session] = published[session] or {}
       table.insert(published[session], tag)
@@ -76,7 +89,7 @@ describe("nimbus-host partitions (RabbitMQ)", function()
     .. "session in publishing order", function()
     local two = sb:recorder{ types = { "A", "B" }, options = "partitions = 2" }
     assert.equal(0, sb:spawn(two):stop())   -- declares Ep.p0, Ep.p1; then nobody consumes them
-    local published = publish_round(sb, 12, 4)
+    local published = publish_round(sb, 12, 4, true)
     local want2 = { 0, 0 }
     for s in pairs(published) do want2[partition_of(s, 2) + 1] = want2[partition_of(s, 2) + 1] + 4 end
     depths_become(sb, 2, want2)

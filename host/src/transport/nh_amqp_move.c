@@ -241,13 +241,18 @@ static void on_up(void *data, pn_connection_t *c)
 static void incoming(nh_amqp_move_t *m, src_t *s, pn_delivery_t *dlv)
 {
   ssize_t n = nh_amqp_dlv_bytes(dlv, &m->buf, &m->cap);
-  char mid[200], group[512];
-  if (n < 0 || nh_amqp_msg_peek(m->buf, (size_t)n, mid, sizeof mid, group, sizeof group)) {
+  /* the whole group-id, however long: a session's partition is a hash of all of it, as
+   * its publishers computed it (a cut one would put its old and new events apart) */
+  char mid[200], *group = n < 0 ? NULL : nh_xmalloc((size_t)n + 1);
+  if (n < 0 || nh_amqp_msg_peek(m->buf, (size_t)n, mid, sizeof mid, group, (size_t)n + 1)) {
+    free(group);
     snprintf(m->why, sizeof m->why, "a message in %s is not an AMQP message: left in its place, nothing more moved",
              s->queue);
     finish(m, NULL);
     return;
   }
+  unsigned bucket = group[0] ? nh_amqp_session_bucket(group) : 0;
+  free(group);
   if (strncmp(mid, NH_MOVE_SENTINEL, strlen(NH_MOVE_SENTINEL)) == 0) {
     pn_delivery_update(dlv, PN_ACCEPTED);   /* ours, or an interrupted run's: dropped */
     pn_delivery_settle(dlv);
@@ -256,7 +261,6 @@ static void incoming(nh_amqp_move_t *m, src_t *s, pn_delivery_t *dlv)
     return;
   }
   char queue[600];
-  unsigned bucket = group[0] ? nh_amqp_session_bucket(group) : 0;
   nh_rmq_partition_queue(m->endpoint, m->partitions, (int)(bucket & (unsigned)(m->partitions - 1)), queue,
                          sizeof queue);
   if (s->done || strcmp(queue, s->queue) == 0) {   /* stays: held, given back at the end */
