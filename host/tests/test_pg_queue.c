@@ -671,17 +671,27 @@ static void on_heads(void *data, const nh_pg_optab_t *tab, int op, const PGresul
   for (int i = 0; i < h->rows; i++) h->taken[atoi(nh_pg_col_text(r, i, 1) + 1)]++;
 }
 
-/* Sends heads_and_lock as a batch of its own and returns at once: several hosts' can be
- * running on the server before any result is read. */
+/* A DROP_OWNER's result: how many leases it ended, into rows. */
+static void on_dropped(void *data, const nh_pg_optab_t *tab, int op, const PGresult *r)
+{
+  heads_t *h = data;
+  if (tab == &nh_pgq_optab && op == NH_PGQ_DROP_OWNER) h->rows = nh_pg_affected(r);
+}
+
+/* Sends op as a batch of its own and returns at once (heads_within waits for it): several
+ * hosts' can be running on the server before any result is read. */
+static void send_op(nh_pg_db_t *q, nh_pgqop_t op, nh_pg_args_t *a, nh_pg_result_cb cb, heads_t *h)
+{
+  nh_error_t err = { 0 };
+  h->rows = -1;
+  if (nh_pg_batch_begin(q, &err) || nh_pgq_batch_add(q, op, a, cb, h, &err) || nh_pg_batch_send_commit(q, &err))
+    FAIL("%s", err.msg);
+}
+
 static void send_heads(nh_pg_db_t *q, heads_t *h, int max, int64_t now, const char *owner, int64_t until)
 {
   nh_pg_args_t a;
-  nh_error_t err = { 0 };
-  h->rows = -1;
-  if (nh_pg_batch_begin(q, &err) ||
-      nh_pgq_batch_add(q, nh_pgqargs_heads_and_lock(&a, "Ep", now, max, owner, until), &a, on_heads, h, &err) ||
-      nh_pg_batch_send_commit(q, &err))
-    FAIL("%s", err.msg);
+  send_op(q, nh_pgqargs_heads_and_lock(&a, "Ep", now, max, owner, until), &a, on_heads, h);
 }
 
 /* Drives the batch sent on q for up to ms: the rows it took, or -1 if it has not
@@ -698,8 +708,8 @@ static int heads_within(nh_pg_db_t *q, heads_t *h, int ms)
     if (want & NH_PG_WANT_WRITE) p.events |= POLLOUT;
     poll(&p, 1, (int)left);
   }
-  if (rc) FAIL("heads_and_lock: %s", err.msg);
-  if (h->rows < 0) FAIL("heads_and_lock committed without its result");
+  if (rc) FAIL("batch: %s", err.msg);
+  if (h->rows < 0) FAIL("the batch committed without its result");
   return h->rows;
 }
 
@@ -804,6 +814,67 @@ TEST(a_host_mid_statement_is_skipped_and_expired_leases_are_taken_over)
   ASSERT_EQ_INT(take_heads(qa, taken, 50, t1, OWNER_A, t1 + LOCK_MS), 0);
 }
 
+/* Polls (10 s at most) until one transaction of look's database waits for a lock. */
+static void wait_for_a_waiter(PGconn *look, const char *otherwise)
+{
+  int64_t deadline = nh_test_mono_ms() + 10000;
+  while (strcmp(nh_pgtest_q1(look, "SELECT count(*) FROM pg_locks WHERE NOT granted AND pid IN"
+                                   " (SELECT pid FROM pg_stat_activity WHERE datname = current_database())"),
+                "1") != 0) {
+    if (nh_test_mono_ms() > deadline) FAIL("%s", otherwise);
+    usleep(2000);
+  }
+}
+
+/* Sessions whose lease a transaction is writing (a fill's LOCKs, not committed yet: the
+ * lease keys are held, nh_pg_queue.c): another host's head scan leaves them for later
+ * instead of waiting for them, and a restarted host's DROP_OWNER waits for their keys
+ * before it touches a row, so the fill, asking for another of the dead owner's leases
+ * meanwhile, is answered at once instead of each waiting for the other (40P01). */
+TEST(leases_another_transaction_is_writing_are_skipped_by_a_scan_and_waited_for_in_key_order)
+{
+  const char *url = nh_pgtest_scratch_url();
+  nh_pg_db_t *qa = queue_conn(url), *qb = queue_conn(url);
+  PGconn *ca = nh_pg_db_conn(qa), *look = nh_pgtest_connect(url);
+  int64_t t0 = nh_time_now_ms();
+  fill(qa, 3, 1, t0);
+  ASSERT_EQ_STR(nh_pgtest_q1(look, "INSERT INTO session_locks VALUES ('Ep', 's010', 'dead', %lld),"
+                                   " ('Ep', 's011', 'dead', %lld) RETURNING 1",
+                             (long long)(t0 + LOCK_MS), (long long)(t0 + LOCK_MS)),
+                "1");
+  nh_pg_args_t a;
+  PQclear(PQexec(ca, "BEGIN"));
+  PGresult *r = run(qa, nh_pgqargs_lock(&a, "Ep", "s001", OWNER_A, t0 + LOCK_MS, t0), &a);
+  ASSERT_EQ_INT(PQntuples(r), 1);   /* a new lease, not committed */
+  PQclear(r);
+  r = run(qa, nh_pgqargs_lock(&a, "Ep", "s011", OWNER_A, t0 + LOCK_MS, t0), &a);
+  ASSERT_EQ_INT(PQntuples(r), 0);   /* a live lease: not taken, but its row is locked */
+  PQclear(r);
+
+  int taken[SESSIONS] = { 0 };
+  heads_t hb = { taken, -1 };
+  send_heads(qb, &hb, 10, t0, OWNER_B, t0 + LOCK_MS);
+  if (heads_within(qb, &hb, 10000) < 0) {
+    PQclear(PQexec(ca, "ROLLBACK"));
+    FAIL("B's head scan waited for A's transaction instead of skipping its session");
+  }
+  ASSERT_EQ_INT(hb.rows, 2);
+  ASSERT_EQ_INT(taken[0] + taken[1] * 10 + taken[2] * 100, 101);
+
+  heads_t dropped = { NULL, -1 };
+  send_op(qb, nh_pgqargs_drop_owner(&a, "dead"), &a, on_dropped, &dropped);
+  wait_for_a_waiter(look, "DROP_OWNER did not wait for A's transaction");
+  r = run(qa, nh_pgqargs_lock(&a, "Ep", "s010", OWNER_A, t0 + LOCK_MS, t0), &a);
+  ASSERT_EQ_INT(PQntuples(r), 0);   /* not free now (its key is DROP_OWNER's), or a live lease */
+  PQclear(r);
+  PQclear(PQexec(ca, "COMMIT"));
+  ASSERT_EQ_INT(heads_within(qb, &dropped, 10000), 2);
+  ASSERT_EQ_STR(nh_pgtest_q1(look, "SELECT string_agg(session_id || '=' || owner, ',' ORDER BY session_id)"
+                                   " FROM session_locks"),
+                "s000=" OWNER_B ",s001=" OWNER_A ",s002=" OWNER_B);
+  ASSERT_EQ_STR(nh_pgtest_q1(look, "SELECT delivery_count FROM queue WHERE session_id = 's001'"), "0");
+}
+
 /* Two writers of one session: the second waits for the first's commit before it takes its
  * seq, so the session's rows become visible in seq order (a scan never sees 11 without 10). */
 TEST(a_second_writer_of_a_session_waits_for_the_first_so_seq_is_commit_order)
@@ -829,13 +900,7 @@ TEST(a_second_writer_of_a_session_waits_for_the_first_so_seq_is_commit_order)
   if (!PQsendQueryParams(cb, nh_pgqop_sql(NH_PGQ_INSERT), a.n, NULL, a.values, a.lengths, a.formats, 0))
     FAIL("send: %s", PQerrorMessage(cb));
   nh_pg_args_release(&a);
-  int64_t deadline = nh_test_mono_ms() + 10000;
-  while (strcmp(nh_pgtest_q1(look, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
-                                  " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"),
-                "1") != 0) {
-    if (nh_test_mono_ms() > deadline) FAIL("B's insert did not wait for A's transaction");
-    usleep(2000);
-  }
+  wait_for_a_waiter(look, "B's insert did not wait for A's transaction");
   /* another session's writer does not wait */
   m.session_id = "s2";
   m.message_id = "m3";

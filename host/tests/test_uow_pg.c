@@ -57,13 +57,18 @@ static void on_deadline(uv_timer_t *t)
 /* Runs the loop until *flag. The callbacks that set it also uv_stop the loop: the link
  * may finish a batch inside a timer's callback (it sends from one, and a short answer can
  * be read at once), and a UV_RUN_ONCE turn that ran timers first still blocks in its poll. */
-static void run_until_at(fx_t *fx, const int *flag, const char *what, const char *file, int line)
+static int loop_until(fx_t *fx, const int *flag)
 {
   fx->expired = 0;
   uv_timer_start(&fx->deadline, on_deadline, DEADLINE_MS, 0);
   while (!*flag && !fx->expired) uv_run(&fx->loop, UV_RUN_DEFAULT);
   uv_timer_stop(&fx->deadline);
-  if (!*flag) nh_test_fail(file, line, "no %s within %d ms", what, DEADLINE_MS);
+  return *flag;
+}
+
+static void run_until_at(fx_t *fx, const int *flag, const char *what, const char *file, int line)
+{
+  if (!loop_until(fx, flag)) nh_test_fail(file, line, "no %s within %d ms", what, DEADLINE_MS);
 }
 #define RUN_UNTIL(fx, flag, what) run_until_at(fx, flag, what, __FILE__, __LINE__)
 
@@ -89,10 +94,7 @@ static void fx_free(void *p)
   fx_t *fx = p;
   if (fx->link && !fx->closed) {
     nh_pg_link_close(fx->link, on_closed, fx);
-    fx->expired = 0;
-    uv_timer_start(&fx->deadline, on_deadline, DEADLINE_MS, 0);
-    while (!fx->closed && !fx->expired) uv_run(&fx->loop, UV_RUN_DEFAULT);
-    uv_timer_stop(&fx->deadline);
+    loop_until(fx, &fx->closed);
   }
   uv_close((uv_handle_t *)&fx->deadline, NULL);
   uv_run(&fx->loop, UV_RUN_DEFAULT);
@@ -761,6 +763,250 @@ TEST(another_tables_reads_and_writes_join_the_pumps_batches)
   qop = nh_pgqargs_row(&a, seq, "Ep", "s1");
   ASSERT_EQ_INT(nh_uow_op_read(lite, "queue-row:1", &nh_pgq_optab, qop, &a, &got), NH_ESTATE);
   nh_uow_free(lite);
+}
+
+/* ---------------------------------------------------------------- hosts sharing leases */
+
+/* A host on the fixture's store and loop: a link and a unit of its own. */
+typedef struct host {
+  fx_t *fx;
+  const char *owner;
+  nh_pg_link_t *link;
+  nh_uow_t *u;
+  int ready, closed, done, ok;
+  char why[512];
+} host_t;
+
+static void host_on_state(void *data, nh_pg_link_state_t st, const nh_error_t *err)
+{
+  (void)err;
+  host_t *h = data;
+  if (st == NH_PG_LINK_READY) {
+    h->ready = 1;
+    uv_stop(&h->fx->loop);
+  }
+}
+
+static void host_on_closed(void *data)
+{
+  host_t *h = data;
+  h->closed = 1;
+  uv_stop(&h->fx->loop);
+}
+
+/* Registered after the fixture: runs before fx_free closes the loop. */
+static void host_free(void *p)
+{
+  host_t *h = p;
+  if (h->u) nh_uow_free(h->u);   /* a batch still out is waited for by the link's close */
+  nh_pg_link_close(h->link, host_on_closed, h);
+  loop_until(h->fx, &h->closed);
+  free(h);
+}
+
+static host_t *host_new(fx_t *fx, const char *owner)
+{
+  host_t *h = nh_xcalloc(1, sizeof *h);
+  h->fx = fx;
+  h->owner = owner;
+  nh_error_t err = { 0 };
+  nh_pg_link_opts_t o = { .on_state = host_on_state, .data = h };
+  if (nh_pg_link_open(&fx->loop, fx->url, &o, &h->link, &err)) FAIL("link: %s", err.msg);
+  nh_test_on_cleanup(host_free, h);
+  RUN_UNTIL(fx, &h->ready, "ready link");
+  h->u = nh_uow_new_pg(h->link);
+  return h;
+}
+
+static void host_on_fill(void *data, int ok, const nh_error_t *err)
+{
+  host_t *h = data;
+  h->ok = ok;
+  snprintf(h->why, sizeof h->why, "%s", err ? err->msg : "");
+  h->done = 1;
+  uv_stop(&h->fx->loop);
+}
+
+static void host_on_commit(void *data, nh_uow_outcome_t outcome, const nh_error_t *err)
+{
+  host_on_fill(data, outcome == NH_UOW_COMMITTED, err);
+}
+
+/* Runs the loop (both hosts' batches run on it at once) until both are over; each must
+ * have succeeded. */
+static void run_until_both(fx_t *fx, host_t *a, host_t *b)
+{
+  RUN_UNTIL(fx, &a->done, "end of host A's batch");
+  RUN_UNTIL(fx, &b->done, "end of host B's batch");
+  if (!a->ok) FAIL("%s's batch failed: %s", a->owner, a->why);
+  if (!b->ok) FAIL("%s's batch failed: %s", b->owner, b->why);
+}
+
+/* The gate: a statement that waits while the test holds advisory lock 4242 (shared, so
+ * that both hosts pass it together once the test lets go). A batch holding it stops
+ * half-way, after the leases its first statements took. */
+static const nh_pg_opdef_t gate_ops[] = {
+  { .name = "nht_gate", .sql = "SELECT pg_advisory_xact_lock_shared(4242)" },
+};
+static const nh_pg_optab_t gate_tab = { "gate", 4, gate_ops, 1 };
+
+static void gate_close(fx_t *fx)
+{
+  ASSERT_EQ_STR(nh_pgtest_q1(nh_pg_db_conn(fx->db), "SELECT pg_advisory_lock(4242)"), "");
+}
+
+static void gate_open(fx_t *fx)
+{
+  ASSERT_EQ_STR(nh_pgtest_q1(nh_pg_db_conn(fx->db), "SELECT pg_advisory_unlock(4242)"), "t");
+}
+
+/* Turns the loop (the hosts' batches go out) until n transactions wait for an advisory
+ * lock: the gate, or a lease key. */
+static void wait_for_waiters(fx_t *fx, int n)
+{
+  char want[16];
+  snprintf(want, sizeof want, "%d", n);
+  int64_t deadline = nh_test_mono_ms() + DEADLINE_MS;
+  while (strcmp(nh_pgtest_q1(nh_pg_db_conn(fx->db), "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+                             " AND NOT granted AND database = (SELECT oid FROM pg_database"
+                             " WHERE datname = current_database())"),
+                want) != 0) {
+    if (nh_test_mono_ms() > deadline) FAIL("%d batches did not come to wait within %d ms", n, DEADLINE_MS);
+    uv_run(&fx->loop, UV_RUN_NOWAIT);
+    usleep(2000);
+  }
+}
+
+/* A read of the session's lease for the host, keyed by session. */
+static int lease_read(host_t *h, const char *session, const PGresult **r)
+{
+  nh_pg_args_t a;
+  char key[64];
+  snprintf(key, sizeof key, "lock:%s", session);
+  nh_pgqop_t op = nh_pgqargs_lock(&a, "Ep", session, h->owner, nh_time_now_ms() + 30000, nh_time_now_ms());
+  return nh_uow_op_read(h->u, key, &nh_pgq_optab, op, &a, (const struct pg_result **)r);
+}
+
+static void gate_read(host_t *h)
+{
+  nh_pg_args_t a;
+  nh_pg_args_reset(&a);
+  const PGresult *r;
+  ASSERT_EQ_INT(nh_uow_op_read(h->u, "gate", &gate_tab, 0, &a, (const struct pg_result **)&r), 0);
+}
+
+/* The host's pass asks for `first`'s lease, the gate, `second`'s lease: all missed, its
+ * fill (one transaction) goes out and takes them in the order it reads them. */
+static void fill_leases(host_t *h, const char *first, const char *second)
+{
+  const PGresult *r;
+  nh_uow_pass_begin(h->u);
+  ASSERT_EQ_INT(nh_uow_begin(h->u), NH_OK);
+  ASSERT_EQ_INT(lease_read(h, first, &r), 0);
+  gate_read(h);
+  ASSERT_EQ_INT(lease_read(h, second, &r), 0);
+  nh_uow_rollback(h->u);
+  nh_error_t err = { 0 };
+  h->done = 0;
+  if (nh_uow_fill(h->u, host_on_fill, h, &err)) FAIL("fill: %s", err.msg);
+}
+
+/* What the host's fill answered for the session's lease: 1 taken, 0 not. */
+static int lease_taken(host_t *h, const char *session)
+{
+  const PGresult *r = NULL;
+  nh_uow_pass_begin(h->u);
+  ASSERT_EQ_INT(nh_uow_begin(h->u), NH_OK);
+  ASSERT_EQ_INT(lease_read(h, session, &r), 1);
+  int taken = PQntuples(r);
+  nh_uow_rollback(h->u);
+  return taken;
+}
+
+static fx_t *fx_queue(void)
+{
+  fx_t *fx = fx_new();
+  nh_error_t err = { 0 };
+  if (nh_pg_queue_migrate(nh_pg_db_conn(fx->db), &err)) FAIL("queue migrate: %s", err.msg);
+  return fx;
+}
+
+/* Two hosts holding deliveries of the same two sessions (a partition moving) lock them
+ * in opposite orders, each in its fill: each holds one lease and asks for the other's.
+ * An upsert waits for a row another transaction wrote, so this was a deadlock (40P01, a
+ * failed fill); a fill now leaves a session another transaction is writing alone. */
+TEST(two_hosts_fills_taking_the_same_leases_in_opposite_orders_both_finish)
+{
+  fx_t *fx = fx_queue();
+  host_t *a = host_new(fx, "host-a"), *b = host_new(fx, "host-b");
+  PGconn *c = nh_pg_db_conn(fx->db);
+  /* s3 has a live lease of a third host: an upsert whose WHERE fails still locks its row */
+  ASSERT_EQ_STR(nh_pgtest_q1(c, "INSERT INTO session_locks VALUES ('Ep', 's3', 'host-c', %lld) RETURNING 1",
+                             (long long)nh_time_now_ms() + 600000),
+                "1");
+  const char *pairs[][2] = { { "s1", "s2" }, { "s3", "s4" } };   /* new rows; a live lease's row */
+  for (int i = 0; i < 2; i++) {
+    gate_close(fx);
+    fill_leases(a, pairs[i][0], pairs[i][1]);
+    fill_leases(b, pairs[i][1], pairs[i][0]);
+    wait_for_waiters(fx, 2);   /* both at the gate, each holding its first session's row */
+    gate_open(fx);
+    run_until_both(fx, a, b);
+    /* a free session went to one of them (the one that asked first), the live lease to
+     * neither; the other was told "not free now" */
+    for (int k = 0; k < 2; k++) {
+      const char *session = pairs[i][k];
+      int live = strcmp(session, "s3") == 0;
+      ASSERT_EQ_INT(lease_taken(a, session) + lease_taken(b, session), live ? 0 : 1);
+    }
+    nh_uow_end(a->u);
+    nh_uow_end(b->u);
+  }
+  ASSERT_EQ_STR(nh_pgtest_q1(c, "SELECT string_agg(session_id || '=' || owner, ',' ORDER BY session_id)"
+                                " FROM session_locks WHERE owner NOT IN ('host-a', 'host-b')"),
+                "s3=host-c");
+  ASSERT_EQ_STR(nh_pgtest_q1(c, "SELECT count(DISTINCT owner) FROM session_locks WHERE session_id IN ('s1', 's2')"),
+                "2");
+}
+
+/* A host's commit ends its two expired leases (its pass did not use them) while another
+ * host's fill takes them over, in the other order: the commit took its first row and
+ * waited for the fill's, which waited for the commit's (40P01). A commit now takes its
+ * leases' keys first, in one statement, and the fill leaves what it cannot have. */
+TEST(a_commit_ending_leases_and_a_fill_taking_them_over_both_finish)
+{
+  fx_t *fx = fx_queue();
+  host_t *a = host_new(fx, "host-a"), *b = host_new(fx, "host-b");
+  PGconn *c = nh_pg_db_conn(fx->db);
+  ASSERT_EQ_STR(nh_pgtest_q1(c, "INSERT INTO session_locks VALUES ('Ep', 's1', 'host-a', 1), ('Ep', 's2', 'host-a', 1)"
+                                " RETURNING 1"),
+                "1");
+  gate_close(fx);
+  fill_leases(b, "s1", "s2");
+  wait_for_waiters(fx, 1);
+  /* the session B's fill took over first is the one whose row is locked now */
+  const char *other = nh_pgtest_q1(c, "SELECT session_id FROM session_locks FOR UPDATE SKIP LOCKED");
+  const char *first = strcmp(other, "s1") == 0 ? "s2" : "s1";
+  ASSERT_TRUE(strcmp(other, "s1") == 0 || strcmp(other, "s2") == 0);
+  nh_pg_args_t arg;
+  nh_error_t err = { 0 };
+  nh_uow_pass_begin(a->u);
+  ASSERT_EQ_INT(nh_uow_begin(a->u), NH_OK);
+  ASSERT_EQ_INT(nh_uow_op(a->u, &nh_pgq_optab, nh_pgqargs_unlock(&arg, "Ep", other, "host-a"), &arg, &err), NH_OK);
+  nh_pg_args_reset(&arg);
+  ASSERT_EQ_INT(nh_uow_op(a->u, &gate_tab, 0, &arg, &err), NH_OK);
+  ASSERT_EQ_INT(nh_uow_op(a->u, &nh_pgq_optab, nh_pgqargs_unlock(&arg, "Ep", first, "host-a"), &arg, &err), NH_OK);
+  a->done = 0;
+  if (nh_uow_commit(a->u, host_on_commit, a, &err)) FAIL("commit: %s", err.msg);
+  wait_for_waiters(fx, 2);   /* A's commit waits too: for the gate, or for a lease key B's fill holds */
+  gate_open(fx);
+  run_until_both(fx, a, b);
+  nh_uow_end(a->u);
+  /* B's fill took over the lease it asked for first; A's commit ended what was still its own */
+  ASSERT_EQ_INT(lease_taken(b, first), 1);
+  nh_uow_end(b->u);
+  ASSERT_EQ_STR(nh_pgtest_q1(c, "SELECT count(*) FROM session_locks WHERE owner = 'host-a'"), "0");
+  ASSERT_EQ_STR(nh_pgtest_q1(c, "SELECT owner FROM session_locks WHERE session_id = '%s'", first), "host-b");
 }
 
 NH_PGTEST_MAIN()

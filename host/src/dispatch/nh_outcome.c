@@ -170,16 +170,23 @@ static int settle(nh_dispatch_t *d, nh_job_t *job, nh_settle_t how, int64_t dela
 
 /* Ends our hold on the session. If the lock is no longer ours (it expired and another
  * process took the session), everything this job wrote must be undone: NH_ESTATE tells
- * the pump to roll the job's savepoint back. */
+ * the pump to roll the job's savepoint back. The loss is told once per job: the same job
+ * is applied again, and finds the same loss, when its batch is applied again job by job
+ * (begin_and_apply: twice a pass), in every pass run again after a miss or a failed fill,
+ * and after a failed commit (a partitions run on PostgreSQL logged one loss eight times).
+ * Another loss of the session is another job's (a new delivery). */
 static int unlock(nh_dispatch_t *d, nh_job_t *job)
 {
   int held = d->tr->vt->unlock_session(d->tr, job->ep->name, job->msg.session_id);
   if (held < 0) return NH_EFAIL;
   if (held == 0) {
-    nh_dispatch_count_lock_lost(job->ep->name);   /* a fact whether or not this transaction commits */
-    nh_log_warn("dispatch", "%s: lost the lock on session %s while handling %s; its outcome is discarded and "
-                "the message will be delivered again", job->ep->name, job->msg.session_id,
-                job->msg.event_id ? job->msg.event_id : job->msg.message_id);
+    if (!job->lock_loss_told) {
+      job->lock_loss_told = 1;
+      nh_dispatch_count_lock_lost(job->ep->name);   /* a fact whether or not this transaction commits */
+      nh_log_warn("dispatch", "%s: lost the lock on session %s while handling %s; its outcome is discarded and "
+                  "the message will be delivered again", job->ep->name, job->msg.session_id,
+                  job->msg.event_id ? job->msg.event_id : job->msg.message_id);
+    }
     return NH_ESTATE;
   }
   return NH_OK;

@@ -111,6 +111,13 @@ typedef struct nh_pg_opdef {
   const char *types;
   const char *rel;
   int key;
+  /* An operation of the same table that takes a lock this one's row needs first, given
+   * this one's first parameters (its nparams of them), with a set twin: a batch builder
+   * that knows its whole list (a commit, a transport's batch outside a pump) sends every
+   * guard of it before its first statement, as one set statement that takes them in one
+   * order (nh_pg_sets_add_guard). 0: none. The queue's lease ends and renewals take their
+   * session's lease key so (nh_pg_queue.c, "Lease keys"). */
+  int guard;
 } nh_pg_opdef_t;
 
 typedef struct nh_pg_optab {

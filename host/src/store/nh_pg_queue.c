@@ -89,6 +89,44 @@ int nh_pg_queue_migrate(PGconn *conn, nh_error_t *err)
   " originating_message_id, parent_message_id, from_, retry_count, enqueued_at, visible_at, body,"  \
   " error_text, error_type, reply_to, traceparent, tracestate"
 
+/* Lease keys. Hosts sharing a store take session leases in their fills (LOCK, one per
+ * session; HEADS_AND_LOCK, a scan's worth) in whatever order their passes met the
+ * sessions: a broker's deliveries as they arrived, due sessions by id, heads by seq. An
+ * upsert locks the row it conflicts with even when its WHERE (the lease expired) fails,
+ * and waits for a row another transaction holds, or has inserted or deleted and not yet
+ * committed; so two fills holding deliveries of the same sessions (around a partition
+ * move, a reconnect) each held one row and waited for the other's: deadlock detected
+ * (40P01), the fill failed and was retried a second later, three times running, until
+ * the leases of the host's running handlers expired and their outcomes were discarded.
+ * Putting a fill's statements in session order cannot mend it: a scan's sessions are
+ * known only inside its statement, and fills and commits touch leases in several.
+ *
+ * So every transaction that writes a session's lease row holds the session's lease key
+ * (a transaction-scoped advisory lock on LEASE_KEY, a pair of int4: a key space of its
+ * own, apart from the bigint keys of the inserts' session order and of the migrations)
+ * from before it touches the row until it ends, and
+ * - a fill only tries it (pg_try_advisory_xact_lock) and leaves a session whose key
+ *   another transaction holds alone: "not free now", as a live lease answers, asked again
+ *   by the next pump. A fill that got the key meets no transaction still writing the row
+ *   and none can start to before it ends, so it never waits for a lease row or key: no
+ *   circle of waits over leases goes through it;
+ * - a commit or a batch outside a pump (lease ends, renewals: the opdefs' `guard`) takes
+ *   the keys of all its rows in its first statement, in key order, blocking
+ *   (LEASE_KEY_SET): for a key it waits only for fills, which wait for no key or lease,
+ *   and for batches that take their keys in the same order, and never while it holds
+ *   anything but keys;
+ * - DROP_OWNER (a restarted host ends the leases of its dead predecessor at once, one
+ *   statement) takes the keys of the owner's rows as a commit does, then deletes them.
+ *   (Leaving a row whose key was held to expire instead left a killed host's session
+ *   to wait out its lease while the live hosts' fills kept trying its key.)
+ * The key only orders the writers of a row; what they write is decided as before: a fill
+ * takes a lease only where there is none or it expired, a lease end or a renewal only
+ * matches its owner's row. Two sessions whose keys collide wait for each other or are
+ * skipped for a pump, nothing worse. */
+#define LEASE_CLASS "1313370988"   /* "NHsl" */
+#define LEASE_HASH(e, s) "hashtext(" e " || chr(31) || " s ")"
+#define LEASE_KEY(e, s) LEASE_CLASS ", " LEASE_HASH(e, s)
+
 static const nh_pg_opdef_t ops[NH_PGQ_COUNT] = {
   [NH_PGQ_SUB_DEL] = { "nhq_sub_del", "DELETE FROM subscriptions WHERE endpoint = $1", 1 },
   [NH_PGQ_SUB_ADD] = { "nhq_sub_add",
@@ -114,14 +152,18 @@ static const nh_pg_opdef_t ops[NH_PGQ_COUNT] = {
     "SELECT " ROW_COLS " FROM queue q WHERE q.endpoint = $1 AND NOT EXISTS"
     " (SELECT 1 FROM session_locks l WHERE l.endpoint = $1 AND l.session_id = q.session_id"
     "  AND l.locked_until > $2) ORDER BY q.seq LIMIT $3", 3 },
+  /* no row: the lease is another host's, or its key is held (Lease keys, above) */
   [NH_PGQ_LOCK] = { "nhq_lock",
-    "INSERT INTO session_locks(endpoint, session_id, owner, locked_until) VALUES ($1, $2, $3, $4)"
+    "INSERT INTO session_locks(endpoint, session_id, owner, locked_until)"
+    " SELECT $1::text, $2::text, $3::text, $4::bigint"
+    " WHERE pg_try_advisory_xact_lock(" LEASE_KEY("$1::text", "$2::text") ")"
     " ON CONFLICT (endpoint, session_id) DO UPDATE SET owner = excluded.owner, locked_until = excluded.locked_until"
     " WHERE session_locks.locked_until <= $5 RETURNING session_id", 5 },
   [NH_PGQ_UNLOCK] = { "nhq_unlock",
-    "DELETE FROM session_locks WHERE endpoint = $1 AND session_id = $2 AND owner = $3", 3 },
+    "DELETE FROM session_locks WHERE endpoint = $1 AND session_id = $2 AND owner = $3", 3, .guard = NH_PGQ_LEASE_KEY },
   [NH_PGQ_RENEW] = { "nhq_renew",
-    "UPDATE session_locks SET locked_until = $4 WHERE endpoint = $1 AND session_id = $2 AND owner = $3", 4 },
+    "UPDATE session_locks SET locked_until = $4 WHERE endpoint = $1 AND session_id = $2 AND owner = $3", 4,
+    .guard = NH_PGQ_LEASE_KEY },
   [NH_PGQ_DELIVERED] = { "nhq_delivered", "UPDATE queue SET delivery_count = delivery_count + 1 WHERE seq = $1", 1 },
   [NH_PGQ_DELETE] = { "nhq_delete", "DELETE FROM queue WHERE seq = $1", 1, .set = NH_PGQ_DELETE_SET, .rel = "queue" },
   [NH_PGQ_DEAD] = { "nhq_dead",
@@ -130,14 +172,19 @@ static const nh_pg_opdef_t ops[NH_PGQ_COUNT] = {
     " message_type, body, $2, delivery_count, $3 FROM queue WHERE seq = $1", 3 },
   [NH_PGQ_RELEASE_LOCK] = { "nhq_release_lock",
     "UPDATE session_locks SET owner = NULL, locked_until = $3 WHERE endpoint = $1 AND session_id = $2"
-    " AND owner = $4", 4 },
+    " AND owner = $4", 4, .guard = NH_PGQ_LEASE_KEY },
   [NH_PGQ_RELEASED] = { "nhq_released",
     "UPDATE queue SET delivery_count = greatest(delivery_count - 1, 0), releases = releases + 1 WHERE seq = $1", 1 },
   [NH_PGQ_OWNERS] = { "nhq_owners",
     "SELECT DISTINCT owner FROM session_locks WHERE owner IS NOT NULL ORDER BY owner", 0 },
   [NH_PGQ_ROW] = { "nhq_row",
     "SELECT " ROW_COLS " FROM queue WHERE seq = $1 AND endpoint = $2 AND session_id = $3", 3 },
-  [NH_PGQ_DROP_OWNER] = { "nhq_drop_owner", "DELETE FROM session_locks WHERE owner = $1", 1 },
+  /* the keys of the owner's leases first, in key order (an uncorrelated condition:
+   * evaluated once, before any row is deleted), then its rows (Lease keys, above) */
+  [NH_PGQ_DROP_OWNER] = { "nhq_drop_owner",
+    "DELETE FROM session_locks WHERE owner = $1 AND (SELECT count(*) FROM (SELECT k, pg_advisory_xact_lock("
+    LEASE_CLASS ", k) FROM (SELECT DISTINCT " LEASE_HASH("l.endpoint", "l.session_id") " AS k FROM session_locks l"
+    " WHERE l.owner = $1 ORDER BY 1) ks) key_order) >= 0", 1 },
   /* The head scan for several hosts, one statement ($1 endpoint, $2 now, $3 max heads,
    * $4 owner, $5 lease end, $6 rows to scan):
    * - scan/heads: as the sqlite transport, the endpoint's rows of sessions with no live
@@ -151,9 +198,11 @@ static const nh_pg_opdef_t ops[NH_PGQ_COUNT] = {
    * - leased: the lease, taken only where there is none or it expired by $2. This is what
    *   makes two hosts never hold one session: a host whose snapshot predates another's
    *   committed lease still meets it here (ON CONFLICT reads the latest row, and its
-   *   WHERE is checked on it), and one meeting a lease not committed yet waits for it,
-   *   then finds it live. An expired lease (a host that died, a released session's
-   *   delay over) is taken over.
+   *   WHERE is checked on it). A lease not committed yet is not met: only sessions
+   *   whose lease key this statement gets are leased (Lease keys, above), and one
+   *   another transaction is writing is skipped, not waited for, as the queue rows are.
+   *   An expired lease (a host that died, a released session's delay over) is taken
+   *   over.
    * - taken: the leased heads counted as delivered (sqlite's DELIVERED), returned with
    *   the count before this delivery so that nh_pgq_row reads all row operations alike.
    * The shape is chosen so that the plan stays linear whatever the statistics say (a
@@ -177,6 +226,7 @@ static const nh_pg_opdef_t ops[NH_PGQ_COUNT] = {
     "  ORDER BY q.seq LIMIT $3 FOR UPDATE SKIP LOCKED),"
     " leased AS (INSERT INTO session_locks(endpoint, session_id, owner, locked_until)"
     "  SELECT $1::text, session_id, $4::text, $5::bigint FROM cand"
+    "  WHERE pg_try_advisory_xact_lock(" LEASE_KEY("$1::text", "session_id") ")"
     "  ON CONFLICT (endpoint, session_id) DO UPDATE SET owner = excluded.owner, locked_until = excluded.locked_until"
     "  WHERE session_locks.locked_until <= $2::bigint RETURNING session_id),"
     " taken AS (UPDATE queue q SET delivery_count = q.delivery_count + 1 FROM cand c"
@@ -197,8 +247,12 @@ static const nh_pg_opdef_t ops[NH_PGQ_COUNT] = {
   [NH_PGQ_UNLOCK_OWNED] = { "nhq_unlock_owned",
     "WITH d AS (DELETE FROM session_locks WHERE endpoint = $1 AND session_id = $2 AND owner = $3 RETURNING 1)"
     " SELECT CASE WHEN count(*) = 0 THEN ('session lock lost: ' || $2::text || repeat(' ', count(*)::int))::int"
-    " ELSE 1 END FROM d", 3, .set = NH_PGQ_UNLOCK_OWNED_SET, .rel = "session_locks", .key = 2 },
+    " ELSE 1 END FROM d", 3, .set = NH_PGQ_UNLOCK_OWNED_SET, .rel = "session_locks", .key = 2,
+    .guard = NH_PGQ_LEASE_KEY },
   [NH_PGQ_NOTIFY] = { "nhq_notify", "SELECT pg_notify('" NH_PGQ_CHANNEL "', $1)", 1 },
+  /* the guard of the lease writes (Lease keys, above): always sent as its set twin */
+  [NH_PGQ_LEASE_KEY] = { "nhq_lease_key", "SELECT pg_advisory_xact_lock(" LEASE_KEY("$1::text", "$2::text") ")", 2,
+    .set = NH_PGQ_LEASE_KEY_SET },
   /* The set twins (nh_pg_opdef_t's set). INSERT's takes every session's advisory lock
    * before its first row (an uncorrelated condition: evaluated once, first), in the
    * order of the locks' keys, so that two writers of the same sessions never wait for
@@ -224,6 +278,11 @@ static const nh_pg_opdef_t ops[NH_PGQ_COUNT] = {
     " SELECT CASE WHEN count(*) = cardinality($1::text[]) THEN 1 ELSE ('session lock lost: ' ||"
     " (SELECT string_agg(u.s, ', ') FROM u WHERE (u.e, u.s) NOT IN (SELECT endpoint, session_id FROM d)) ||"
     " repeat(' ', count(*)::int))::int END FROM d", 3, .types = "ttt" },
+  /* every session's lease key, once, in key order (as INSERT_SET's advisory locks) */
+  [NH_PGQ_LEASE_KEY_SET] = { "nhq_lease_key_set",
+    "SELECT count(*) FROM (SELECT k, pg_advisory_xact_lock(" LEASE_CLASS ", k) FROM (SELECT DISTINCT "
+    LEASE_HASH("e", "s") " AS k FROM unnest($1::text[], $2::text[]) AS u(e, s) ORDER BY 1) ks) key_order", 2,
+    .types = "tt" },
   [NH_PGQ_HELD_SET] = { "nhq_held_set",
     "SELECT u.o, (SELECT count(*) FROM session_locks l WHERE l.endpoint = u.e AND l.session_id = u.s"
     " AND l.owner = u.w) FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS u(e, s, w, o)"

@@ -59,11 +59,13 @@ typedef enum nh_pgqop {
   NH_PGQ_HELD,             /* 1 if `owner` holds the session's lease (expired or not), else 0 */
   NH_PGQ_UNLOCK_OWNED,     /* UNLOCK that fails its batch when the lease is not `owner`'s any more */
   NH_PGQ_NOTIFY,           /* wakes the hosts listening on NH_PGQ_CHANNEL: the endpoint has work */
+  NH_PGQ_LEASE_KEY,        /* a session's lease key, the guard of the lease writes (nh_pg_opdef_t's guard) */
   /* the set twins of row operations (nh_pg_opdef_t's set): each parameter an array */
   NH_PGQ_INSERT_SET,
   NH_PGQ_DELETE_SET,
   NH_PGQ_UNLOCK_OWNED_SET,
   NH_PGQ_HELD_SET,
+  NH_PGQ_LEASE_KEY_SET,
   NH_PGQ_COUNT
 } nh_pgqop_t;
 
@@ -91,10 +93,14 @@ nh_pgqop_t nh_pgqargs_insert(nh_pg_args_t *a, const nh_msg_t *m, const char *end
  * (the sqlite transport's scan: the caller keeps each session's first row). */
 nh_pgqop_t nh_pgqargs_heads(nh_pg_args_t *a, const char *endpoint, int64_t now, int scan);
 /* Up to `max` heads visible at `now` of sessions nobody holds (or whose lease expired by
- * `now`), each leased to `owner` until `until` and counted as delivered, in seq order;
+ * `now`) and whose lease no other transaction is writing, each leased to `owner` until
+ * `until` and counted as delivered, in seq order;
  * the scan reads as many rows as the sqlite transport's (max * 4 + 256). */
 nh_pgqop_t nh_pgqargs_heads_and_lock(nh_pg_args_t *a, const char *endpoint, int64_t now, int max, const char *owner,
                                      int64_t until);
+/* The session's lease for `owner` until `until`, if there is none or it expired by `now`
+ * and no other transaction is writing it (its lease key is free: nh_pg_queue.c): one row
+ * when taken, none when not free now. */
 nh_pgqop_t nh_pgqargs_lock(nh_pg_args_t *a, const char *endpoint, const char *session, const char *owner,
                            int64_t until, int64_t now);
 nh_pgqop_t nh_pgqargs_unlock(nh_pg_args_t *a, const char *endpoint, const char *session, const char *owner);

@@ -218,3 +218,13 @@ int nh_pg_sets_add(nh_pg_sets_t *g, nh_pg_db_t *db, const nh_pg_optab_t *tab, in
   nh_pg_args_release(args);
   return NH_OK;
 }
+
+int nh_pg_sets_add_guard(nh_pg_sets_t *g, nh_pg_db_t *db, const nh_pg_opcopy_t *c, nh_error_t *err)
+{
+  int guard = c->tab->ops[c->op].guard;
+  if (!guard) return NH_OK;
+  nh_pg_args_t a;
+  nh_pg_opcopy_args(c, &a);
+  a.n = c->tab->ops[guard].nparams;   /* the operation's first parameters name the lock */
+  return nh_pg_sets_add(g, db, c->tab, guard, &a, NULL, NULL, err);
+}

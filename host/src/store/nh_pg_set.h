@@ -64,6 +64,10 @@ void nh_pg_sets_init(nh_pg_sets_t *g);
  * none) gets the row's result once the batch has committed. */
 int nh_pg_sets_add(nh_pg_sets_t *g, nh_pg_db_t *db, const nh_pg_optab_t *tab, int op, nh_pg_args_t *args,
                    nh_pg_result_cb cb, void *data, nh_error_t *err);
+/* Adds the guard of a copied operation (nh_pg_opdef_t's guard), if it has one, to g: a
+ * builder gives it every operation of its batch, then flushes g before the first of
+ * them, so that the batch takes every guarded lock in its first statement. */
+int nh_pg_sets_add_guard(nh_pg_sets_t *g, nh_pg_db_t *db, const nh_pg_opcopy_t *c, nh_error_t *err);
 /* Sends every held set, in the order the sets began. */
 int nh_pg_sets_flush(nh_pg_sets_t *g, nh_pg_db_t *db, nh_error_t *err);
 /* Frees what the sets hold; a batch with read sets must be over first (their callbacks

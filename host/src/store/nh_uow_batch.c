@@ -221,6 +221,18 @@ static nh_pgop_t write_args(nh_pg_args_t *a, const write_t *w)
   }
 }
 
+/* The locks the list's writes need first (nh_pg_opdef_t's guard: the leases' keys of the
+ * ends of leases), as the commit's first statement: two hosts' commits that end leases of
+ * the same sessions take their keys in one order, and neither waits for a key while
+ * holding a row (nh_pg_queue.c, "Lease keys"). */
+static int send_guards(nh_uowpg_t *p, nh_pg_sets_t *g, nh_pg_db_t *db, nh_error_t *err)
+{
+  int rc = NH_OK;
+  for (size_t i = 0; i < p->sent && rc == NH_OK; i++)
+    if (p->writes[i].kind == W_OP) rc = nh_pg_sets_add_guard(g, db, p->writes[i].op, err);
+  return rc ? rc : nh_pg_sets_flush(g, db, err);
+}
+
 /* The write list in as few statements as its tables allow (nh_pg_set.h): a pump's
  * hundreds of audit puts, history rows, queue inserts and deletes and lease ends go as
  * one statement of each. */
@@ -229,7 +241,7 @@ static int build_commit(void *data, nh_pg_db_t *db, nh_error_t *err)
   nh_uowpg_t *p = data;
   nh_pg_sets_t g;
   nh_pg_sets_init(&g);
-  int rc = NH_OK;
+  int rc = send_guards(p, &g, db, err);
   for (size_t i = 0; i < p->sent && rc == NH_OK; i++) {
     const write_t *w = &p->writes[i];
     nh_pg_args_t a;

@@ -13,13 +13,19 @@
  *
  * A lease is the last word on who may record an outcome: the pass asks whether this host
  * still holds it (HELD) before it records one, and the commit ends it with UNLOCK_OWNED,
- * which fails the whole commit if another host took the session over in between. */
+ * which fails the whole commit if another host took the session over in between.
+ *
+ * Hosts never wait for each other in a circle over leases (nh_pg_queue.c, "Lease keys"):
+ * a fill leaves a session whose lease another transaction is writing for the next pump
+ * (its LOCK answers "not free now"), and a batch that ends or renews leases takes their
+ * keys first, in one order (the commit's, side_guards). */
 #include "nh_embedded.h"
 #include "core/nh_log.h"
 #include "core/nh_strset.h"
 #include "core/nh_util.h"
 #include "store/nh_pg_link.h"
 #include "store/nh_pg_queue.h"
+#include "store/nh_pg_set.h"
 #include "store/nh_uow.h"
 
 #include <stdio.h>
@@ -257,9 +263,24 @@ static void on_renewed(void *data, const nh_pg_optab_t *tab, int op, const PGres
   if (nh_pg_affected(res) == 0) lost_add(s->q, s->renew_key);
 }
 
+/* The batch's lease keys first, in one statement and one order (nh_pg_queue.c, "Lease
+ * keys"): renewals and lease ends of sessions another host's batch touches too (a lease
+ * lost, taken over) never wait for each other in a circle. */
+static int side_guards(pgq_t *q, nh_pg_db_t *db, nh_error_t *err)
+{
+  nh_pg_sets_t g;
+  nh_pg_sets_init(&g);
+  int rc = NH_OK;
+  for (int i = 0; i < q->out.n && rc == NH_OK; i++) rc = nh_pg_sets_add_guard(&g, db, q->out.items[i].op, err);
+  if (rc == NH_OK) rc = nh_pg_sets_flush(&g, db, err);
+  nh_pg_sets_free(&g);
+  return rc;
+}
+
 static int side_build(void *data, nh_pg_db_t *db, nh_error_t *err)
 {
   pgq_t *q = data;
+  if (side_guards(q, db, err)) return err->code;
   for (int i = 0; i < q->out.n; i++) {
     side_t *s = &q->out.items[i];
     if (nh_pg_opcopy_send(db, s->op, s->renew_key ? on_renewed : NULL, s, err)) return err->code;
