@@ -463,9 +463,13 @@ static int am_receive(nh_transport_t *t, const char *endpoint, int max, int64_t 
       if (r->part->yielding) continue;   /* being handed on: its sessions go to the next host */
       if (!nh_strset_add(&seen, r->msg.session_id)) continue;   /* not its session's head */
       int got = a->emb->vt->lock_session(a->emb, endpoint, r->msg.session_id, now);
-      if (got < 0) rc = NH_EFAIL;
-      else if (got == 1 && (got = handout(a, r)) < 0) rc = got;
-      else if (got == NH_OK) n++;
+      if (got < 0) {
+        rc = NH_EFAIL;
+      } else if (got == 1) {   /* 0: not free now (another host's, or not read yet): nothing handed out */
+        got = handout(a, r);
+        if (got < 0) rc = got;
+        else if (got == NH_OK) n++;
+      }
     }
     nh_strset_free(&seen);
   }
