@@ -15,6 +15,19 @@ local sub_address = sbfake.sub_address
 
 local function has(s, needle) return s ~= nil and tostring(s):find(needle, 1, true) ~= nil end
 
+-- A fake with session-enabled Ep and a first host (recorder, endpoint `options`) running e1 of
+-- `session`, held until the sandbox file "go" exists. Returns the fake, the adapter, the host,
+-- e1's MessageId and the fake's grant of the session.
+local function first_host_holding(sb, options, session)
+  local fake = sbfake.start(sb, { subs = { Ep = { "Ok" } }, sessions = { "Ep" }, session_wait_ms = 300 })
+  local adapter = sb:recorder{ endpoint = "Ep", types = { "Ok" }, options = options }
+  local a = sb:spawn(adapter, { transport = fake:url() })
+  local m1 = sb:publish("Ok", { tag = "e1", hold = "go" }, { session = session, transport = fake:url() })
+  nh.eventually(function() return sb:call_count("e1") == 1 end, 30, function() return "e1 never ran\n" .. a:log() end)
+  local grant = fake:wait_event("session-accept", function(e) return e.session == session end, session .. " granted")
+  return fake, adapter, a, m1, grant
+end
+
 describe("Service Bus sessions (fake Service Bus peer)", function()
   local sb
   before_each(function() sb = nh.sandbox() end)
@@ -85,12 +98,7 @@ describe("Service Bus sessions (fake Service Bus peer)", function()
   end)
 
   it("a session taken back while its handler runs: that run settles nothing and its outcome is not kept; the event runs again on the session's next holder, then the next event (fake Service Bus peer)", function()
-    local fake = sbfake.start(sb, { subs = { Ep = { "Ok" } }, sessions = { "Ep" }, session_wait_ms = 300 })
-    local adapter = sb:recorder{ endpoint = "Ep", types = { "Ok" }, options = "sessions = 1, lock = { duration = 2 }" }
-    local a = sb:spawn(adapter, { transport = fake:url() })
-    local m1 = sb:publish("Ok", { tag = "e1", hold = "go" }, { session = "S", transport = fake:url() })
-    nh.eventually(function() return sb:call_count("e1") == 1 end, 30, function() return "e1 never ran\n" .. a:log() end)
-    local grant = fake:wait_event("session-accept", function(e) return e.session == "S" end, "S granted")
+    local fake, adapter, a, m1, grant = first_host_holding(sb, "sessions = 1, lock = { duration = 2 }", "S")
     local b = sb:spawn(adapter, { transport = fake:url() })
     local m2 = sb:publish("Ok", { tag = "e2" }, { session = "S", transport = fake:url() })
     fake:signal("USR2")   -- every session lock expires: S is taken back from the link running e1
@@ -120,12 +128,8 @@ describe("Service Bus sessions (fake Service Bus peer)", function()
   end)
 
   it("a stopping host takes no new session while it drains: another host gets it (fake Service Bus peer)", function()
-    local fake = sbfake.start(sb, { subs = { Ep = { "Ok" } }, sessions = { "Ep" }, session_wait_ms = 300 })
-    local adapter = sb:recorder{ endpoint = "Ep", types = { "Ok" }, options = "sessions = 2" }
-    local a = sb:spawn(adapter, { transport = fake:url() })
-    local m1 = sb:publish("Ok", { tag = "e1", hold = "go" }, { session = "S1", transport = fake:url() })
-    nh.eventually(function() return sb:call_count("e1") == 1 end, 30, function() return "e1 never ran\n" .. a:log() end)
-    local conn_a = fake:wait_event("session-accept", function(e) return e.session == "S1" end, "S1 granted").conn
+    local fake, adapter, a, m1, grant = first_host_holding(sb, "sessions = 2", "S1")
+    local conn_a = grant.conn
     local b = sb:spawn(adapter, { transport = fake:url() })
     a:signal("TERM")
     a:wait_log("SIGTERM received", 30)
