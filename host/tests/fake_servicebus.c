@@ -77,7 +77,8 @@
  *   a new MessageSession." (+ suffix); its unsettled messages are available again
  *   (delivery-count + 1, lock-released lines) and the session is free for others.
  * - A client detach of a session receiver, or its connection going away, releases the session
- *   at once (log session-release, why "link detached" / "connection gone" / "link gone"), its
+ *   at once (log session-release, why "link detached" / "session ended" / "connection gone" /
+ *   "link gone"), its
  *   messages as for any link.
  * - <sub>/$management com.microsoft:renew-session-lock {session-id: string}: 200 {expiration:
  *   timestamp} (locked-until = now + lock duration) when a link of the same connection holds
@@ -2256,7 +2257,17 @@ static void handle_event(conn_t *c, pn_event_t *e)
     break;
   }
   case PN_SESSION_REMOTE_CLOSE: {
+    /* an AMQP session's end detaches its links: what they held (message and session locks)
+     * goes back at once, as at a detach (its links' FINAL comes only when they are freed) */
     pn_session_t *s = pn_event_session(e);
+    for (linfo_t *li = g_links; li; li = li->next) {
+      if (li->conn != c || !li->link || li->closed || pn_link_session(li->link) != s) continue;
+      release_holder(li, "session ended");
+      release_session(li, "session ended");
+      li->closed = 1;
+      out_free_all(li);
+    }
+    for (queue_t *q = g_queues; q; q = q->next) pump_queue(q);
     if (pn_session_state(s) & PN_LOCAL_ACTIVE) pn_session_close(s);
     break;
   }
