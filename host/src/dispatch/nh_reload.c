@@ -17,6 +17,20 @@
 
 #define NH_RETIRE_DEADLINE_MS 60000
 
+/* An endpoint option only a broker transport acts on (partitions, sessions): given to the
+ * transport when it has the setter; else, set beyond its default, said once at start to
+ * have no effect here. */
+static int broker_option(nh_dispatch_t *d, nh_endpoint_t *ep,
+                         int (*set)(nh_transport_t *, const char *, int, nh_error_t *), const char *name, int n,
+                         int dflt, const char *for_what, nh_error_t *err)
+{
+  if (set) return set(d->tr, ep->name, n, err);
+  if (n > dflt && !d->started)
+    nh_log_info("dispatch", "%s: %s = %d is for %s; the %s transport keeps sessions in order across hosts through "
+                "the store, so it has no effect here", ep->name, name, n, for_what, d->tr->vt->name);
+  return NH_OK;
+}
+
 int nh_dispatch_subscribe_all(nh_dispatch_t *d, nh_error_t *err)
 {
   /* sqlite: one transaction; PostgreSQL: the transport writes each endpoint's set in one */
@@ -25,25 +39,11 @@ int nh_dispatch_subscribe_all(nh_dispatch_t *d, nh_error_t *err)
   for (nh_endpoint_t *ep = d->endpoints; ep; ep = ep->next) {
     if (ep->retired) continue;
     if (ep->lock_ms < d->tr->lock_ms || ep == d->endpoints) d->tr->lock_ms = ep->lock_ms;
-    if (d->tr->vt->set_partitions) {
-      if (d->tr->vt->set_partitions(d->tr, ep->name, ep->partitions, err)) {
-        if (d->store) nh_store_rollback(d->store);
-        return NH_EFAIL;
-      }
-    } else if (ep->partitions > 1 && !d->started) {
-      nh_log_info("dispatch", "%s: partitions = %d is for a broker (RabbitMQ); the %s transport keeps sessions in "
-                  "order across hosts through the store, so it has no effect here", ep->name, ep->partitions,
-                  d->tr->vt->name);
-    }
-    if (d->tr->vt->set_sessions) {
-      if (d->tr->vt->set_sessions(d->tr, ep->name, ep->sessions, err)) {
-        if (d->store) nh_store_rollback(d->store);
-        return NH_EFAIL;
-      }
-    } else if (ep->sessions > 0 && !d->started) {
-      nh_log_info("dispatch", "%s: sessions = %d is for Service Bus session-enabled subscriptions; the %s transport "
-                  "keeps sessions in order across hosts through the store, so it has no effect here", ep->name,
-                  ep->sessions, d->tr->vt->name);
+    if (broker_option(d, ep, d->tr->vt->set_partitions, "partitions", ep->partitions, 1, "a broker (RabbitMQ)", err) ||
+        broker_option(d, ep, d->tr->vt->set_sessions, "sessions", ep->sessions, 0,
+                      "Service Bus session-enabled subscriptions", err)) {
+      if (d->store) nh_store_rollback(d->store);
+      return NH_EFAIL;
     }
     if (d->tr->vt->subscribe(d->tr, ep->name, (const char *const *)ep->types, ep->commands, ep->ntypes, err)) {
       if (d->store) nh_store_rollback(d->store);
