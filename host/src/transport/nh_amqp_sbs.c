@@ -95,7 +95,7 @@ static void end_part(amqp_t *a, apart_t *p, uint64_t retry_in)
   p->attached = 0;
   p->renewing = 0;
   p->grant++;   /* a renewal's answer still to come is for a session gone */
-  p->retry_at = retry_in;
+  p->retry_at = retry_in;   /* a delay while ending; a loop time once ended (nh_amqp_sbs_ended) */
   enter(p, SBS_ENDING);
 }
 
@@ -107,7 +107,7 @@ void nh_amqp_sbs_ended(amqp_t *a, apart_t *p)
   p->link = NULL;
   free(p->sid);
   p->sid = NULL;
-  p->retry_at += uv_now(a->loop);
+  p->retry_at += uv_now(a->loop);   /* end_part's delay, from now */
   enter(p, SBS_IDLE);
 }
 
