@@ -171,7 +171,12 @@ describe("nimbus-host partitions (RabbitMQ)", function()
 
     r = partitions(sb, "Ep", 2)
     assert.equal(0, r.code, r.out .. r.err)
-    assert.truthy(r.out:find("Ep: moved 12 message(s) from 1 partition(s) (Ep) to 2 (Ep.p0 .. Ep.p1)", 1, true), r.out)
+    -- 12 published; a CI run under load once moved 15 (the run kept no broker log, so where
+    -- the 3 came from is not known; publishing is at-least-once). What must hold is checked
+    -- below: each of the 12 events runs, once, in its session's order
+    local moved = tonumber(r.out:match("^Ep: moved (%d+) message%(s%) from 1 partition%(s%) %(Ep%) to 2 "
+      .. "%(Ep%.p0 %.%. Ep%.p1%)"))
+    assert.truthy(moved and moved >= 12, r.out)
     assert.is_nil(queue(sb, "Ep"), "the old queue is left")
     assert.is_nil(queue(sb, "Ep.migrating-1-to-2"), "the marker is left")
     sb:spawn(sb:recorder{ types = { "A", "B" }, options = "partitions = 2", name = "Ep2b.lua" })
