@@ -195,6 +195,57 @@ describe("RabbitMQ partitions", function()
     for s = 1, 6 do assert.same({ "a" .. s, "b" .. s }, sb:call_tags("k" .. s)) end
   end)
 
+  it("a handler's nimbus.publish to an endpoint with partitions that another host runs reaches its session's "
+    .. "partition; to one with no queue yet, it waits in the outbox, said, until a host declares it", function()
+    local adapter = sb:recorder{ types = { "A" }, options = "partitions = 2" }
+    assert.equal(0, sb:spawn(adapter):stop())   -- declares Ep.p0, Ep.p1; then no consumer
+    -- Src runs neither Ep nor Later: it learns Ep's partitions from the broker, and that
+    -- Later has no queue (RabbitMQ would drop a message sent to it)
+    local src_adapter = sb:adapter("Src.lua", [[
+local nimbus = require("nimbus")
+nimbus.endpoint("Src"):on("Go", function()
+  for i = 1, 2 do
+    for s = 1, 6 do nimbus.publish("A", { tag = ("k%d-%d"):format(s, i) }, { session = "k" .. s, to = "Ep" }) end
+  end
+  nimbus.publish("A", { tag = "later-1" }, { session = "x", to = "Later" })
+end)
+]])
+    local src = sb:spawn(src_adapter)
+    sb:publish("Go", {}, { session = "g" })
+    local want, used = { 0, 0 }, {}
+    for s = 1, 6 do
+      local p = partition_of("k" .. s, 2)
+      want[p + 1] = want[p + 1] + 2
+      used[p] = true
+    end
+    assert.is_true(used[0] and used[1], "the six sessions hash to one partition: the test shows little")
+    local depths = {}
+    nh.eventually(function()
+      for i = 0, 1 do depths[i + 1] = (queue(sb, "Ep.p" .. i) or {}).messages or 0 end
+      return table.concat(depths, " ") == table.concat(want, " ")
+    end, nil, function()
+      return ("queue depths %s, expected %s\n%s"):format(table.concat(depths, " "), table.concat(want, " "), src:log())
+    end)
+    nh.eventually(function() return src:log():find("the broker has no queue Later", 1, true) end, nil,
+      function() return "Src did not say that Later has no queue:\n" .. src:log() end)
+    assert.is_nil(queue(sb, "Later"), "a queue Later")
+    -- a restart keeps it: the next process takes the row over and asks again
+    assert.equal(0, src:stop())
+    src = sb:spawn(src_adapter)
+    nh.eventually(function() return src:log():find("the broker has no queue Later", 1, true) end, nil,
+      function() return "the restarted Src did not say that Later has no queue:\n" .. src:log() end)
+
+    sb:spawn(adapter)
+    completed(sb, 13)   -- Go and the twelve
+    for s = 1, 6 do assert.same({ ("k%d-1"):format(s), ("k%d-2"):format(s) }, sb:call_tags("k" .. s)) end
+    assert.equal(0, sb:call_count("later-1"))
+    -- a host that runs Later declares its queue; Src asks again and sends what it held
+    sb:spawn(sb:recorder{ endpoint = "Later", types = { "A" }, name = "Later.lua" })
+    completed(sb, 14)
+    assert.same({ "later-1" }, sb:call_tags("x"))
+    assert.truthy(src:log():find("sending to endpoint Later: its queue is there now", 1, true), src:log())
+  end)
+
   it("kill -9 of a host mid-handler: the live host takes its partitions over, nothing is lost, sessions stay "
     .. "in order", function()
     -- a short lock: the killed host's session locks in the store end soon after it

@@ -149,9 +149,9 @@ static void pub_probed(void *data, int found, const char *why)
     pub_fail(p, msg);
     return;
   }
-  /* an endpoint with partitions (found = their count): the session's queue, though this
-   * process consumes none of them */
-  if (p->to && found > 1) nh_amqp_target_partitions(p->tr, p->to, found);
+  /* the endpoint's layout (found = its partition count): with partitions, the session's
+   * queue, though this process consumes none of them; either way no second question */
+  if (p->to) nh_amqp_target_partitions(p->tr, p->to, found);
   nh_error_t err = {0};
   int copies = 0;
   if (p->pgdb) {

@@ -545,6 +545,7 @@ static int am_send(nh_transport_t *t, const nh_msg_t *m, const char *to_endpoint
     return a->emb->vt->send(a->emb, m, to_endpoint, copies, err);   /* operator control messages */
   char address[600];
   if (nh_amqp_address(a, to_endpoint, m->session_id, address, sizeof address, err)) return err->code;
+  if (to_endpoint) nh_amqp_target_note(a, to_endpoint);
   int rc = nh_amqp_outbox_add(a, address, m, to_endpoint, err);
   if (rc == NH_OK) *copies = 1;   /* the broker fans out; how many copies is not known here */
   return rc;
@@ -719,6 +720,7 @@ static void on_down(void *data, const char *why, int fatal)
   a->ssn = NULL;
   a->topic_ok = 0;
   a->nresend = 0;   /* the next connection sends every row not accepted yet */
+  a->nheld = 0;
   if (a->sb) nh_sb_down(a->sb);
   nh_queue_t *q, *next;
   nh_queue_foreach_safe(q, next, &a->senders) {
@@ -1089,6 +1091,7 @@ void nh_amqp_stop(nh_transport_t *t, void (*done)(void *), void *data)
     ep->decl = NULL;
   }
   nh_amqp_probes_cancel(a);
+  nh_amqp_targets_stop(a);
   nh_amqp_spread_stop(a);
   nh_amqp_sbs_stop(a);
   if (a->sb_timer) {

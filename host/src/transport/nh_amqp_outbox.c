@@ -80,6 +80,10 @@ int nh_amqp_outbox_acked(const amqp_t *a, int64_t seq)
 
 int nh_amqp_outbox_send(amqp_t *a, int64_t seq, const char *address, const void *message, size_t len)
 {
+  char resolved[600];
+  int r = nh_amqp_target_resolve(a, seq, address, message, len, resolved, sizeof resolved);
+  if (r < 0) return 1;   /* held: its endpoint is not known yet (nh_amqp_targets.c) */
+  if (r > 0) address = resolved;
   sender_t *s = sender_for(a, address);
   if (pn_link_credit(s->link) <= 0) return 0;   /* resumed by PN_LINK_FLOW */
   pn_delivery(s->link, pn_dtag((const char *)&seq, sizeof seq));
@@ -212,6 +216,6 @@ int nh_amqp_unconfirmed(nh_transport_t *t)
   nh_sqlite_bind_text(st, 2, a->owner);
   int left = sqlite3_step(st) == SQLITE_ROW ? sqlite3_column_int(st, 0) : 0;
   sqlite3_reset(st);
-  return left + a->unconfirmed;
+  return left + a->unconfirmed + a->nheld;
 }
 

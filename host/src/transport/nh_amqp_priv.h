@@ -131,7 +131,7 @@ struct amqp {
   uint64_t *txh;                 /* deliveries handed out in the open transaction */
   int ntxh, ctxh;
   int sp_npend, sp_ntxh, in_sp;  /* marks at the open savepoint (one job's) */
-  int64_t *resend;               /* outbox rows the broker released: sent again, alone */
+  int64_t *resend;               /* outbox rows the broker released, or held ones now known: sent again, alone */
   int nresend, cresend;
   int64_t first_own_seq;         /* the first outbox row this process wrote (0: none) */
   int64_t *acked;                /* outbox rows the broker accepted, to delete */
@@ -146,8 +146,11 @@ struct amqp {
   void (*shutdown_cb)(void *);
   void *shutdown_data;
   nh_queue_t probes;             /* struct aprobe (nh_amqp_topo.c), newest first */
-  struct atarget *targets;       /* endpoints sent to, not consumed (nh_amqp_target_partitions) */
-  int ntargets;
+  struct atarget *targets;       /* endpoints sent to, not consumed (nh_amqp_targets.c) */
+  int ntargets, targets_off;
+  int64_t *held;                 /* outbox rows for an endpoint not known yet: sent once it is */
+  int nheld, cheld;
+  uv_timer_t *target_timer;      /* asks again about endpoints the broker had no queue for */
   nh_sb_t *sb;                   /* Service Bus profile */
   uv_timer_t sb_refresh;         /* puts the tokens again before they expire */
   int sb_timer;
@@ -261,8 +264,18 @@ void nh_amqp_topic_token(void *data, int code, const char *desc);
 int nh_amqp_sb_renew(amqp_t *a, const char *endpoint, const char *session);
 void nh_amqp_sb_refresh(uv_timer_t *h);
 void nh_amqp_probes_cancel(amqp_t *a);
+
+/* nh_amqp_targets.c: endpoints sent to without consuming them */
 /* The partition count of an endpoint sent to: its own, or a target's, else 1. */
 int nh_amqp_parts_of(amqp_t *a, const char *endpoint);
+/* A send to endpoint `to`: when this process neither runs it nor knows it, the broker is
+ * asked for its queues (its rows are held until the answer). */
+void nh_amqp_target_note(amqp_t *a, const char *to);
+/* Outbox row `seq` for `address`: 0 to send it as it is, 1 with the address of its
+ * session's partition in out, -1 held (its endpoint is not known yet; sent later). */
+int nh_amqp_target_resolve(amqp_t *a, int64_t seq, const char *address, const void *message, size_t len, char *out,
+                           size_t outlen);
+void nh_amqp_targets_stop(amqp_t *a);
 void nh_amqp_targets_free(amqp_t *a);
 int nh_amqp_vt_probe(nh_transport_t *t, const char *event_type, void (*done)(void *, int), void *data);
 

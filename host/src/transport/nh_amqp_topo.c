@@ -50,42 +50,6 @@ int nh_amqp_probe(nh_transport_t *t, const char *event_type, const char *to, voi
   return NH_OK;
 }
 
-/* Endpoints this process sends to without consuming them: their partition count, as a
- * probe found it (publish --to), so a send reaches its session's partition queue. */
-struct atarget {
-  char *name;
-  int nparts;
-};
-
-void nh_amqp_target_partitions(nh_transport_t *t, const char *endpoint, int n)
-{
-  amqp_t *a = (amqp_t *)t;
-  for (int i = 0; i < a->ntargets; i++)
-    if (strcmp(a->targets[i].name, endpoint) == 0) {
-      a->targets[i].nparts = n;
-      return;
-    }
-  a->targets = nh_xrealloc(a->targets, sizeof *a->targets * (size_t)(a->ntargets + 1));
-  a->targets[a->ntargets++] = (struct atarget){ nh_xstrdup(endpoint), n };
-}
-
-int nh_amqp_parts_of(amqp_t *a, const char *endpoint)
-{
-  aep_t *ep = nh_amqp_ep_find(a, endpoint);
-  if (ep) return ep->nparts;
-  for (int i = 0; i < a->ntargets; i++)
-    if (strcmp(a->targets[i].name, endpoint) == 0) return a->targets[i].nparts;
-  return 1;
-}
-
-void nh_amqp_targets_free(amqp_t *a)
-{
-  for (int i = 0; i < a->ntargets; i++) free(a->targets[i].name);
-  free(a->targets);
-  a->targets = NULL;
-  a->ntargets = 0;
-}
-
 void nh_amqp_probes_cancel(amqp_t *a)
 {
   while (!nh_queue_empty(&a->probes)) {
