@@ -958,7 +958,7 @@ TEST(checkpoint_file_copies_the_wal_of_a_new_store)
   ASSERT_EQ_INT(nh_store_commit(s), NH_OK);
   int wal = -2, copied = -2;
   nh_error_t err = {0};
-  ASSERT_EQ_INT(nh_store_checkpoint_file(nh_test_path("fresh.db"), &wal, &copied, &err), NH_OK);
+  ASSERT_EQ_INT(nh_store_checkpoint_file(nh_test_path("fresh.db"), NULL, &wal, &copied, &err), NH_OK);
   ASSERT_CMP_INT(wal, >, 0);
   ASSERT_EQ_INT(copied, wal);
   /* what was copied is in the database file: a reader of the file alone sees it */

@@ -9,7 +9,7 @@
 -- published-but-unconsumed in the end-to-end run, 2 * chunk), BENCH_PAYLOAD
 -- (padding bytes per event, 64), BENCH_TARGET (events/s, 13000), BENCH_STRICT=1 (exit 1
 -- when the end-to-end rate is below target), BENCH_SKIP_CONSUME=1, BENCH_KEEP=1 (keep
--- the temp dir), BENCH_PERF=FILE (attach `perf record -g` to the end-to-end host and
+-- the temp dir), BENCH_PERF=FILE (attach `perf record -g`, or BENCH_PERF_OPTS, to the end-to-end host and
 -- write the profile to FILE), BENCH_DEADLINE (seconds for the whole bench, 110).
 --
 -- A/B: `nimbus-host -l spec/bench/throughput.lua NEW_HOST OLD_HOST` (or BENCH_BASELINE=OLD_HOST)
@@ -116,7 +116,8 @@ local function run_e2e(tag, extra_env)
   hosts:wait_ready(h, 20)
   local perf
   if os.getenv("BENCH_PERF") then
-    perf = hosts:spawn("perf", "perf record -F 999 -g -p " .. h.pid .. " -o " .. sh_quote(os.getenv("BENCH_PERF")))
+    perf = hosts:spawn("perf", "perf record " .. (os.getenv("BENCH_PERF_OPTS") or "-F 999 -g") .. " -p " .. h.pid
+      .. " -o " .. sh_quote(os.getenv("BENCH_PERF")))
     system.sleep(0.5)   -- let perf attach
   end
   local t_kick = system.gettime()

@@ -32,6 +32,7 @@ struct nh_checkpointer {
   uv_loop_t *loop;
   nh_store_t *store;
   char *path;
+  sqlite3 *conn;   /* the worker's connection, kept from one copy to the next */
   uv_work_t work;
   int busy;        /* a copy is on the worker thread */
   int stopping;    /* freed when that copy is back */
@@ -47,7 +48,7 @@ static void work_cb(uv_work_t *w)
   nh_checkpointer_t *c = w->data;
   int wal_pages = 0;
   c->copied = 0;
-  c->rc = nh_store_checkpoint_file(c->path, &wal_pages, &c->copied, &c->err);
+  c->rc = nh_store_checkpoint_file(c->path, &c->conn, &wal_pages, &c->copied, &c->err);
 }
 
 static void after_cb(uv_work_t *w, int status)
@@ -55,6 +56,7 @@ static void after_cb(uv_work_t *w, int status)
   nh_checkpointer_t *c = w->data;
   c->busy = 0;
   if (c->stopping) {
+    nh_store_checkpoint_conn_close(c->conn);
     free(c->path);
     free(c);
     return;
@@ -112,6 +114,7 @@ void nh_checkpointer_close(nh_checkpointer_t *c)
   nh_store_set_wal_hook(c->store, NULL, NULL);
   c->stopping = 1;
   if (c->busy) return;   /* after_cb frees it */
+  nh_store_checkpoint_conn_close(c->conn);
   free(c->path);
   free(c);
 }

@@ -16,6 +16,11 @@
 #define NH_POLL_MIN_MS 1
 #define NH_POLL_MAX_MS 50
 #define NH_POLL_MAX_PG_MS 200
+/* Idle about 30 ms (the polls after 2, 4, 8 and 16 ms found nothing): the WAL is copied
+ * back now, not at the next 16 MB. A shorter pause is a gap between a producer's batches, and copying in
+ * each one was 15% of a busy embedded host's CPU (many small checkpoints, each with an
+ * fsync of the database file). */
+#define NH_POLL_IDLE_CKPT_MS 16
 
 static void pump(nh_dispatch_t *d);
 static void maybe_stopped(nh_dispatch_t *d);
@@ -661,7 +666,7 @@ static void pump_committed(nh_dispatch_t *d, int ok)
     nh_dispatch_kick(d);
     uv_timer_stop(&d->timer);
   } else {
-    if (d->poll_ms == NH_POLL_MIN_MS) nh_checkpointer_kick(d->ckpt);   /* just went idle */
+    if (d->poll_ms == NH_POLL_IDLE_CKPT_MS) nh_checkpointer_kick(d->ckpt);
     /* On PostgreSQL an idle poll is a round trip, and new work wakes the host (NOTIFY):
      * polling finds only what time makes due (retries, leases ending), and less often */
     int max = d->link ? NH_POLL_MAX_PG_MS : NH_POLL_MAX_MS;

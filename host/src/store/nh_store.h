@@ -107,8 +107,12 @@ typedef void (*nh_store_wal_cb)(void *data, int wal_pages);
 #define NH_STORE_WAL_AUTOCHECKPOINT 10000
 void nh_store_set_wal_hook(nh_store_t *s, nh_store_wal_cb cb, void *data);
 /* A PASSIVE checkpoint of the store file at `path` through a connection of its own, so
- * it may run on another thread; NH_OK also when another process is checkpointing. */
-int nh_store_checkpoint_file(const char *path, int *wal_pages, int *copied, nh_error_t *err);
+ * it may run on another thread; NH_OK also when another process is checkpointing. With
+ * `conn`, that connection is opened at the first call and kept in *conn for the next
+ * (opening one reads the whole schema: a few percent of a busy host's CPU when it
+ * checkpoints often); close it with nh_store_checkpoint_conn_close. NULL: one per call. */
+int nh_store_checkpoint_file(const char *path, sqlite3 **conn, int *wal_pages, int *copied, nh_error_t *err);
+void nh_store_checkpoint_conn_close(sqlite3 *conn);
 
 /* audit projection: one row per (endpoint, event_id) */
 int nh_store_audit_put(nh_store_t *s, const nh_audit_t *a);
