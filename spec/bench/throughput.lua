@@ -233,8 +233,8 @@ local function main()
   -- the same at half that rate, in chunks of 16 (latency under a steady load, not a burst)
   local half = math.floor(rate / 2)
   local hr = run_e2e("-half", { "BENCH_RATE=" .. half, "BENCH_CHUNK=16" })
-  print(("  at half rate    %d events/s offered: latency p50 %.0f ms  p99 %.0f ms  max %.0f ms")
-        :format(half, hr.p50_ms, hr.p99_ms, hr.max_ms))
+  print(("  at half rate    %d events/s offered: latency p50 %.0f ms  p99 %.0f ms  max %.0f ms; CPU %.1f ms per 1,000")
+        :format(half, hr.p50_ms, hr.p99_ms, hr.max_ms, hr.cpu_s * 1e6 / hr.count))
 
   local c
   if os.getenv("BENCH_SKIP_CONSUME") ~= "1" then
@@ -253,8 +253,9 @@ local function main()
   end
   print("")
   print(("RESULT e2e_events_per_s=%.0f p50_ms=%.0f p99_ms=%.0f peak_rss_mb=%.1f e2e_cpu_ms_per_1k=%.1f "
-         .. "half_rate_p99_ms=%.0f%s")
-        :format(rate, e.p50_ms, e.p99_ms, (e.hwm_kb or 0) / 1024, e.cpu_s * 1e6 / e.count, hr.p99_ms, c and (" consume_events_per_s=%.0f"):format(c.count / (c.t_last - c.t_first)) or ""))
+         .. "half_rate_p99_ms=%.0f half_rate_cpu_ms_per_1k=%.1f%s")
+        :format(rate, e.p50_ms, e.p99_ms, (e.hwm_kb or 0) / 1024, e.cpu_s * 1e6 / e.count, hr.p99_ms,
+                hr.cpu_s * 1e6 / hr.count, c and (" consume_events_per_s=%.0f"):format(c.count / (c.t_last - c.t_first)) or ""))
   if e.audit_completed ~= N then die(("audit: %d Completed rows for BenchConsumer, expected %d"):format(e.audit_completed, N)) end
   if BASELINE then run_ab() end
   if STRICT and rate < TARGET then
