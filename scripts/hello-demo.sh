@@ -6,6 +6,8 @@ set -euo pipefail
 NH=${1:-build/host/nimbus-host}
 NH=$(cd "$(dirname "$NH")" && pwd)/$(basename "$NH")
 cd "$(dirname "$0")/.."
+OWN_DIR=0
+[[ -n "${DEMO_DIR:-}" ]] || OWN_DIR=1
 DIR=${DEMO_DIR:-$(mktemp -d -t nimbus-demo.XXXXXX)}
 STORE="$DIR/nimbus.db"
 LOG="$DIR/host.log"
@@ -57,6 +59,9 @@ if [[ "${DEMO_EXIT:-0}" == 1 ]]; then
   kill -TERM $HOST; wait $HOST
   trap - EXIT
   say "demo finished"
+  # a run that stops on its own (the tests) leaves no store behind; a failed one keeps it
+  # for its log (the path is in the message)
+  if [[ $OWN_DIR == 1 ]]; then rm -rf "$DIR"; fi
   exit 0
 fi
 say "the host keeps running. Try, in another terminal:"
