@@ -545,7 +545,6 @@ static int am_send(nh_transport_t *t, const nh_msg_t *m, const char *to_endpoint
     return a->emb->vt->send(a->emb, m, to_endpoint, copies, err);   /* operator control messages */
   char address[600];
   if (nh_amqp_address(a, to_endpoint, m->session_id, address, sizeof address, err)) return err->code;
-  if (to_endpoint) nh_amqp_target_note(a, to_endpoint);
   int rc = nh_amqp_outbox_add(a, address, m, to_endpoint, err);
   if (rc == NH_OK) *copies = 1;   /* the broker fans out; how many copies is not known here */
   return rc;

@@ -268,11 +268,9 @@ void nh_amqp_probes_cancel(amqp_t *a);
 /* nh_amqp_targets.c: endpoints sent to without consuming them */
 /* The partition count of an endpoint sent to: its own, or a target's, else 1. */
 int nh_amqp_parts_of(amqp_t *a, const char *endpoint);
-/* A send to endpoint `to`: when this process neither runs it nor knows it, the broker is
- * asked for its queues (its rows are held until the answer). */
-void nh_amqp_target_note(amqp_t *a, const char *to);
 /* Outbox row `seq` for `address`: 0 to send it as it is, 1 with the address of its
- * session's partition in out, -1 held (its endpoint is not known yet; sent later). */
+ * session's partition in out, -1 held (its endpoint is not known yet: the broker is asked
+ * for its queues, and the row sent once it answered). */
 int nh_amqp_target_resolve(amqp_t *a, int64_t seq, const char *address, const void *message, size_t len, char *out,
                            size_t outlen);
 void nh_amqp_targets_stop(amqp_t *a);

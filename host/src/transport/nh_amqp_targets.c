@@ -185,11 +185,6 @@ static int askable(amqp_t *a, const char *name)
          !known_queue(a, name);
 }
 
-void nh_amqp_target_note(amqp_t *a, const char *to)
-{
-  if (!target_find(a, to) && askable(a, to)) target_ask(a, target_add(a, to, 1, T_ASKING));
-}
-
 int nh_amqp_target_resolve(amqp_t *a, int64_t seq, const char *address, const void *message, size_t len,
                            char *out, size_t outlen)
 {
@@ -197,7 +192,7 @@ int nh_amqp_target_resolve(amqp_t *a, int64_t seq, const char *address, const vo
   if (strncmp(address, prefix, sizeof prefix - 1) != 0) return 0;
   const char *name = address + sizeof prefix - 1;
   struct atarget *tg = target_find(a, name);
-  if (!tg) {   /* a row another process wrote (taken over at start), or one sent before a restart */
+  if (!tg) {   /* the first row for it: this process's, one taken over at start, or one from before a restart */
     if (!askable(a, name)) return 0;
     tg = target_add(a, name, 1, T_ASKING);
     target_ask(a, tg);
