@@ -129,8 +129,7 @@ describe("RabbitMQ partitions", function()
     local adapter = sb:recorder{ types = { "A", "B" }, options = "partitions = 4" }
     local h1 = sb:spawn(adapter)
     assert.truthy(h1:log():find("4 partition queues (Ep.p0 .. Ep.p3)", 1, true), h1:log())
-    sb:spawn(adapter)
-    sb:spawn(adapter)
+    local hosts = { h1, sb:spawn(adapter), sb:spawn(adapter) }
     local names = nh.rmq_queue_names(sb.vhost)
     for i = 0, 3 do
       local q = queue(sb, "Ep.p" .. i)
@@ -151,6 +150,11 @@ describe("RabbitMQ partitions", function()
       for i = 0, 3 do s[#s + 1] = ("Ep.p%d: %d consumers, %d active"):format(i, consumers(sb, "Ep.p" .. i)) end
       return table.concat(s, "; ")
     end)
+    -- and the hosts have spread the partitions (2, 1, 1) before the events come: a hand-on
+    -- ends a partition's AMQP session (a broker channel), and the broker drops the delivery
+    -- counts a channel gathered since its last statistics tick when it closes (a CI run counted
+    -- 41 of 48 for good), so the count below is exact only with no hand-on during the round
+    nh.eventually(function() return spread_evenly(sb, 4, 3) end, 60, function() return describe_owners(sb, 4, hosts) end)
 
     local published = {}
     publish_round(sb, published, 12, 4, 1)
