@@ -393,6 +393,33 @@ end)
       nh.eventually(function() return (queue(sb, "Ep") or {}).messages == 1 end, nil, "the waiting event stays in Ep")
     end)
 
+    it("more partitions than the queues on the broker were bound for (their names are the same): refused, "
+      .. "nothing bound twice", function()
+      local two = sb:recorder{ types = { "A" }, options = "partitions = 2" }
+      assert.equal(0, sb:spawn(two):stop())
+      local s = session_in(1, 2, "s")
+      sb:publish("A", { tag = "waiting" }, { session = s })
+      nh.eventually(function() return (queue(sb, "Ep.p1") or {}).messages == 1 end, nil, "the event in Ep.p1")
+      local four = sb:recorder{ types = { "A" }, options = "partitions = 4", name = "Ep4.lua" }
+      os.remove(two)
+      local h = sb:spawn(four, { wait = false })
+      assert.equal(1, h:wait_exit(60))
+      local log = h:log()
+      assert.truthy(log:find("has partitions = 4, but its queue Ep.p0 on the broker is bound for partitions = 2", 1,
+        true), log)
+      assert.truthy(log:find("nimbus-host partitions Ep 4", 1, true), log)
+      assert.is_nil(queue(sb, "Ep.p2"), "queues of the new count declared beside the old ones")
+      local r = nh.rmq_api("GET", "/exchanges/" .. nh.urlencode(sb.vhost) .. "/nimbus.events/bindings/source")
+      local keys = {}
+      for _, b in ipairs(nh.decode(r.body)) do keys[#keys + 1] = b.destination .. " " .. b.routing_key end
+      table.sort(keys)
+      assert.same({ "Ep.p0 A.*.*.*.*.*.*.*.0", "Ep.p1 A.*.*.*.*.*.*.*.1" }, keys)
+      -- and the old count still serves it
+      sb:spawn(sb:recorder{ types = { "A" }, options = "partitions = 2", name = "Ep2.lua" })
+      completed(sb, 1)
+      assert.same({ "waiting" }, sb:call_tags(s))
+    end)
+
     it("a partition queue declared earlier without single active consumer: refused, saying what to do", function()
       nh.rmq_api("PUT", vq(sb, "Ep.p0"), { durable = true, arguments = {
         ["x-dead-letter-exchange"] = "nimbus.events.dead-letter", ["x-dead-letter-routing-key"] = "Ep" } })

@@ -301,6 +301,38 @@ static char *check_layout(nh_rmq_decl_t *d, const char *body, size_t len)
   return why;
 }
 
+/* Partition queue names do not carry the count (Ep.p0 is the first queue for P = 2 and for
+ * P = 4), so a host started with P = 4 beside the queues of P = 2 finds only names it
+ * expects. Their bindings tell: a key chooses on log2(P) bucket bits. Binding P = 4's keys
+ * beside P = 2's would route a session's events to two queues (twice, out of order). */
+static char *check_bound_count(nh_rmq_decl_t *d, const char *body, size_t len)
+{
+  json_t *arr = json_loadb(body, len, 0, NULL);
+  char *why = NULL;
+  int want = log2_of(d->partitions);
+  size_t i;
+  json_t *b;
+  json_array_foreach(arr, i, b) {
+    const char *dst = json_string_value(json_object_get(b, "destination"));
+    const char *rk = json_string_value(json_object_get(b, "routing_key"));
+    if (!dst || !rk || nh_rmq_queue_of(d->name, dst, NULL) != 2 || nh_rmq_binding_type(rk) == 0) continue;
+    int bits = 0;
+    for (const char *w = rk + strlen(rk); bits < NH_AMQP_BUCKET_BITS && w[-1] != '*'; w -= 2) bits++;
+    if (bits == want) continue;
+    char buf[1600];
+    snprintf(buf, sizeof buf, "endpoint %s has partitions = %d, but its queue %s on the broker is bound for "
+             "partitions = %d (binding %s): the queues of the old count are still there, and binding both counts "
+             "would route a session's events to two queues. Start the hosts with partitions = %d, or move the "
+             "endpoint's messages to %d partitions with `nimbus-host partitions %s %d --transport ...` first "
+             "(docs/broker-partitions.md)", d->name, d->partitions, dst, 1 << bits, rk, 1 << bits, d->partitions,
+             d->name, d->partitions);
+    why = nh_xstrdup(buf);
+    break;
+  }
+  json_decref(arr);
+  return why;
+}
+
 nh_rmq_decl_t *nh_rmq_declare(uv_loop_t *loop, const nh_amqp_url_t *url, const char *name, int flags,
                               int partitions, const char *const *types, int ntypes,
                               void (*done)(void *, const char *), void *data)
@@ -337,6 +369,11 @@ nh_rmq_decl_t *nh_rmq_declare(uv_loop_t *loop, const nh_amqp_url_t *url, const c
     if (!(flags & NH_RMQ_MIGRATING)) {   /* the migration itself has both counts for a while */
       add(d, "GET", "listing the endpoint's queues", NULL, "/queues/%s?columns=name,messages", vh);
       d->steps[d->nsteps - 1].check = check_layout;
+      if (d->partitions > 1) {
+        add(d, "GET", "listing the exchange's bindings", NULL,
+            "/exchanges/%s/%s/bindings/source?columns=destination,routing_key", vh, ex);
+        d->steps[d->nsteps - 1].check = check_bound_count;
+      }
     }
     for (int p = 0; p < d->partitions; p++) {
       char pq[600];
