@@ -72,6 +72,15 @@ describe("Service Bus sessions (fake Service Bus peer)", function()
     local accepted = nh.count(fake:events("disposition"), function(e) return e.outcome == "accepted" end)
     assert.are.equal(NS * NE, accepted, fake:dump())
     assert.are.equal(0, #fake:events("session-lock-lost"), fake:dump())
+    -- and a host lets a session go once it is idle (1 s with nothing to do) by ending the
+    -- receiver's AMQP session, so that a later event of it may go to any host: every grant is
+    -- given back, "session ended", while both hosts run
+    local granted, ended
+    nh.eventually(function()
+      granted = #fake:events("session-accept")
+      ended = nh.count(fake:events("session-release"), function(e) return e.why == "session ended" end)
+      return granted > 0 and ended == granted
+    end, 30, function() return ("%d grants, %d given back idle\n%s"):format(granted, ended, fake:dump()) end)
     assert.is_true(h1:alive() and h2:alive())
   end)
 
