@@ -1105,8 +1105,8 @@ static void am_close(nh_transport_t *t)
 {
   amqp_t *a = (amqp_t *)t;
   if (a->store) nh_store_set_txn_hook(a->store, NULL, NULL);
+  nh_amqp_targets_free(a);   /* first: a target probe cancelled below then answers into nothing */
   nh_amqp_probes_cancel(a);
-  nh_amqp_targets_free(a);
   on_down(a, "closed", 0);   /* senders and deliveries */
   nh_queue_t *q, *next;
   nh_queue_foreach_safe(q, next, &a->eps) {
