@@ -45,8 +45,8 @@ local function depths_become(sb, n, want)
   end, nil, function() return ("queue depths %s, expected %s"):format(table.concat(got, " "), table.concat(want, " ")) end)
 end
 
-local function partitions(sb, ep, p, url)
-  return sb:cli({ "partitions", ep, tostring(p), "--transport", url or sb.transport_url }, { store = false })
+local function partitions(sb, ep, p, url, ...)
+  return sb:cli({ "partitions", ep, tostring(p), "--transport", url or sb.transport_url, ... }, { store = false })
 end
 
 -- A session id over 600 bytes whose partition of 4 is not that of its first 511 bytes: the
@@ -78,6 +78,33 @@ local function publish_round(sb, sessions, per, long)
 end
 
 local function completed(sb, n) return sb:wait_completed(n) end
+
+-- A TCP listener on a free port that accepts connections and never sends a byte (a hung
+-- broker), in a python3 process of its own that ends by itself after two minutes.
+-- Returns { port = ..., stop = function }.
+local BLACK_HOLE = [[
+import os, socket, sys, time
+s = socket.socket()
+s.bind(("127.0.0.1", 0))
+s.listen(8)
+s.settimeout(1)
+with open(sys.argv[1] + ".tmp", "w") as f:
+    f.write("%d %d" % (s.getsockname()[1], os.getpid()))
+os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+held, end = [], time.time() + 120
+while time.time() < end:
+    try:
+        held.append(s.accept())
+    except socket.timeout:
+        pass
+]]
+local function black_hole(sb)
+  local file = sb:path("black-hole")
+  assert(nh.sh(("python3 -c %s %s >/dev/null 2>&1 </dev/null &"):format(nh.q(BLACK_HOLE), nh.q(file))) == 0)
+  local port, pid = nh.eventually(function() return (nh.read(file) or ""):match("^%d+ %d+$") end, 10,
+    "the black hole's port"):match("^(%d+) (%d+)$")
+  return { port = port, stop = function() nh.sh("kill " .. pid .. " 2>/dev/null") end }
+end
 
 describe("nimbus-host partitions (RabbitMQ)", function()
   local sb
@@ -184,6 +211,33 @@ describe("nimbus-host partitions (RabbitMQ)", function()
     for s, tags in pairs(published) do assert.same(tags, sb:call_tags(s), "session " .. s) end
   end)
 
+  it("a move that gets nowhere (an AMQP peer that never answers) stops after --stall-timeout, saying why; "
+    .. "run again against the broker, it finishes", function()
+    local two = sb:recorder{ types = { "A", "B" }, options = "partitions = 2" }
+    assert.equal(0, sb:spawn(two):stop())
+    no_consumers(sb)
+    local published = publish_round(sb, 4, 2)
+    nh.eventually(function()
+      return ((queue(sb, "Ep.p0") or {}).messages or 0) + ((queue(sb, "Ep.p1") or {}).messages or 0) == 8
+    end, nil, "8 events waiting in Ep.p0 and Ep.p1")
+    -- the management API is the broker's, the AMQP port a listener that accepts and never
+    -- answers: the steps before the move pass, the move itself gets nowhere
+    local hole = black_hole(sb)
+    local r = partitions(sb, "Ep", 4, (sb.transport_url:gsub(":%d+/", ":" .. hole.port .. "/", 1)),
+      "--stall-timeout", "2")
+    hole.stop()
+    assert.equal(1, r.code, r.out .. r.err)
+    assert.truthy(r.err:find("the broker did not open the AMQP connection in 2 s; nothing was moved", 1, true), r.err)
+    assert.truthy(queue(sb, "Ep.migrating-2-to-4"), "the marker queue says a migration is to finish")
+
+    r = partitions(sb, "Ep", 4)
+    assert.equal(0, r.code, r.out .. r.err)
+    assert.is_nil(queue(sb, "Ep.migrating-2-to-4"), "the marker is left")
+    sb:spawn(sb:recorder{ types = { "A", "B" }, options = "partitions = 4", name = "Ep4.lua" })
+    completed(sb, 8)
+    for sess, tags in pairs(published) do assert.same(tags, sb:call_tags(sess), "session " .. sess) end
+  end)
+
   it("publish --to an endpoint with partitions that this process does not run: its session's partition", function()
     local four = sb:recorder{ types = { "A" }, options = "partitions = 4" }
     assert.equal(0, sb:spawn(four):stop())
@@ -211,13 +265,17 @@ describe("nimbus-host partitions (RabbitMQ)", function()
     assert.equal(2, r.code, r.err)
     assert.truthy(r.err:find("management API", 1, true), r.err)
 
+    r = partitions(sb, "Ep", 4, nil, "--stall-timeout", "0")
+    assert.equal(2, r.code, r.err)
+    assert.truthy(r.err:find("--stall-timeout 0: give the seconds", 1, true), r.err)
+
     r = partitions(sb, "Nope", 4)
     assert.equal(1, r.code, r.err)
     assert.truthy(r.err:find("endpoint Nope has no queues on the broker yet", 1, true), r.err)
     r = partitions(sb, "Ep", 4, "amqp://guest:guest@127.0.0.1:1?management=http%3A%2F%2F127.0.0.1%3A1")
     assert.equal(1, r.code, r.err)
     assert.truthy(r.err:find("cannot reach the RabbitMQ management API", 1, true), r.err)
-    r = partitions(sb, "Ep", 4, sb.transport_url:gsub("//[^:]+:[^@]+@", "//guest:wrong@"))
+    r = partitions(sb, "Ep", 4, (sb.transport_url:gsub("//[^:]+:[^@]+@", "//guest:wrong@")))
     assert.equal(1, r.code, r.err)
     assert.truthy(r.err:find("refused user guest", 1, true), r.err)
   end)

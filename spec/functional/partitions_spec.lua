@@ -70,13 +70,7 @@ local function spread_evenly(sb, partitions, hosts)
   return n == hosts
 end
 
--- A session id whose events land in partition `p` of `partitions`.
-local function session_in(p, partitions, prefix)
-  for k = 1, 10000 do
-    local s = prefix .. k
-    if partition_of(s, partitions) == p then return s end
-  end
-end
+local session_in = nh.session_in
 
 -- Per session: the tags its handlers started with, in the order they started (across hosts:
 -- the recorder appends to one file). `published[s]` is the order of publishing.

@@ -237,6 +237,14 @@ function M.partition_of(session, partitions)
   return (h & 0xff) & (partitions - 1)
 end
 
+-- A session id `prefix`<k> whose events land in partition `p` of `partitions`.
+function M.session_in(p, partitions, prefix)
+  for k = 1, 10000 do
+    local s = prefix .. k
+    if M.partition_of(s, partitions) == p then return s end
+  end
+end
+
 -- Creates a fresh vhost with full permissions for the transport's user; returns its name.
 local function create_vhost()
   local name = "nh-" .. random_hex(8)

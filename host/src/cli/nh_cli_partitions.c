@@ -10,7 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define USAGE "usage: nimbus-host partitions ENDPOINT P --transport amqp[s]://user:password@host:port[/vhost]"
+#define USAGE "usage: nimbus-host partitions ENDPOINT P --transport amqp[s]://user:password@host:port[/vhost] " \
+              "[--stall-timeout SECONDS]"
+#define NH_PARTITIONS_STALL_S 60   /* a move with nothing read or confirmed for that long stops */
 
 /* P: a power of two from 1 to 256, as nimbus.endpoint takes it; else 0. */
 static int parse_partitions(const char *s)
@@ -23,7 +25,7 @@ static int parse_partitions(const char *s)
 
 int nh_cmd_partitions(int argc, char **argv)
 {
-  static const nh_opt_spec_t specs[] = { { "--transport", 1 }, { NULL, 0 } };
+  static const nh_opt_spec_t specs[] = { { "--transport", 1 }, { "--stall-timeout", 1 }, { NULL, 0 } };
   nh_args_t a;
   int rc = nh_args_parse(&a, "partitions", argc, argv, 2, specs);
   if (rc) return rc;
@@ -36,11 +38,21 @@ int nh_cmd_partitions(int argc, char **argv)
   if (!transport || !nh_amqp_is_url(transport))
     return nh_usage_error("partitions", "partitions live on a RabbitMQ broker: give --transport amqp[s]://...; "
                           USAGE);
+  int stall_s = NH_PARTITIONS_STALL_S;
+  const char *stall = nh_args_get(&a, "--stall-timeout");
+  if (stall) {
+    char *end;
+    long v = strtol(stall, &end, 10);
+    if (!*stall || *end || v < 1 || v > 86400)
+      return nh_usage_error("partitions", "--stall-timeout %s: give the seconds (1 to 86400) a move may go without "
+                            "moving a message before it stops", stall);
+    stall_s = (int)v;
+  }
   nh_runtime_t rt;
   nh_runtime_init(&rt);
   char said[2048] = "";
   nh_error_t err = {0};
-  rc = nh_amqp_partitions_migrate(&rt.loop, transport, endpoint, partitions, said, sizeof said, &err);
+  rc = nh_amqp_partitions_migrate(&rt.loop, transport, endpoint, partitions, stall_s, said, sizeof said, &err);
   nh_runtime_close(&rt);
   if (rc == NH_OK) {
     printf("%s\n", said);

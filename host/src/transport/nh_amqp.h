@@ -63,10 +63,11 @@ int nh_amqp_probe(nh_transport_t *t, const char *event_type, const char *to, voi
 void nh_amqp_target_partitions(nh_transport_t *t, const char *endpoint, int n);
 /* nimbus-host partitions (nh_amqp_migrate.c, docs/broker-partitions.md): gives endpoint
  * `endpoint` on the RabbitMQ at `url` `partitions` queues, moving every message of its
- * old ones in order, refused while a host consumes them; runs `loop` until done. NH_OK
- * with what was done in `said`; NH_EUSAGE (a URL or profile that cannot) or NH_EFAIL with
- * err saying why and what to do. Running it again finishes an interrupted run. */
-int nh_amqp_partitions_migrate(uv_loop_t *loop, const char *url, const char *endpoint, int partitions, char *said,
-                               size_t len, nh_error_t *err);
+ * old ones in order, refused while a host consumes them; runs `loop` until done, or until
+ * `stall_s` seconds pass with nothing moved. NH_OK with what was done in `said`; NH_EUSAGE
+ * (a URL or profile that cannot) or NH_EFAIL with err saying why and what to do. Running
+ * it again finishes an interrupted run. */
+int nh_amqp_partitions_migrate(uv_loop_t *loop, const char *url, const char *endpoint, int partitions, int stall_s,
+                               char *said, size_t len, nh_error_t *err);
 
 #endif

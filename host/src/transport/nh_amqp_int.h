@@ -171,10 +171,12 @@ int nh_amqp_spread_pick(int nparts, int nhosts, const int *owner, const int *wai
  * already in its new queue stays in place; any other is copied, the bytes as received, and
  * accepted on its old queue once the broker accepted the copy. done(data, NULL) once every
  * source was read to its end and the connection closed, else done(data, why) (nothing
- * lost: run again). Free with nh_amqp_move_free after done. */
+ * lost: run again), also after stall_s seconds with nothing read or confirmed. Free with
+ * nh_amqp_move_free after done. */
 typedef struct nh_amqp_move nh_amqp_move_t;
 nh_amqp_move_t *nh_amqp_move(uv_loop_t *loop, const nh_amqp_url_t *url, const char *endpoint, int partitions,
-                             const char *const *sources, int nsources, void (*done)(void *, const char *), void *data);
+                             const char *const *sources, int nsources, int stall_s,
+                             void (*done)(void *, const char *), void *data);
 /* Messages copied to another queue, and those that stayed in theirs. */
 void nh_amqp_move_counts(const nh_amqp_move_t *m, long *moved, long *stayed);
 void nh_amqp_move_free(nh_amqp_move_t *m);

@@ -27,6 +27,7 @@ typedef struct mig {
   char *vh;                      /* the vhost, escaped for a path */
   const char *ep;
   int partitions;
+  int stall_s;                   /* the move stops after that long with nothing moved */
   long status;                   /* the last call's HTTP status */
   nh_error_t *err;
 } mig_t;
@@ -344,8 +345,8 @@ static int migrate(mig_t *g, char *said, size_t len)
     goto out;
   }
   answer_t a = { 0 };
-  nh_amqp_move_t *m = nh_amqp_move(g->loop, &g->url, g->ep, g->partitions, (const char *const *)q.names, q.n, moved,
-                                   &a);
+  nh_amqp_move_t *m = nh_amqp_move(g->loop, &g->url, g->ep, g->partitions, (const char *const *)q.names, q.n,
+                                   g->stall_s, moved, &a);
   wait_for(g, &a.done);
   long n_moved = 0, n_stayed = 0;
   nh_amqp_move_counts(m, &n_moved, &n_stayed);
@@ -377,10 +378,10 @@ out:
   return rc;
 }
 
-int nh_amqp_partitions_migrate(uv_loop_t *loop, const char *url, const char *endpoint, int partitions, char *said,
-                               size_t len, nh_error_t *err)
+int nh_amqp_partitions_migrate(uv_loop_t *loop, const char *url, const char *endpoint, int partitions, int stall_s,
+                               char *said, size_t len, nh_error_t *err)
 {
-  mig_t g = { .loop = loop, .ep = endpoint, .partitions = partitions, .err = err };
+  mig_t g = { .loop = loop, .ep = endpoint, .partitions = partitions, .stall_s = stall_s, .err = err };
   if (nh_amqp_url_parse(url, &g.url, err)) return NH_EUSAGE;
   int rc;
   if (g.url.servicebus)

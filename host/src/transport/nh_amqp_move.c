@@ -9,7 +9,9 @@
  * Where a source ends: a marker message (message-id NH_MOVE_SENTINEL + a uuid) is sent
  * to its tail first; reading stops at it, so the move needs no message counts (the
  * management API's lag behind) and no drain (which crashes RabbitMQ 3.10's classic
- * queues, docs/broker-partitions.md). A marker left by an interrupted run is dropped. */
+ * queues, docs/broker-partitions.md). A marker left by an interrupted run is dropped.
+ * A marker that never comes back (a max-length or TTL policy dropped it) would make the
+ * move wait for ever: with nothing read or confirmed for stall_ms it stops, saying so. */
 #include "nh_amqp_int.h"
 #include "core/nh_log.h"
 #include "core/nh_util.h"
@@ -67,6 +69,8 @@ struct nh_amqp_move {
   pn_session_t *rssn;          /* the receivers' session: its end gives back what stays */
   int ending, ended, closed;
   int unconfirmed;             /* copies sent, the broker's outcome not back */
+  uint64_t stall_ms;           /* nothing read or confirmed for that long: stopped */
+  uint64_t progress_at;        /* loop time of the last message read or confirmed */
   uint64_t tag;
   char marker[80];
   long moved, stayed;
@@ -144,9 +148,36 @@ static void guard_seen(void *data, json_t *consumers, const char *why)
   }
 }
 
+/* Nothing read and nothing confirmed for stall_ms: say which sources have not ended and
+ * stop; what was not moved stays where it is, and running the command again goes on. */
+static int stalled(nh_amqp_move_t *m)
+{
+  if (m->ending || uv_now(m->loop) - m->progress_at < m->stall_ms) return 0;
+  char open[400] = "";
+  size_t at = 0;
+  for (int i = 0; i < m->nsrc && at < sizeof open - 1; i++)
+    if (!m->src[i].done)
+      at += (size_t)snprintf(open + at, sizeof open - at, "%s%s", at ? ", " : "", m->src[i].queue);
+  char buf[1200];
+  if (!m->rssn)   /* a TCP peer that never answers the AMQP open (a hung broker, a wrong port) */
+    snprintf(buf, sizeof buf, "the broker did not open the AMQP connection in %.0f s; nothing was moved: check the "
+             "broker and the port of the transport URL, then run the command again", (double)m->stall_ms / 1000.0);
+  else if (open[0])
+    snprintf(buf, sizeof buf, "nothing came from %s for %.0f s, and the end marker this command sent to its tail did "
+             "not come back: a policy on the queue (max-length, message-ttl: rabbitmqctl list_policies -p %s) may "
+             "have dropped it, or the broker is stuck. Nothing more is moved; remove such a policy and run the "
+             "command again", open, (double)m->stall_ms / 1000.0, m->url->vhost ? m->url->vhost : "/");
+  else
+    snprintf(buf, sizeof buf, "the broker answered none of the %d copies it was sent for %.0f s; nothing more is "
+             "moved: run the command again", m->unconfirmed, (double)m->stall_ms / 1000.0);
+  finish(m, buf);
+  return 1;
+}
+
 static void guard_tick(uv_timer_t *t)
 {
   nh_amqp_move_t *m = t->data;
+  if (stalled(m)) return;
   if (!m->ending && !m->guard_call) m->guard_call = nh_rmq_consumers(m->loop, m->url, guard_seen, m);
 }
 
@@ -207,6 +238,7 @@ static void check_done(nh_amqp_move_t *m)
 static void on_up(void *data, pn_connection_t *c)
 {
   nh_amqp_move_t *m = data;
+  m->progress_at = uv_now(m->loop);
   pn_session_t *sssn = pn_session(c);
   pn_session_open(sssn);
   m->rssn = pn_session(c);
@@ -240,6 +272,7 @@ static void on_up(void *data, pn_connection_t *c)
  * its new partition's queue. */
 static void incoming(nh_amqp_move_t *m, src_t *s, pn_delivery_t *dlv)
 {
+  m->progress_at = uv_now(m->loop);
   ssize_t n = nh_amqp_dlv_bytes(dlv, &m->buf, &m->cap);
   /* the whole group-id, however long: a session's partition is a hash of all of it, as
    * its publishers computed it (a cut one would put its old and new events apart) */
@@ -288,6 +321,7 @@ static void outcome(nh_amqp_move_t *m, pn_delivery_t *out)
   const char *to = pn_terminus_get_address(pn_link_target(pn_delivery_link(out)));
   pn_delivery_settle(out);
   m->unconfirmed--;
+  m->progress_at = uv_now(m->loop);
   if (st != PN_ACCEPTED) {
     snprintf(m->why, sizeof m->why, "the broker did not take a message sent to %s (%s): nothing more moved; run "
              "the command again", to, pn_disposition_type_name(st));
@@ -364,10 +398,13 @@ static void on_down(void *data, const char *why, int fatal)
 }
 
 nh_amqp_move_t *nh_amqp_move(uv_loop_t *loop, const nh_amqp_url_t *url, const char *endpoint, int partitions,
-                             const char *const *sources, int nsources, void (*done)(void *, const char *), void *data)
+                             const char *const *sources, int nsources, int stall_s,
+                             void (*done)(void *, const char *), void *data)
 {
   nh_amqp_move_t *m = nh_xcalloc(1, sizeof *m);
   m->loop = loop;
+  m->stall_ms = (uint64_t)(stall_s > 0 ? stall_s : 1) * 1000;
+  m->progress_at = uv_now(loop);   /* the connection's set-up counts too */
   m->url = url;
   m->endpoint = nh_xstrdup(endpoint);
   m->partitions = partitions;
@@ -394,7 +431,8 @@ nh_amqp_move_t *nh_amqp_move(uv_loop_t *loop, const nh_amqp_url_t *url, const ch
   m->open_handles = 2;
   uv_timer_init(loop, &m->guard);
   m->guard.data = m;
-  uv_timer_start(&m->guard, guard_tick, NH_MOVE_GUARD_MS, NH_MOVE_GUARD_MS);
+  uint64_t tick = m->stall_ms < NH_MOVE_GUARD_MS ? m->stall_ms : NH_MOVE_GUARD_MS;
+  uv_timer_start(&m->guard, guard_tick, tick, tick);
   nh_amqp_conn_start(m->conn);
   return m;
 }
