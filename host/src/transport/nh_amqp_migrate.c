@@ -19,7 +19,7 @@
 #include <string.h>
 
 #define NH_MIGRATE_DECLARE_MS 60000
-#define NH_MIGRATE_DELETE_TRIES 50   /* 100 ms apart: the last acceptances reach the queue */
+#define NH_MIGRATE_DELETE_TRIES 300   /* 100 ms apart: the last acceptances reach the queue */
 
 typedef struct mig {
   uv_loop_t *loop;
@@ -295,8 +295,10 @@ static int delete_empty(mig_t *g, const char *name)
   for (int tries = 0; tries < NH_MIGRATE_DELETE_TRIES; tries++) {
     st = call(g, "DELETE", NULL, NULL, "/queues/%s/%s?if-empty=true", g->vh, qe);
     if (st >= 0 || g->status != 400) break;   /* 400: not empty (yet) */
-    nh_error_set(g->err, NH_EFAIL, "queue %s is not empty after the move (does something still send to it "
-                 "directly?): run the command again", name);
+    nh_error_set(g->err, NH_EFAIL, "queue %s still holds messages %d s after the move: RabbitMQ has not applied "
+                 "every acceptance the move sent (seen once with a slowed-down broker), or something sends to the "
+                 "queue directly. Run the command again: it moves what is left", name,
+                 NH_MIGRATE_DELETE_TRIES / 10);
     pause_ms(g, 100);
   }
   free(qe);
