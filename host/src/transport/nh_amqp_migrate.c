@@ -30,6 +30,7 @@ typedef struct mig {
   int stall_s;                   /* the move stops after that long with nothing moved */
   long status;                   /* the last call's HTTP status */
   nh_error_t *err;
+  char foreign[600];             /* bindings removed that no host makes ("Ep.p0: Order.#, ...") */
 } mig_t;
 
 typedef struct answer {
@@ -256,6 +257,10 @@ static int unbind_old(mig_t *g, const queues_t *q, json_t **bindings)
         if (strcmp(want, rk) == 0) continue;
       }
       if (keep && !n && g->partitions == 1) continue;   /* a single queue's bare type */
+      if (!n && (strchr(rk, '*') || strchr(rk, '#'))) {   /* someone's own: said at the end */
+        size_t at = strlen(g->foreign);
+        snprintf(g->foreign + at, sizeof g->foreign - at, "%s%s: %s", at ? ", " : "", q->names[k], rk);
+      }
       char *qe = nh_rmq_esc(q->names[k]), *ex = nh_rmq_esc(g->url.exchange), *pe = nh_rmq_esc(props);
       long st = call(g, "DELETE", NULL, NULL, "/bindings/%s/e/%s/q/%s/%s", g->vh, ex, qe, pe);
       free(qe);
@@ -370,6 +375,9 @@ static int migrate(mig_t *g, char *said, size_t len)
   snprintf(said, len, "%s: moved %ld message(s) from %d partition(s) (%s) to %d (%s)", g->ep, n_moved, from, was,
            g->partitions, will);
   if (n_stayed) snprintf(said + strlen(said), len - strlen(said), "; %ld were in their new queue already", n_stayed);
+  if (g->foreign[0])
+    snprintf(said + strlen(said), len - strlen(said), "; removed binding(s) no host makes (%s): bind them again by "
+             "hand if they are still wanted", g->foreign);
   rc = NH_OK;
 out:
   for (int k = 0; k < q.n; k++) json_decref(bindings[k]);
