@@ -148,11 +148,16 @@ static void guard_seen(void *data, json_t *consumers, const char *why)
   }
 }
 
-/* Nothing read and nothing confirmed for stall_ms: say which sources have not ended and
- * stop; what was not moved stays where it is, and running the command again goes on. */
+/* Nothing read and nothing confirmed for stall_ms: say what it waits for, the first cause
+ * first (no connection; no credit to send, so no copy and no end marker goes; copies not
+ * answered, so no credit to read; an end marker that did not come back), and stop. What
+ * was not moved stays where it is, and running the command again goes on. */
 static int stalled(nh_amqp_move_t *m)
 {
   if (m->ending || uv_now(m->loop) - m->progress_at < m->stall_ms) return 0;
+  double s = (double)m->stall_ms / 1000.0;
+  int to_send = 0;
+  for (int i = 0; i < m->ndst; i++) to_send |= m->dst[i].head != NULL;
   char open[400] = "";
   size_t at = 0;
   for (int i = 0; i < m->nsrc && at < sizeof open - 1; i++)
@@ -160,16 +165,19 @@ static int stalled(nh_amqp_move_t *m)
       at += (size_t)snprintf(open + at, sizeof open - at, "%s%s", at ? ", " : "", m->src[i].queue);
   char buf[1200];
   if (!m->rssn)   /* a TCP peer that never answers the AMQP open (a hung broker, a wrong port) */
-    snprintf(buf, sizeof buf, "the broker did not open the AMQP connection in %.0f s; nothing was moved: check the "
-             "broker and the port of the transport URL, then run the command again", (double)m->stall_ms / 1000.0);
-  else if (open[0])
+    snprintf(buf, sizeof buf, "the broker did not open the AMQP connection in %.0f s: check the broker and the port "
+             "of the transport URL, then run the command again", s);
+  else if (to_send)
+    snprintf(buf, sizeof buf, "the broker gave no credit to send to the new queues for %.0f s (a memory or disk alarm "
+             "blocks publishers: rabbitmq-diagnostics alarms); run the command again once it is cleared", s);
+  else if (m->unconfirmed)
+    snprintf(buf, sizeof buf, "the broker answered none of the %d copies sent to it for %.0f s; run the command "
+             "again", m->unconfirmed, s);
+  else
     snprintf(buf, sizeof buf, "nothing came from %s for %.0f s, and the end marker this command sent to its tail did "
              "not come back: a policy on the queue (max-length, message-ttl: rabbitmqctl list_policies -p %s) may "
-             "have dropped it, or the broker is stuck. Nothing more is moved; remove such a policy and run the "
-             "command again", open, (double)m->stall_ms / 1000.0, m->url->vhost ? m->url->vhost : "/");
-  else
-    snprintf(buf, sizeof buf, "the broker answered none of the %d copies it was sent for %.0f s; nothing more is "
-             "moved: run the command again", m->unconfirmed, (double)m->stall_ms / 1000.0);
+             "have dropped it. Remove such a policy and run the command again", open[0] ? open : "the old queues", s,
+             m->url->vhost ? m->url->vhost : "/");
   finish(m, buf);
   return 1;
 }
