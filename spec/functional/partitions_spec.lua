@@ -145,9 +145,9 @@ describe("RabbitMQ partitions", function()
       return table.concat(s, "; ")
     end)
     -- and the hosts have spread the partitions (2, 1, 1) before the events come: a hand-on
-    -- ends a partition's AMQP session (a broker channel), and the broker drops the delivery
-    -- counts a channel gathered since its last statistics tick when it closes (a CI run counted
-    -- 41 of 48 for good), so the count below is exact only with no hand-on during the round
+    -- ends a partition's AMQP session (a broker channel), and the management plugin seems to
+    -- drop what a closed channel counted since its last statistics tick (a CI run counted 41
+    -- of 48 for good), so the count below is exact only with no hand-on during the round
     nh.eventually(function() return spread_evenly(sb, 4, 3) end, 60, function() return describe_owners(sb, 4, hosts) end)
 
     local published = {}

@@ -34,6 +34,8 @@ typedef struct nh_args {
 int nh_args_parse(nh_args_t *a, const char *cmd, int argc, char **argv, int first, const nh_opt_spec_t *specs);
 const char *nh_args_get(const nh_args_t *a, const char *name);
 int nh_args_has(const nh_args_t *a, const char *name);
+/* s as a whole decimal number from lo to hi: 0 with *out set, else -1. */
+int nh_args_long(const char *s, long lo, long hi, long *out);
 int nh_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* publish on a PostgreSQL store (nh_cli_pgpub.c): m queued for `to` or for every

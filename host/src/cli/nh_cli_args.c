@@ -88,6 +88,15 @@ const char *nh_args_get(const nh_args_t *a, const char *name)
 
 int nh_args_has(const nh_args_t *a, const char *name) { return nh_args_get(a, name) != NULL; }
 
+int nh_args_long(const char *s, long lo, long hi, long *out)
+{
+  char *end = NULL;
+  long v = strtol(s, &end, 10);
+  if (!*s || *end || v < lo || v > hi) return -1;
+  *out = v;
+  return 0;
+}
+
 char *nh_cli_json_arg(const char *cmd, const char *what, const char *arg)
 {
   char *text;

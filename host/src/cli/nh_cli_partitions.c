@@ -17,9 +17,8 @@
 /* P: a power of two from 1 to 256, as nimbus.endpoint takes it; else 0. */
 static int parse_partitions(const char *s)
 {
-  char *end = NULL;
-  long p = strtol(s, &end, 10);
-  if (!*s || *end || p < 1 || p > 256 || (p & (p - 1)) != 0) return 0;
+  long p;
+  if (nh_args_long(s, 1, 256, &p) || (p & (p - 1)) != 0) return 0;
   return (int)p;
 }
 
@@ -38,21 +37,16 @@ int nh_cmd_partitions(int argc, char **argv)
   if (!transport || !nh_amqp_is_url(transport))
     return nh_usage_error("partitions", "partitions live on a RabbitMQ broker: give --transport amqp[s]://...; "
                           USAGE);
-  int stall_s = NH_PARTITIONS_STALL_S;
+  long stall_s = NH_PARTITIONS_STALL_S;
   const char *stall = nh_args_get(&a, "--stall-timeout");
-  if (stall) {
-    char *end;
-    long v = strtol(stall, &end, 10);
-    if (!*stall || *end || v < 1 || v > 86400)
-      return nh_usage_error("partitions", "--stall-timeout %s: give the seconds (1 to 86400) a move may go without "
-                            "moving a message before it stops", stall);
-    stall_s = (int)v;
-  }
+  if (stall && nh_args_long(stall, 1, 86400, &stall_s))
+    return nh_usage_error("partitions", "--stall-timeout %s: give the seconds (1 to 86400) a move may go without "
+                          "moving a message before it stops", stall);
   nh_runtime_t rt;
   nh_runtime_init(&rt);
   char said[2048] = "";
   nh_error_t err = {0};
-  rc = nh_amqp_partitions_migrate(&rt.loop, transport, endpoint, partitions, stall_s, said, sizeof said, &err);
+  rc = nh_amqp_partitions_migrate(&rt.loop, transport, endpoint, partitions, (int)stall_s, said, sizeof said, &err);
   nh_runtime_close(&rt);
   if (rc == NH_OK) {
     printf("%s\n", said);

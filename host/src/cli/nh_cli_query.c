@@ -404,9 +404,8 @@ int nh_cmd_events(int argc, char **argv)
   int limit = 0;
   const char *lim = nh_args_get(&a, "--limit");
   if (lim) {
-    char *end;
-    long v = strtol(lim, &end, 10);
-    if (*end || v <= 0 || v > 100000000) return nh_usage_error("events", "--limit %s: give a positive number", lim);
+    long v;
+    if (nh_args_long(lim, 1, 100000000, &v)) return nh_usage_error("events", "--limit %s: give a positive number", lim);
     limit = (int)v;
   }
   int count = nh_args_has(&a, "--count"), follow_on = nh_args_has(&a, "--follow");

@@ -170,6 +170,13 @@ static int check_consumers(mig_t *g, const queues_t *q)
 
 /* The event types bound to the endpoint's queues (a routing key is the type, then the
  * bucket's words; a single queue also binds the bare type), and each queue's bindings. */
+/* A key no host binds: no bucket words (n, nh_rmq_binding_type) and a wildcard of its own
+ * (an operator's `#`, `Order.#`); hosts bind a type with bucket words, or a bare type. */
+static int made_by_no_host(const char *rk, size_t n)
+{
+  return n == 0 && (strchr(rk, '*') || strchr(rk, '#'));
+}
+
 static int read_bindings(mig_t *g, const queues_t *q, json_t **bindings, char ***types, int *ntypes)
 {
   for (int k = 0; k < q->n; k++) {
@@ -184,7 +191,7 @@ static int read_bindings(mig_t *g, const queues_t *q, json_t **bindings, char **
       const char *rk = json_string_value(json_object_get(b, "routing_key"));
       if (!src || !rk || strcmp(src, g->url.exchange) != 0) continue;
       size_t n = nh_rmq_binding_type(rk);
-      if (n == 0 && (strchr(rk, '*') || strchr(rk, '#'))) continue;   /* not one a host made */
+      if (made_by_no_host(rk, n)) continue;
       char *type = n ? nh_xstrndup(rk, n) : nh_xstrdup(rk);
       int seen = 0;
       for (int t = 0; t < *ntypes && !seen; t++) seen = strcmp((*types)[t], type) == 0;
@@ -257,7 +264,7 @@ static int unbind_old(mig_t *g, const queues_t *q, json_t **bindings)
         if (strcmp(want, rk) == 0) continue;
       }
       if (keep && !n && g->partitions == 1) continue;   /* a single queue's bare type */
-      if (!n && (strchr(rk, '*') || strchr(rk, '#'))) {   /* someone's own: said at the end */
+      if (made_by_no_host(rk, n)) {   /* someone's own: said at the end */
         size_t at = strlen(g->foreign);
         snprintf(g->foreign + at, sizeof g->foreign - at, "%s%s: %s", at ? ", " : "", q->names[k], rk);
       }
